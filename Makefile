@@ -1,0 +1,48 @@
+# Two commands: `make demo` and `make test`. Both do the whole set-up first (idempotent):
+# virtual environment with the pinned packages, the PostgreSQL JDBC driver, the embedded
+# PostgreSQL with the schema, and Airflow's metadata database.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+JDBC_JAR := /usr/share/java/postgresql.jar
+AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
+
+.PHONY: setup demo test bench clean stop lock
+
+setup: $(VENV)/.installed $(JDBC_JAR)
+	$(VENV)/bin/redelivery db upgrade
+	@$(AIRFLOW_ENV) && $(VENV)/bin/airflow db migrate > .redelivery/airflow-db-migrate.log 2>&1 \
+	  || { tail -30 .redelivery/airflow-db-migrate.log; exit 1; }
+	@echo "set-up done"
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet uv==0.13.8
+	$(UV) pip sync --python $(PY) requirements.txt
+	$(UV) pip install --python $(PY) --no-deps -e .
+	touch $@
+
+# Debian's libpostgresql-jdbc-java: Maven Central is out of reach, Debian's archive is not.
+$(JDBC_JAR):
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java; \
+	 else sudo apt-get update -q && sudo apt-get install -y -q libpostgresql-jdbc-java; fi
+
+demo: setup
+	@$(AIRFLOW_ENV) && $(PY) -m redelivery.demo $(DEMO_ARGS)
+
+test: setup
+	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench: setup
+	@$(AIRFLOW_ENV) && $(PY) bench/bench_tier.py $(BENCH_ARGS)
+
+# Recompile the pinned requirements from requirements.in.
+lock:
+	$(UV) pip compile requirements.in --excludes excludes.txt -o requirements.txt --python-version 3.11
+
+stop:
+	-$(VENV)/bin/redelivery db stop
+
+clean: stop
+	rm -rf .redelivery demo-output

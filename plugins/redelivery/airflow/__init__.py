@@ -1,0 +1,1 @@
+"""Airflow glue: the Airflow environment, the tier operator and the DAG factory."""

@@ -1,0 +1,50 @@
+"""The Airflow environment of this project: where AIRFLOW_HOME, the DAGs and Airflow's own
+metadata database are (a database ``airflow`` on the same PostgreSQL, separate from the
+application's), and the default connections.
+
+``redelivery airflow-env`` prints these as shell ``export`` lines; the Makefile and the tests use
+them. Values already set in the environment win, so a real deployment configures Airflow as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..settings import REPO_ROOT, get_settings
+
+#: Airflow connection naming the application database (postgres type). Optional: without it the
+#: tasks use REDELIVERY_DATABASE_URL or the embedded PostgreSQL.
+DB_CONN_ID = "redelivery_db"
+#: Airflow connection naming the Spark master (spark type; host = master, e.g. local[2]).
+SPARK_CONN_ID = "redelivery_spark"
+
+
+def airflow_environ() -> dict[str, str]:
+    """Environment variables for running Airflow on this project (defaults only)."""
+    settings = get_settings()
+    home = settings.home.resolve()
+    venv_bin = str(Path(sys.executable).parent)
+    values = {
+        "AIRFLOW_HOME": str(home / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://postgres@127.0.0.1:{settings.pg_port}/airflow",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "PYSPARK_PYTHON": sys.executable,
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+    }
+    if settings.database_url:  # an external application database: the metadata may live there too
+        values.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+    return {k: os.environ.get(k, v) if k != "PATH" else v for k, v in values.items()}
+
+
+def shell_exports() -> str:
+    import shlex
+
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in airflow_environ().items())

@@ -1,0 +1,209 @@
+"""The ``redelivery`` command (Typer). Uses the embedded PostgreSQL unless REDELIVERY_DATABASE_URL
+is set, and starts it when it is not running. Errors print ``error: ...`` and exit with status 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import RedeliveryError
+
+app = typer.Typer(help="Batch retry and dead-letter queues for data pipelines.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+db_app = typer.Typer(help="The state store (PostgreSQL).", no_args_is_help=True)
+dlq_app = typer.Typer(help="Dead-letter queues.", no_args_is_help=True)
+tier_app = typer.Typer(help="Tier windows.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(tier_app, name="tier")
+
+
+def _client():
+    from .client import Client
+    from .db import migrate
+
+    migrate()
+    return Client()
+
+
+def _emit(data, as_json: bool, text: str | None = None) -> None:
+    if as_json or text is None:
+        typer.echo(json.dumps(data, indent=2, default=str))
+    else:
+        typer.echo(text)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Start the embedded PostgreSQL if needed and apply the schema migrations."""
+    from .db import database_url, migrate
+
+    migrate()
+    typer.echo(f"schema up to date at {_redact(database_url())}")
+
+
+@db_app.command("url")
+def db_url() -> None:
+    """Print the application database URL (starting the embedded PostgreSQL if needed)."""
+    from .db import database_url
+
+    typer.echo(database_url())
+
+
+@db_app.command("stop")
+def db_stop() -> None:
+    """Stop the embedded PostgreSQL."""
+    from . import embedded
+
+    embedded.stop()
+
+
+def _redact(url: str) -> str:
+    import re
+
+    return re.sub(r"://([^:/@]+):[^@]+@", r"://\1:***@", url)
+
+
+@app.command("airflow-env")
+def airflow_env() -> None:
+    """Print the Airflow environment of this project as shell export lines."""
+    from .airflow.env import shell_exports
+
+    typer.echo(shell_exports())
+
+
+@app.command("create-topic")
+def create_topic(name: str) -> None:
+    """Create a topic (no-op if it exists)."""
+    _client().create_topic(name)
+
+
+@app.command("create-group")
+def create_group(name: str, max_reconsume_times: Annotated[Optional[int], typer.Option(help="-1: unlimited; default from config (16)")] = None) -> None:
+    """Create a consumer group (updates its max reconsume times if it exists)."""
+    _client().create_group(name, max_reconsume_times)
+
+
+@app.command("subscribe")
+def subscribe(group: str, topic: str) -> None:
+    """Subscribe a consumer group to a topic."""
+    _client().subscribe(group, topic)
+
+
+@app.command("publish")
+def publish(
+    topic: str,
+    file: Annotated[Path, typer.Argument(help="JSON lines file, '-' for standard input")] = Path("-"),
+    envelope: Annotated[bool, typer.Option(help='lines are {"body": ..., "key": ..., "properties": {...}}')] = False,
+    batch_id: Annotated[Optional[str], typer.Option(help="publish this batch once, however often the command runs")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Publish one message per line (each line a JSON body). Nothing is published if any line is bad."""
+    from .client import Message
+
+    stream = sys.stdin if str(file) == "-" else file.open()
+    messages = []
+    for number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RedeliveryError(f"line {number}: not JSON: {exc}") from None
+        if envelope:
+            if not isinstance(value, dict) or "body" not in value or set(value) - {"body", "key", "properties"}:
+                raise RedeliveryError(f'line {number}: an envelope is an object with "body" and optional "key", "properties"')
+            messages.append(Message(body=value["body"], key=value.get("key"), properties=value.get("properties") or {}))
+        else:
+            messages.append(Message(body=value))
+    ids = _client().publish(topic, messages, batch_id=batch_id)
+    _emit({"topic": topic, "published": len(ids), "first_id": ids[0] if ids else None, "last_id": ids[-1] if ids else None},
+          as_json, f"published {len(ids)} messages to {topic}")
+
+
+@app.command("stats")
+def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """Counts per topic, group and state."""
+    data = _client().stats()
+    lines = [f"{'topic':<20} {'group':<24} " + " ".join(f"{s:>13}" for s in ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"))]
+    for topic, groups in data.items():
+        for group, counts in groups.items():
+            lines.append(f"{topic:<20} {group:<24} " + " ".join(f"{n:>13}" for n in counts.values()))
+    _emit(data, as_json, "\n".join(lines))
+
+
+@dlq_app.command("list")
+def dlq_list(
+    group: Annotated[str, typer.Option(help="consumer group")],
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The oldest dead letters of a group."""
+    rows = _client().dlq_list(group, limit)
+    for row in rows:
+        if isinstance(row["body"], bytes):
+            row["body"] = row["body"].hex()
+    text = "\n".join(f"{r['message_id']:>10} {r['reason']:<24} reconsumed {r['reconsume_times']:>2}x  {r['last_error'] or ''}"
+                     for r in rows) or "(no dead letters)"
+    _emit(rows, as_json, text)
+
+
+@tier_app.command("list")
+def tier_list() -> None:
+    """The configured tiers with their levels and windows."""
+    from .config import cached_config
+    from .levels import format_duration
+
+    config = cached_config()
+    for tier in config.tiers:
+        delays = " ".join(format_duration(config.level_table.delay(lvl)) for lvl in tier.levels)
+        typer.echo(f"{tier.name:<12} every {tier.window:<5} levels {tier.levels} ({delays})")
+
+
+@tier_app.command("run")
+def tier_run(
+    tier: str,
+    window_end: Annotated[Optional[datetime], typer.Option(help="ISO time (UTC if no zone); default now",
+                                                           formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])] = None,
+    levels: Annotated[Optional[str], typer.Option(help="comma-separated subset of the tier's levels")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="report what would move, change nothing")] = False,
+    spark: Annotated[bool, typer.Option("--spark/--no-spark", help="run the ranges as a local Spark job")] = True,
+) -> None:
+    """Run one tier window outside Airflow and print its summary as JSON."""
+    from .db import migrate
+    from .spark.tier_job import run_tier_window
+
+    migrate()
+    end = window_end or datetime.now(timezone.utc)
+    if end.tzinfo is None:
+        end = end.replace(tzinfo=timezone.utc)
+    chosen = [int(x) for x in levels.split(",")] if levels else None
+    session = None
+    if spark:
+        from .spark.session import get_spark
+
+        session = get_spark(f"redelivery-tier-{tier}")
+    try:
+        summary = run_tier_window(tier=tier, window_end=end, run_key=f"cli/{tier}/{datetime.now(timezone.utc).isoformat()}",
+                                  levels=chosen, dry_run=dry_run, spark=session)
+    finally:
+        if session is not None:
+            session.stop()
+    typer.echo(json.dumps(summary, indent=2))
+
+
+def main() -> None:
+    try:
+        app()
+    except RedeliveryError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The configuration file (YAML): the delay level table, attempts, and the tiers.
+
+A tier is a set of delay levels promoted together by one Airflow DAG every ``window``. Every level
+of the table belongs to exactly one tier, so that no waiting message is left without a DAG.
+``load_config`` validates the whole file and raises ``ConfigError`` naming the bad key and value.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+from .levels import ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
+from .settings import get_settings
+
+
+class TierConfig(BaseModel):
+    """One tier: ``name`` (DAG id suffix), the delay ``levels`` it promotes, its ``window``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9_]{1,40}$")
+    levels: list[int] = Field(min_length=1)
+    window: str
+
+    @field_validator("window")
+    @classmethod
+    def _window_is_duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def window_seconds(self) -> int:
+        return parse_duration(self.window)
+
+
+class RedeliveryConfig(BaseModel):
+    """The whole file. Defaults: RocketMQ 5 retry table and 16 max reconsume times (seeds/001)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delay_levels: str = ROCKETMQ_RETRY_LEVELS
+    max_reconsume_times: int = Field(default=16, ge=-1)
+    tiers: list[TierConfig] = Field(min_length=1)
+
+    @field_validator("delay_levels")
+    @classmethod
+    def _levels_parse(cls, value: str) -> str:
+        LevelTable.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _tiers_cover_every_level_once(self) -> "RedeliveryConfig":
+        count = len(self.level_table)
+        seen: dict[int, str] = {}
+        names = set()
+        for tier in self.tiers:
+            if tier.name in names:
+                raise ValueError(f"tier name {tier.name!r} is used twice")
+            names.add(tier.name)
+            for level in tier.levels:
+                if not 1 <= level <= count:
+                    raise ValueError(f"tier {tier.name!r} lists level {level}, but the table has levels 1..{count}")
+                if level in seen:
+                    raise ValueError(f"level {level} is in both tier {seen[level]!r} and tier {tier.name!r}")
+                seen[level] = tier.name
+        missing = sorted(set(range(1, count + 1)) - set(seen))
+        if missing:
+            raise ValueError(f"levels {missing} belong to no tier: messages waiting at them would never be promoted")
+        return self
+
+    @property
+    def level_table(self) -> LevelTable:
+        return LevelTable.parse(self.delay_levels)
+
+    def tier(self, name: str) -> TierConfig:
+        """The tier called ``name``; ``ConfigError`` if there is none."""
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise ConfigError(f"unknown tier {name!r}; the configured tiers are {[t.name for t in self.tiers]}")
+
+
+def _describe(error: ValidationError, path: Path) -> str:
+    lines = [f"invalid configuration file {path}:"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {key}: {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | str | None = None) -> RedeliveryConfig:
+    """Read and validate the configuration file (default: ``REDELIVERY_CONFIG``, see settings).
+
+    Raises ``ConfigError`` when the file is missing, is not YAML, or fails validation."""
+    path = Path(path) if path is not None else get_settings().config_path
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"configuration file {path} must be a mapping with a 'tiers' key, got {type(raw).__name__}")
+    try:
+        return RedeliveryConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from exc
+
+
+@lru_cache(maxsize=4)
+def cached_config(path: str | None = None) -> RedeliveryConfig:
+    """``load_config`` once per process and path."""
+    return load_config(path)

@@ -1,0 +1,47 @@
+"""Connections to the state store and its schema migrations (Alembic, ``migrations/``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+
+from . import embedded
+from .settings import get_settings
+
+SCHEMA = "redelivery"
+
+
+def database_url() -> str:
+    """The application database's libpq URL: ``REDELIVERY_DATABASE_URL``, or the embedded
+    PostgreSQL (started when it is not running)."""
+    configured = get_settings().database_url
+    return configured if configured else embedded.ensure_running()
+
+
+def connect(url: str | None = None, **kwargs) -> psycopg.Connection:
+    """A psycopg 3 connection with ``search_path`` set to the ``redelivery`` schema."""
+    return psycopg.connect(url or database_url(), options=f"-c search_path={SCHEMA},public", **kwargs)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The same URL for SQLAlchemy with the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def migrate(url: str | None = None, revision: str = "head") -> None:
+    """Apply the schema migrations up to ``revision`` (idempotent; concurrent callers are
+    serialised by a PostgreSQL advisory lock in ``migrations/env.py``)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url or database_url()).replace("%", "%%"))
+    command.upgrade(cfg, revision)
+
+
+from psycopg.types.json import Jsonb  # noqa: E402  (re-exported for callers writing jsonb)

@@ -1,0 +1,37 @@
+"""Errors raised by redelivery. Every one of them is raised before anything is changed."""
+
+
+class RedeliveryError(Exception):
+    """Base class of every error redelivery raises on bad input or state."""
+
+
+class UnknownTopicError(RedeliveryError, LookupError):
+    """The topic does not exist."""
+
+
+class UnknownGroupError(RedeliveryError, LookupError):
+    """The consumer group does not exist."""
+
+
+class NotSubscribedError(RedeliveryError, LookupError):
+    """The consumer group is not subscribed to the topic."""
+
+
+class InvalidNameError(RedeliveryError, ValueError):
+    """A topic or group name has characters or a length that cannot name a table."""
+
+
+class InvalidDelayError(RedeliveryError, ValueError):
+    """A retry delay outside 1 s to 864000 s (Pulsar reconsumeLater range, seeds/000)."""
+
+
+class InvalidLevelError(RedeliveryError, ValueError):
+    """A delay level outside the level table."""
+
+
+class MalformedMessageError(RedeliveryError, ValueError):
+    """A message body or properties that cannot be stored (not JSON, reserved property names...)."""
+
+
+class ConfigError(RedeliveryError, ValueError):
+    """The configuration file is missing, unreadable or invalid; the message names the bad key."""

@@ -1,0 +1,147 @@
+"""State store: topics, consumer groups, subscriptions, messages, per-group deliveries,
+dead-letter tables (one partition per group), tier runs and publish batches.
+
+Revision ID: 0001
+Revises:
+"""
+
+from alembic import op
+
+revision = "0001"
+down_revision = None
+
+# Names that become parts of SQL identifiers (a group's DLQ table "dlq_<group>") are limited to
+# letters, digits, '_', '.', '-' so that the quoted identifier stays within PostgreSQL's 63 bytes.
+NAME_CHECK = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,58}$"
+
+
+def upgrade() -> None:
+    op.execute(f"""
+    SET LOCAL search_path TO redelivery;
+
+    CREATE TYPE delivery_state AS ENUM ('READY', 'INFLIGHT', 'WAITING_RETRY', 'COMMITTED', 'DLQ');
+    CREATE TYPE dlq_reason AS ENUM ('MAX_DELIVERIES_EXCEEDED', 'LEASE_EXPIRED', 'REJECTED', 'NEGATIVE_LEVEL');
+
+    CREATE TABLE topics (
+        id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name text NOT NULL UNIQUE CHECK (name ~ '{NAME_CHECK}'),
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+
+    CREATE TABLE consumer_groups (
+        id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name text NOT NULL UNIQUE CHECK (name ~ '{NAME_CHECK}'),
+        -- RocketMQ maxReconsumeTimes: -1 = unlimited; the (max+1)th failed delivery dead-letters.
+        max_reconsume_times integer NOT NULL DEFAULT 16 CHECK (max_reconsume_times >= -1),
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+
+    CREATE TABLE subscriptions (
+        topic_id integer NOT NULL REFERENCES topics (id) ON DELETE CASCADE,
+        group_id integer NOT NULL REFERENCES consumer_groups (id) ON DELETE CASCADE,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (topic_id, group_id)
+    );
+
+    CREATE TABLE messages (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        topic_id integer NOT NULL REFERENCES topics (id) ON DELETE CASCADE,
+        key text,
+        body bytea NOT NULL,
+        content_type text NOT NULL
+            CHECK (content_type IN ('application/json', 'application/octet-stream', 'text/plain')),
+        properties jsonb NOT NULL DEFAULT '{{}}' CHECK (jsonb_typeof(properties) = 'object'),
+        -- set when this message is a copy of another (redrive to another topic); else NULL
+        origin_message_id bigint,
+        publish_batch text,
+        published_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX messages_topic ON messages (topic_id, id);
+
+    -- One row per (message, subscribed group): the state machine of RocketMQ 5 (seeds/001).
+    CREATE TABLE deliveries (
+        message_id bigint NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+        group_id integer NOT NULL REFERENCES consumer_groups (id) ON DELETE CASCADE,
+        topic_id integer NOT NULL,
+        state delivery_state NOT NULL DEFAULT 'READY',
+        delivery_count integer NOT NULL DEFAULT 0 CHECK (delivery_count >= 0),
+        reconsume_times integer NOT NULL DEFAULT 0 CHECK (reconsume_times >= 0),
+        delay_level smallint CHECK (delay_level >= 1),
+        due_at timestamptz,
+        invisible_until timestamptz,
+        first_failure_at timestamptz,
+        last_failure_at timestamptz,
+        last_error text,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        updated_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (message_id, group_id),
+        CHECK (state <> 'WAITING_RETRY' OR (due_at IS NOT NULL AND delay_level IS NOT NULL)),
+        CHECK (state <> 'INFLIGHT' OR invisible_until IS NOT NULL)
+    );
+    CREATE INDEX deliveries_ready ON deliveries (group_id, topic_id, message_id) WHERE state = 'READY';
+    CREATE INDEX deliveries_waiting ON deliveries (delay_level, due_at) WHERE state = 'WAITING_RETRY';
+    CREATE INDEX deliveries_inflight ON deliveries (invisible_until) WHERE state = 'INFLIGHT';
+
+    -- Dead letters: one partition per consumer group ("dlq_<group>"), created on first use.
+    CREATE TABLE dlq_messages (
+        group_id integer NOT NULL,
+        message_id bigint NOT NULL,
+        topic_id integer NOT NULL,
+        origin_message_id bigint NOT NULL,
+        key text,
+        body bytea NOT NULL,
+        content_type text NOT NULL,
+        properties jsonb NOT NULL,
+        published_at timestamptz NOT NULL,
+        reason dlq_reason NOT NULL,
+        last_error text,
+        delivery_count integer NOT NULL,
+        reconsume_times integer NOT NULL,
+        first_failure_at timestamptz,
+        last_failure_at timestamptz,
+        dead_lettered_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (group_id, message_id)
+    ) PARTITION BY LIST (group_id);
+
+    CREATE TABLE dlq_tables (
+        group_id integer PRIMARY KEY REFERENCES consumer_groups (id) ON DELETE CASCADE,
+        table_name text NOT NULL UNIQUE,
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+
+    -- One row per tier job run (an Airflow task try, or a CLI run).
+    CREATE TABLE tier_runs (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        run_key text NOT NULL UNIQUE,
+        tier text NOT NULL,
+        levels smallint[] NOT NULL,
+        window_start timestamptz,
+        window_end timestamptz NOT NULL,
+        dry_run boolean NOT NULL DEFAULT false,
+        status text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'success', 'failed')),
+        started_at timestamptz NOT NULL DEFAULT now(),
+        finished_at timestamptz,
+        summary jsonb
+    );
+    CREATE INDEX tier_runs_window ON tier_runs (tier, window_end);
+
+    -- A publish batch is applied once: re-running a publish job with the same batch id is a no-op.
+    CREATE TABLE publish_batches (
+        batch_id text PRIMARY KEY,
+        topic_id integer NOT NULL REFERENCES topics (id) ON DELETE CASCADE,
+        message_count integer NOT NULL,
+        published_at timestamptz NOT NULL DEFAULT now()
+    );
+
+    -- Landing table for Spark's JDBC writer (not atomic across partitions): rows are staged here,
+    -- then published in one transaction.
+    CREATE UNLOGGED TABLE publish_staging (
+        batch_id text NOT NULL,
+        seq bigint NOT NULL,
+        key text,
+        body bytea NOT NULL,
+        content_type text NOT NULL,
+        properties jsonb NOT NULL DEFAULT '{{}}'
+    );
+    CREATE INDEX publish_staging_batch ON publish_staging (batch_id, seq);
+    """)

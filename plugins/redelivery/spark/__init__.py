@@ -1,0 +1,1 @@
+"""Spark jobs' logic. Entry points in ``spark_jobs/`` parse arguments and call these."""
