@@ -127,6 +127,26 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
     return message.key, raw, ctype, json.dumps(props)
 
 
+def fan_out_sql(source: str) -> str:
+    """One statement that inserts the messages of ``source`` (a FROM item with columns key, body,
+    content_type, properties (JSON text) and seq) into topic ``%(topic_id)s`` in seq order, gives
+    every subscribed group a READY delivery, and returns the new ids in order. JSON bodies are
+    parsed by PostgreSQL on the way in, so a malformed one fails the whole statement."""
+    return f"""
+        WITH new AS (
+          INSERT INTO messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
+          SELECT %(topic_id)s, u.key, u.body, u.content_type, u.properties::jsonb, %(batch)s, {_AT}
+          FROM {source}
+          WHERE u.content_type <> 'application/json' OR convert_from(u.body, 'UTF8')::jsonb IS NOT NULL
+          ORDER BY u.seq
+          RETURNING id, published_at),
+        fan AS (
+          INSERT INTO deliveries (message_id, group_id, topic_id, created_at, updated_at)
+          SELECT new.id, s.group_id, %(topic_id)s, new.published_at, new.published_at
+          FROM new JOIN subscriptions s ON s.topic_id = %(topic_id)s)
+        SELECT id FROM new ORDER BY id"""
+
+
 def decode(body: bytes, content_type: str) -> Any:
     if content_type == JSON:
         return json.loads(body)
@@ -216,6 +236,15 @@ class Client:
         self.conn.execute(
             "INSERT INTO subscriptions (topic_id, group_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (topic_id, group_id))
 
+    def delete_topic(self, name: str) -> None:
+        """Delete topic ``name`` with its messages, deliveries, subscriptions and dead letters, in one
+        transaction. Raises ``UnknownTopicError``."""
+        topic_id = self._topic(name)
+        with self.conn.transaction():
+            self.conn.execute("DELETE FROM dlq_messages WHERE topic_id = %s", (topic_id,))
+            self.conn.execute("DELETE FROM topics WHERE id = %s", (topic_id,))
+        self._topics.pop(name, None)
+
     def _topic(self, name: str) -> int:
         if name not in self._topics:
             row = self.conn.execute("SELECT id FROM topics WHERE name = %s", (name,)).fetchone()
@@ -260,18 +289,8 @@ class Client:
                 chunk = rows[start:start + PUBLISH_CHUNK]
                 keys, bodies, ctypes, props = (list(col) for col in zip(*chunk))
                 ids.extend(r[0] for r in self.conn.execute(
-                    f"""WITH new AS (
-                          INSERT INTO messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
-                          SELECT %(topic_id)s, u.k, u.b, u.c, u.p::jsonb, %(batch)s, {_AT}
-                          FROM unnest(%(keys)s::text[], %(bodies)s::bytea[], %(ctypes)s::text[], %(props)s::text[])
-                               WITH ORDINALITY AS u(k, b, c, p, ord)
-                          ORDER BY u.ord
-                          RETURNING id, published_at),
-                        fan AS (
-                          INSERT INTO deliveries (message_id, group_id, topic_id, created_at, updated_at)
-                          SELECT new.id, s.group_id, %(topic_id)s, new.published_at, new.published_at
-                          FROM new JOIN subscriptions s ON s.topic_id = %(topic_id)s)
-                        SELECT id FROM new ORDER BY id""",
+                    fan_out_sql("""unnest(%(keys)s::text[], %(bodies)s::bytea[], %(ctypes)s::text[], %(props)s::text[])
+                                   WITH ORDINALITY AS u(key, body, content_type, properties, seq)"""),
                     {"topic_id": topic_id, "batch": batch_id, "at": at, "keys": keys, "bodies": bodies,
                      "ctypes": ctypes, "props": props}))
         return ids
@@ -388,16 +407,22 @@ class Client:
         if mode == "next":
             level_sql = "least(d.reconsume_times + 1, %(top)s)"
             delay_sql = f"(%(delays)s::int[])[{level_sql}]"
-        else:
-            params["level"] = level if mode == "level" else self.levels.level_for_delay(delay)
-            params["delay"] = delay if mode == "delay" else self.levels.delay(level)
+        elif mode == "level":
+            params.update(level=level, delay=self.levels.delay(level))
             level_sql, delay_sql = "%(level)s", "%(delay)s"
+        elif mode == "delay":
+            params.update(level=self.levels.level_for_delay(delay), delay=delay)
+            level_sql, delay_sql = "%(level)s", "%(delay)s"
+        else:  # reject: no retry is scheduled
+            level_sql, delay_sql = "NULL", "0"
         reason = "REJECTED" if mode == "reject" else "MAX_DELIVERIES_EXCEEDED"
-        matched = """FROM unnest(%(ids)s::bigint[], %(counts)s::int[], %(errors)s::text[]) AS i(message_id, delivery_count, error)
-                     WHERE d.message_id = i.message_id AND d.group_id = %(g)s AND d.state = 'INFLIGHT'
-                       AND d.delivery_count = i.delivery_count"""
-        if mode == "reject" or max_times != -1:
-            if self.conn.execute("SELECT 1 FROM dlq_tables WHERE group_id = %s", (group_id,)).fetchone() is None:
+        inputs = "unnest(%(ids)s::bigint[], %(counts)s::int[], %(errors)s::text[]) AS i(message_id, delivery_count, error)"
+        matched = """d.message_id = i.message_id AND d.group_id = %(g)s AND d.state = 'INFLIGHT'
+                     AND d.delivery_count = i.delivery_count"""
+        if self.conn.execute("SELECT 1 FROM dlq_tables WHERE group_id = %s", (group_id,)).fetchone() is None:
+            # the group's DLQ table is made the first time one of its messages is dead-lettered
+            if self.conn.execute(f"SELECT 1 FROM deliveries d, {inputs} WHERE {matched} AND NOT ({retry_allowed}) LIMIT 1",
+                                 params).fetchone():
                 ensure_dlq_tables(self.conn, {group_id})
         with self.conn.transaction():
             retried = self.conn.execute(
@@ -406,7 +431,7 @@ class Client:
                           delay_level = {level_sql}, due_at = {_AT} + make_interval(secs => {delay_sql}),
                           invisible_until = NULL, last_error = i.error, last_failure_at = {_AT},
                           first_failure_at = coalesce(d.first_failure_at, {_AT}), updated_at = now()
-                      {matched} AND {retry_allowed}
+                      FROM {inputs} WHERE {matched} AND {retry_allowed}
                       RETURNING 1)
                     SELECT count(*) FROM retried""", params).fetchone()[0]
             params["dead_lettered_at"] = at
@@ -415,7 +440,7 @@ class Client:
                       UPDATE deliveries d SET state = 'DLQ', invisible_until = NULL, due_at = NULL,
                           last_error = i.error, last_failure_at = {_AT},
                           first_failure_at = coalesce(d.first_failure_at, {_AT}), updated_at = now()
-                      {matched} AND NOT ({retry_allowed})
+                      FROM {inputs} WHERE {matched} AND NOT ({retry_allowed})
                       {_RETURNING_MOVED}, '{reason}' AS reason)
                     {_DLQ_INSERT}""", params).fetchall()
         return retried + sum(n for _, _, n in dead)

@@ -22,6 +22,7 @@ def get_spark(app_name: str, master: str | None = None):
     if jar.exists():
         builder = builder.config("spark.jars", str(jar))
     builder = (builder.config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"]))
     return builder.getOrCreate()

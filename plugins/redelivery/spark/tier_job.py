@@ -8,11 +8,12 @@ payloads never leave the database. The run and its summary are recorded in ``tie
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from .. import db
 from ..config import RedeliveryConfig, cached_config
 from ..transitions import (
+    LATENESS_BUCKET_MS,
     WindowResult,
     apply_window_range,
     dlq_groups_needed,
@@ -21,7 +22,8 @@ from ..transitions import (
     plan_ranges,
 )
 
-ROWS_PER_PARTITION = 50_000
+#: A window may end at most this far past the database's clock (clock skew between hosts).
+FUTURE_TOLERANCE = timedelta(seconds=5)
 
 
 def _apply(url: str, levels: list[int], delays: list[int], window_end: datetime, dry_run: bool, bounds):
@@ -52,7 +54,8 @@ def run_tier_window(
     """Apply tier ``tier``'s window ending at ``window_end`` (timezone-aware) and return its summary.
 
     ``levels``: a subset of the tier's levels (default: all of them); ``ConfigError`` for an unknown
-    tier and ``InvalidLevelError`` for a level outside the tier. ``spark``: a SparkSession whose
+    tier, ``InvalidLevelError`` for a level outside the tier, ``ValueError`` for a window end in the
+    future (it would promote retries early). ``spark``: a SparkSession whose
     tasks apply the ranges in parallel; ``None`` applies them one after another in this process.
     ``run_key`` names the run in ``tier_runs`` (re-using a key overwrites that run's record).
     Re-running a window, or overlapping runs, never move a message twice.
@@ -60,7 +63,8 @@ def run_tier_window(
     Summary: ``{"tier", "levels", "window_start", "window_end", "dry_run", "promoted",
     "retried_after_lease_expiry", "dead_lettered", "by_group": {group: {"promoted": {level: n},
     "retried_after_lease_expiry": n, "dead_lettered": {reason: n}}}, "lateness_seconds":
-    {"p50", "p99", "max"}, "partitions", "duration_seconds"}``; lateness is window end minus due time.
+    {"p50", "p99", "max"}, "lateness_histogram": {"bucket_ms", "counts": {bucket start ms: n}},
+    "partitions", "duration_seconds"}``; lateness is window end minus due time.
     """
     from ..errors import InvalidLevelError
 
@@ -76,6 +80,10 @@ def run_tier_window(
     url = url or db.database_url()
     started = time.perf_counter()
     with db.connect(url, autocommit=True) as conn:
+        now = conn.execute("SELECT now()").fetchone()[0]
+        if window_end > now + FUTURE_TOLERANCE:
+            raise ValueError(f"window end {window_end.isoformat()} is in the future (database time "
+                             f"{now.isoformat()}): promoting now would deliver retries early")
         conn.execute(
             """INSERT INTO tier_runs (run_key, tier, levels, window_start, window_end, dry_run)
                VALUES (%s, %s, %s, %s, %s, %s)
@@ -133,6 +141,8 @@ def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, 
         "dead_lettered": sum(total.dead_lettered.values()),
         "by_group": by_group,
         "lateness_seconds": lateness_percentiles(total.lateness),
+        "lateness_histogram": {"bucket_ms": LATENESS_BUCKET_MS,
+                               "counts": {str(b * LATENESS_BUCKET_MS): n for b, (n, _) in sorted(total.lateness.items())}},
         "partitions": partitions,
         "duration_seconds": round(seconds, 3),
     }

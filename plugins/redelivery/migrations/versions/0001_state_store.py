@@ -57,6 +57,7 @@ def upgrade() -> None:
         published_at timestamptz NOT NULL DEFAULT now()
     );
     CREATE INDEX messages_topic ON messages (topic_id, id);
+    CREATE INDEX messages_publish_batch ON messages (publish_batch) WHERE publish_batch IS NOT NULL;
 
     -- One row per (message, subscribed group): the state machine of RocketMQ 5 (seeds/001).
     CREATE TABLE deliveries (

@@ -1,0 +1,1 @@
+"""The nycflights13 demo (``make demo``): see ``redelivery.demo.run``."""

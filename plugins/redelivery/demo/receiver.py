@@ -1,0 +1,96 @@
+"""The demo's downstream: a real HTTP service on 127.0.0.1 that takes flights in bulk.
+
+``POST /flights`` with a JSON array of ``{"id": message id, "flight": {...}}``. A configurable
+share of requests is answered 429 or 503 (transient: nothing is accepted). Otherwise each item
+gets ``201`` (accepted) or ``422`` when the flight has no departure time (a cancelled flight, a
+permanent failure). The receiver remembers accepted ids, so the demo can check that no flight was
+accepted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CANCELLED_ERROR = "no departure time (cancelled flight)"
+
+
+class FlightReceiver:
+    """Start with ``start()``; ``url`` is the endpoint; ``stop()`` shuts it down."""
+
+    def __init__(self, transient_share: float = 0.05, seed: int = 13):
+        if not 0.0 <= transient_share < 1.0:
+            raise ValueError(f"transient_share must be in [0, 1), got {transient_share}")
+        self.transient_share = transient_share
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self.accepted: set[int] = set()
+        self.duplicates = 0
+        self.requests = 0
+        self.transient = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                if self.path != "/flights":
+                    return self._reply(404, {"error": "not found"})
+                try:
+                    items = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                    assert isinstance(items, list)
+                except (ValueError, AssertionError):
+                    return self._reply(400, {"error": "expected a JSON array"})
+                status, body = receiver._handle(items)
+                self._reply(status, body)
+
+            def _reply(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if status in (429, 503):
+                    self.send_header("Retry-After", "10")
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/flights"
+
+    def start(self) -> "FlightReceiver":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handle(self, items: list) -> tuple[int, dict]:
+        with self._lock:
+            self.requests += 1
+            if self._random.random() < self.transient_share:
+                self.transient += 1
+                return (429, {"error": "too many requests"}) if self._random.random() < 0.5 else (
+                    503, {"error": "service unavailable"})
+            results = []
+            for item in items:
+                flight = item.get("flight") or {}
+                if flight.get("dep_time") is None:
+                    results.append({"id": item.get("id"), "status": 422, "error": CANCELLED_ERROR})
+                    continue
+                if item["id"] in self.accepted:
+                    self.duplicates += 1
+                self.accepted.add(item["id"])
+                results.append({"id": item["id"], "status": 201})
+            return 200, {"results": results}

@@ -1,0 +1,90 @@
+"""The demo's end checks, summary table and chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..client import STATES
+
+
+def summary_table(stats: dict) -> str:
+    """A text table: one row per group, one column per state."""
+    lines = [f"{'group':<16}" + "".join(f"{s:>15}" for s in STATES)]
+    for group, counts in stats.items():
+        lines.append(f"{group:<16}" + "".join(f"{counts[s]:>15,}" for s in STATES))
+    return "\n".join(lines)
+
+
+def check(client, stats, *, total, cancelled, receiver, http_group, stats_group, cancelled_error,
+          max_reconsume_times: int = 16) -> list[str]:
+    """The demo's promise, checked against the database and the receiver. Returns failures."""
+    failures = []
+    conn = client.conn
+
+    def expect(what, got, want):
+        if got != want:
+            failures.append(f"{what}: expected {want}, got {got}")
+
+    for group in (http_group, stats_group):
+        counts = stats[group]
+        expect(f"{group}: messages in READY/INFLIGHT/WAITING_RETRY", counts["READY"] + counts["INFLIGHT"] + counts["WAITING_RETRY"], 0)
+        expect(f"{group}: deliveries (one per flight)", sum(counts.values()), total)
+    expect(f"{http_group}: COMMITTED", stats[http_group]["COMMITTED"], total - cancelled)
+    expect(f"{http_group}: DLQ", stats[http_group]["DLQ"], cancelled)
+    expect(f"{stats_group}: COMMITTED", stats[stats_group]["COMMITTED"], total)
+    row = conn.execute(
+        """SELECT count(*),
+                  count(*) FILTER (WHERE q.reconsume_times = %s AND q.delivery_count = %s + 1
+                                     AND q.reason = 'MAX_DELIVERIES_EXCEEDED' AND q.last_error = %s),
+                  count(*) FILTER (WHERE convert_from(q.body, 'UTF8')::jsonb ->> 'dep_time' IS NULL)
+           FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id WHERE g.name = %s""",
+        (max_reconsume_times, max_reconsume_times, cancelled_error, http_group)).fetchone()
+    expect(f"{http_group}: DLQ table rows", row[0], cancelled)
+    expect(f"{http_group}: dead letters with {max_reconsume_times} reconsume times, one more delivery and the receiver's error", row[1], cancelled)
+    expect(f"{http_group}: dead letters that are cancelled flights", row[2], cancelled)
+    committed = {r[0] for r in conn.execute(
+        """SELECT d.message_id FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
+           WHERE g.name = %s AND d.state = 'COMMITTED'""", (http_group,))}
+    expect("flights the receiver accepted that are not COMMITTED (or the reverse)", len(committed ^ receiver.accepted), 0)
+    expect("flights the receiver accepted twice", receiver.duplicates, 0)
+    return failures
+
+
+def write_chart(path: Path, timeline, runs, group: str) -> Path:
+    """Messages per state over simulated time for ``group``, and the lateness histogram of every
+    tier run (window end minus due time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8))
+    start = timeline[0][0]
+    minutes = [(t - start).total_seconds() / 60 for t, _ in timeline]
+    for state in STATES:
+        values = [snapshot[group][state] for _, snapshot in timeline]
+        if any(values):
+            top.step(minutes, [max(v, 0.8) for v in values], where="post", label=state)
+    top.set_yscale("log")
+    top.set_xlabel("simulated minutes since publish")
+    top.set_ylabel("messages")
+    top.set_title(f"group {group}: messages per state after each step")
+    top.legend(loc="center right")
+    histogram: dict[int, int] = {}
+    for summary in runs:
+        for start_ms, n in summary.get("lateness_histogram", {}).get("counts", {}).items():
+            histogram[int(start_ms)] = histogram.get(int(start_ms), 0) + n
+    if histogram:
+        starts = sorted(histogram)
+        bottom.hist([s / 1000 for s in starts], weights=[histogram[s] for s in starts], bins=50)
+        bottom.set_yscale("log")
+    bottom.set_xlabel("lateness: window end - due time (s)")
+    bottom.set_ylabel("promoted messages")
+    bottom.set_title("lateness of promotions, all tier runs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["check", "summary_table", "write_chart"]
