@@ -3,6 +3,7 @@ REDELIVERY_TEST_DATABASE_URL), a real local Spark session, and Airflow's environ
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -21,6 +22,7 @@ os.environ["REDELIVERY_DATABASE_URL"] = TEST_URL
 for key, value in airflow_environ().items():
     os.environ.setdefault(key, value)
 get_settings.cache_clear()
+logging.getLogger("py4j").setLevel(logging.WARNING)  # quiet teardown of the shared Spark session
 
 #: A fixed past instant: tests drive the clock explicitly (``at=``) and windows must not be in the future.
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

@@ -4,7 +4,7 @@
 share of requests is answered 429 or 503 (transient: nothing is accepted). Otherwise each item
 gets ``201`` (accepted) or ``422`` when the flight has no departure time (a cancelled flight, a
 permanent failure). The receiver remembers accepted ids, so the demo can check that no flight was
-accepted twice.
+accepted twice, and its last answer for every id, so the demo can check each dead letter's error.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CANCELLED_ERROR = "no departure time (cancelled flight)"
@@ -27,6 +28,7 @@ class FlightReceiver:
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self.accepted: set[int] = set()
+        self.last_answer: dict[int, str] = {}  # message id -> the error text a consumer reports for it
         self.duplicates = 0
         self.requests = 0
         self.transient = 0
@@ -81,16 +83,20 @@ class FlightReceiver:
             self.requests += 1
             if self._random.random() < self.transient_share:
                 self.transient += 1
-                return (429, {"error": "too many requests"}) if self._random.random() < 0.5 else (
-                    503, {"error": "service unavailable"})
+                status = 429 if self._random.random() < 0.5 else 503
+                for item in items:
+                    self.last_answer[item.get("id")] = f"HTTP {status} {HTTPStatus(status).phrase}"
+                return status, {"error": HTTPStatus(status).phrase.lower()}
             results = []
             for item in items:
                 flight = item.get("flight") or {}
                 if flight.get("dep_time") is None:
                     results.append({"id": item.get("id"), "status": 422, "error": CANCELLED_ERROR})
+                    self.last_answer[item.get("id")] = f"HTTP 422: {CANCELLED_ERROR}"
                     continue
                 if item["id"] in self.accepted:
                     self.duplicates += 1
                 self.accepted.add(item["id"])
+                self.last_answer[item["id"]] = "accepted"
                 results.append({"id": item["id"], "status": 201})
             return 200, {"results": results}

@@ -1,0 +1,78 @@
+"""The tier DAGs in a real Airflow 3: import, structure, and dag.test() runs through the Spark
+provider (spark-submit in local mode)."""
+
+from datetime import timedelta
+
+import pytest
+from conftest import at
+
+from redelivery.settings import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO_ROOT / "dags"))
+
+
+def test_dags_import_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert sorted(dagbag.dag_ids) == ["redelivery_tier_half_hours", "redelivery_tier_hours",
+                                      "redelivery_tier_minutes", "redelivery_tier_seconds"]
+
+
+@pytest.mark.parametrize("dag_id,window", [("redelivery_tier_seconds", 10), ("redelivery_tier_minutes", 60),
+                                           ("redelivery_tier_half_hours", 300), ("redelivery_tier_hours", 600)])
+def test_tier_dag_settings(dagbag, dag_id, window):
+    from airflow.sdk import DeltaDataIntervalTimetable
+
+    dag = dagbag.get_dag(dag_id)
+    assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
+    assert dag.timetable.delta == timedelta(seconds=window)  # real [start, end) windows
+    assert dag.catchup is False and dag.max_active_runs == 1
+    assert {"redelivery", "tier"} <= set(dag.tags) and dag.doc_md
+    assert set(dag.params.keys()) == {"window_end", "levels", "dry_run"}
+    assert [t.task_id for t in dag.tasks] == ["apply_window"]
+
+
+@pytest.fixture()
+def waiting(client, topic_group):
+    client.publish("orders", [{"n": i} for i in range(40)], at=at(0))
+    client.nack("billing", client.receive("billing", "orders", 40, 30, at=at(0)), error="x", at=at(0))
+    return client
+
+
+def return_value(run):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        row = session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids="apply_window",
+                                                 key="return_value")).first()
+        return XComModel.deserialize_value(row)
+
+
+def test_dag_test_promotes_the_window_and_returns_the_summary(dagbag, waiting):
+    dag = dagbag.get_dag("redelivery_tier_seconds")
+    run = dag.test(logical_date=at(10))
+    assert str(run.state).endswith("success")
+    assert waiting.stats()["orders"]["billing"]["READY"] == 40
+    summary = return_value(run)
+    assert summary["promoted"] == 40 and summary["window_end"] == at(10).isoformat()
+    assert summary["window_start"] == at(0).isoformat()
+    recorded = waiting.conn.execute("SELECT run_key, summary->>'promoted' FROM tier_runs").fetchall()
+    assert len(recorded) == 1 and recorded[0][0].startswith("redelivery_tier_seconds/") and recorded[0][1] == "40"
+    # the same window again moves nothing
+    again = dag.test(logical_date=at(10))
+    assert str(again.state).endswith("success") and return_value(again)["promoted"] == 0
+
+
+def test_manual_params_window_end_and_dry_run(dagbag, waiting):
+    dag = dagbag.get_dag("redelivery_tier_seconds")
+    run = dag.test(logical_date=at(5), run_conf={"window_end": at(10).isoformat(), "dry_run": True})
+    assert str(run.state).endswith("success")
+    summary = return_value(run)
+    assert summary["dry_run"] is True and summary["promoted"] == 40 and summary["window_end"] == at(10).isoformat()
+    assert waiting.stats()["orders"]["billing"]["WAITING_RETRY"] == 40  # nothing moved
