@@ -1,0 +1,164 @@
+"""Benchmarks: the tier job against one hand-written SQL statement, and receive+ack throughput.
+
+    make bench                      # 100,000 and 1,000,000 due retries
+    .venv/bin/python bench/bench_tier.py --sizes 100000 --rounds 1
+
+For each size, N messages are made due at level 1 (WAITING_RETRY), then promoted to READY by
+  sql         one UPDATE statement written by hand (the baseline),
+  spark-warm  the tier job in an already started Spark session (local[2]): Spark's start excluded,
+  spark-cold  `spark-submit spark_jobs/tier_window.py` as Airflow runs it: JVM and Spark start included.
+Every variant starts from the same freshly built, vacuumed table. Receive+ack: one and two
+consumers claim batches of 500 and ack them. Runs on a database of its own (redelivery_bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW_END = datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc)
+
+
+def database() -> str:
+    from redelivery import embedded
+
+    if os.environ.get("REDELIVERY_BENCH_DATABASE_URL"):
+        return os.environ["REDELIVERY_BENCH_DATABASE_URL"]
+    embedded.ensure_running(("redelivery", "airflow", "redelivery_bench"))
+    return embedded.url("redelivery_bench")
+
+
+def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
+    """A fresh topic with one group and ``n`` messages in ``state`` (due at level 1 for retries)."""
+    from redelivery import db
+
+    with db.connect(url, autocommit=True) as conn:
+        for (table,) in conn.execute("SELECT table_name FROM dlq_tables").fetchall():
+            conn.execute(f'DROP TABLE IF EXISTS "{table}"')
+        conn.execute("TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, dlq_tables, "
+                     "tier_runs, publish_batches, publish_staging RESTART IDENTITY CASCADE")
+        topic = conn.execute("INSERT INTO topics (name) VALUES ('bench') RETURNING id").fetchone()[0]
+        group = conn.execute("INSERT INTO consumer_groups (name) VALUES ('bench') RETURNING id").fetchone()[0]
+        conn.execute("INSERT INTO subscriptions VALUES (%s, %s)", (topic, group))
+        conn.execute("""INSERT INTO messages (topic_id, body, content_type, published_at)
+                        SELECT %s, convert_to('{"n": ' || i || ', "payload": "' || repeat('x', 200) || '"}', 'UTF8'),
+                               'application/json', %s
+                        FROM generate_series(1, %s) i""", (topic, WINDOW_END - timedelta(minutes=1), n))
+        if state == "WAITING_RETRY":
+            conn.execute("""INSERT INTO deliveries (message_id, group_id, topic_id, state, delivery_count, reconsume_times,
+                                                    delay_level, due_at, last_error, first_failure_at, last_failure_at)
+                            SELECT id, %s, %s, 'WAITING_RETRY', 1, 1, 1, %s, 'boom', %s, %s FROM messages""",
+                         (group, topic, WINDOW_END - timedelta(seconds=5), WINDOW_END - timedelta(seconds=15),
+                          WINDOW_END - timedelta(seconds=15)))
+        else:
+            conn.execute("INSERT INTO deliveries (message_id, group_id, topic_id) SELECT id, %s, %s FROM messages",
+                         (group, topic))
+        conn.execute("VACUUM ANALYZE messages")
+        conn.execute("VACUUM ANALYZE deliveries")
+        conn.execute("CHECKPOINT")
+
+
+def promoted(url: str) -> int:
+    from redelivery import db
+
+    with db.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'READY'").fetchone()[0]
+
+
+def run_sql(url: str) -> float:
+    from redelivery import db
+
+    with db.connect(url, autocommit=True) as conn:
+        start = time.perf_counter()
+        conn.execute("""UPDATE deliveries SET state = 'READY', updated_at = now()
+                        WHERE state = 'WAITING_RETRY' AND delay_level = ANY('{1,2}') AND due_at <= %s""", (WINDOW_END,))
+        return time.perf_counter() - start
+
+
+def run_spark_warm(url: str, spark) -> float:
+    from redelivery.spark.tier_job import run_tier_window
+
+    start = time.perf_counter()
+    run_tier_window(tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}", spark=spark, url=url)
+    return time.perf_counter() - start
+
+
+def run_spark_cold(url: str) -> float:
+    env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "PYSPARK_PYTHON": sys.executable,
+           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    start = time.perf_counter()
+    subprocess.run(["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+                    str(ROOT / "spark_jobs" / "tier_window.py"), "--tier", "seconds",
+                    "--window-end", WINDOW_END.isoformat(), "--run-key", f"bench-cold-{time.time()}"],
+                   check=True, env=env, capture_output=True)
+    return time.perf_counter() - start
+
+
+def receive_ack(url: str, n: int, consumers: int, batch: int = 500) -> float:
+    """Messages per second for ``consumers`` threads, each with its own client, until ``n`` are acked."""
+    from redelivery.client import Client
+
+    build(url, n, state="READY")
+    acked = [0] * consumers
+
+    def work(i):
+        with Client(url) as client:
+            while True:
+                got = client.receive("bench", "bench", batch, 60)
+                if not got:
+                    return
+                acked[i] += client.ack("bench", got)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(consumers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    assert sum(acked) == n, (sum(acked), n)
+    return n / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100000,1000000")
+    parser.add_argument("--rounds", type=int, default=2, help="runs per variant and size; the median is reported")
+    parser.add_argument("--receive-messages", type=int, default=200_000)
+    args = parser.parse_args()
+    from redelivery.db import migrate
+    from redelivery.spark.session import get_spark
+
+    url = database()
+    migrate(url)
+    spark = get_spark("redelivery-bench", master="local[2]")
+    spark.sparkContext.setLogLevel("ERROR")
+    build(url, 10_000)
+    run_spark_warm(url, spark)  # warm the session up once on real work (Python workers, JIT)
+    print(f"{'due retries':>12} {'sql s':>8} {'spark-warm s':>13} {'spark-cold s':>13} {'warm/sql':>9} {'cold/sql':>9}")
+    for n in (int(s) for s in args.sizes.split(",")):
+        times = {"sql": [], "warm": [], "cold": []}
+        for _ in range(args.rounds):
+            for name in times:
+                build(url, n)
+                seconds = run_sql(url) if name == "sql" else run_spark_warm(url, spark) if name == "warm" else run_spark_cold(url)
+                assert promoted(url) == n, f"{name} promoted {promoted(url)} of {n}"
+                times[name].append(seconds)
+        sql, warm, cold = (statistics.median(times[k]) for k in ("sql", "warm", "cold"))
+        print(f"{n:>12,} {sql:>8.2f} {warm:>13.2f} {cold:>13.2f} {warm / sql:>8.2f}x {cold / sql:>8.2f}x", flush=True)
+    spark.stop()
+    for consumers in (1, 2):
+        rate = receive_ack(url, args.receive_messages, consumers)
+        print(f"receive+ack, batches of 500, {consumers} consumer(s): {rate:,.0f} messages/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
