@@ -12,6 +12,7 @@ AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
 setup: $(VENV)/.installed $(JDBC_JAR)
 	$(VENV)/bin/redelivery db upgrade
+	$(VENV)/bin/redelivery spark-cds
 	@$(AIRFLOW_ENV) && $(VENV)/bin/airflow db migrate > .redelivery/airflow-db-migrate.log 2>&1 \
 	  || { tail -30 .redelivery/airflow-db-migrate.log; exit 1; }
 	@echo "set-up done"

@@ -6,7 +6,8 @@
 For each size, N messages are made due at level 1 (WAITING_RETRY), then promoted to READY by
   sql         one UPDATE statement written by hand (the baseline),
   spark-warm  the tier job in an already started Spark session (local[2]): Spark's start excluded,
-  spark-cold  `spark-submit spark_jobs/tier_window.py` as Airflow runs it: JVM and Spark start included.
+  spark-cold  `spark-submit spark_jobs/tier_window.py` as Airflow runs it: JVM and Spark start included
+              (with the class-data sharing archive that `make` set-up builds).
 Every variant starts from the same freshly built, vacuumed table. Receive+ack: one and two
 consumers claim batches of 500 and ack them. Runs on a database of its own (redelivery_bench).
 """
@@ -95,7 +96,10 @@ def run_spark_cold(url: str) -> float:
     env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "PYSPARK_PYTHON": sys.executable,
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
     start = time.perf_counter()
+    from redelivery.spark.session import driver_java_options
+
     subprocess.run(["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+                    "--driver-java-options", driver_java_options(),
                     str(ROOT / "spark_jobs" / "tier_window.py"), "--tier", "seconds",
                     "--window-end", WINDOW_END.isoformat(), "--run-key", f"bench-cold-{time.time()}"],
                    check=True, env=env, capture_output=True)

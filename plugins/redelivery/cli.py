@@ -77,6 +77,14 @@ def airflow_env() -> None:
     typer.echo(shell_exports())
 
 
+@app.command("spark-cds")
+def spark_cds(force: Annotated[bool, typer.Option(help="rebuild even if it exists")] = False) -> None:
+    """Build the Spark driver's class-data sharing archive (faster Spark start; set-up runs it)."""
+    from .spark.session import build_cds_archive
+
+    typer.echo(f"class-data sharing archive: {build_cds_archive(force)}")
+
+
 @app.command("create-topic")
 def create_topic(name: str) -> None:
     """Create a topic (no-op if it exists)."""

@@ -67,6 +67,10 @@ class TierWindowOperator(SparkSubmitOperator):
         self.env_vars = {**(self.env_vars or {}), "REDELIVERY_DATABASE_URL": url, "PYSPARK_PYTHON": python,
                          "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
         self.conf = {**(self.conf or {}), "spark.pyspark.python": python}
+        from ..spark.session import driver_java_options
+
+        if driver_java_options() and "spark.driver.extraJavaOptions" not in self.conf:
+            self.conf["spark.driver.extraJavaOptions"] = driver_java_options()
         os.environ["PATH"] = self.env_vars["PATH"]  # spark-submit is looked up on this process's PATH
         super().execute(context)
         run_key = self.application_args[self.application_args.index("--run-key") + 1]
