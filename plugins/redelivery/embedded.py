@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from .errors import DatabaseUnavailableError
 from .settings import get_settings
 
 SUPERUSER = "postgres"
@@ -86,7 +87,8 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
     Returns the URL of the application database. Safe to call from many processes at once:
     a file lock in ``REDELIVERY_HOME`` serialises start-up.
 
-    Raises ``RuntimeError`` with the server log's tail when PostgreSQL fails to start.
+    Raises ``DatabaseUnavailableError`` with the server log's tail when PostgreSQL fails to start,
+    or when the port is held by a server with another data directory.
     """
     settings = get_settings()
     home = settings.home.resolve()
@@ -118,8 +120,13 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
             )
             if done.returncode != 0:
                 tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-                raise RuntimeError(f"embedded PostgreSQL failed to start on port {settings.pg_port}:\n{done.stderr}\n{tail}")
+                raise DatabaseUnavailableError(f"embedded PostgreSQL failed to start on port {settings.pg_port}:\n{done.stderr}\n{tail}")
         with psycopg.connect(url("postgres"), autocommit=True) as conn:
+            serving = Path(conn.execute("SHOW data_directory").fetchone()[0]).resolve()
+            if serving != pgdata:
+                raise DatabaseUnavailableError(
+                    f"port {settings.pg_port} on 127.0.0.1 is held by another PostgreSQL (data directory {serving}), "
+                    f"not this project's ({pgdata}): stop it, or set REDELIVERY_PG_PORT to a free port")
             for name in databases:
                 exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
                 if not exists:

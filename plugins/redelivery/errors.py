@@ -35,3 +35,7 @@ class MalformedMessageError(RedeliveryError, ValueError):
 
 class ConfigError(RedeliveryError, ValueError):
     """The configuration file is missing, unreadable or invalid; the message names the bad key."""
+
+
+class DatabaseUnavailableError(RedeliveryError, RuntimeError):
+    """The embedded PostgreSQL could not be started, or its port is held by another server."""
