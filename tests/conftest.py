@@ -46,11 +46,18 @@ def clean_db(database_url):
     from redelivery import db
 
     with db.connect(database_url, autocommit=True) as conn:
-        for (table,) in conn.execute("SELECT table_name FROM dlq_tables").fetchall():
-            conn.execute(f'DROP TABLE IF EXISTS "{table}"')
-        conn.execute("TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
-                     "dlq_tables, tier_runs, publish_batches, publish_staging RESTART IDENTITY CASCADE")
+        reset(conn)
     return database_url
+
+
+def reset(conn) -> None:
+    """Empty every table of the state store and drop the DLQ tables."""
+    from psycopg import sql
+
+    for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
+    conn.execute("TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
+                 "dead_letter_queues, tier_runs, publish_batches, publish_staging RESTART IDENTITY CASCADE")
 
 
 @pytest.fixture()
@@ -63,7 +70,7 @@ def client(clean_db):
 
 @pytest.fixture()
 def topic_group(client):
-    """A topic ``orders`` with group ``billing`` (max reconsume times 16) subscribed."""
+    """A topic ``orders`` with group ``billing`` (default RocketMQ policy: 16 reconsume times) subscribed."""
     client.create_topic("orders")
     client.create_group("billing")
     client.subscribe("billing", "orders")

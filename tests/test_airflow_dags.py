@@ -46,7 +46,6 @@ def waiting(client, topic_group):
 def return_value(run):
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
-    from sqlalchemy import select
 
     with create_session() as session:
         row = session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids="apply_window",

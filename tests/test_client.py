@@ -1,7 +1,6 @@
 """Every client state change against a real PostgreSQL."""
 
 import psycopg
-import pytest
 from conftest import at
 
 from redelivery.client import Client, Message
@@ -116,6 +115,9 @@ def test_max_reconsume_times_17th_failure_dead_letters(client, topic_group, data
     assert dead["reason"] == "MAX_DELIVERIES_EXCEEDED" and dead["reconsume_times"] == 16
     assert dead["delivery_count"] == 17 and dead["last_error"] == "failure 17" and dead["body"] == {"n": 1}
     assert dead["origin_message_id"] == mid and dead["first_failure_at"] == at(0)
+    assert dead["dead_letter_queue"] == "%DLQ%billing"
+    assert [a["error"] for a in dead["attempts"]] == [f"failure {n}" for n in range(1, 18)]
+    assert [a["delivery"] for a in dead["attempts"]] == list(range(1, 18))
 
 
 def test_unlimited_reconsume_times_never_dead_letters(client, topic_group):
@@ -132,12 +134,13 @@ def test_unlimited_reconsume_times_never_dead_letters(client, topic_group):
 def test_reject_dead_letters_at_once_and_creates_the_dlq_table_then(client, topic_group):
     client.publish("orders", [{"n": 1}, {"n": 2}])
     a, b = client.receive("billing", "orders", 2, 30)
-    tables = lambda: client.conn.execute("SELECT table_name FROM dlq_tables").fetchall()  # noqa: E731
+    tables = lambda: client.conn.execute(  # noqa: E731
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_dlq'").fetchall()
     client.nack("billing", a)
     assert tables() == []  # a retry does not create it
     assert client.reject("billing", b, error="schema violation") == 1
-    assert tables() == [("dlq_billing",)]
-    rows = client.conn.execute('SELECT reason::text, last_error FROM "dlq_billing"').fetchall()
+    assert tables() == [("%DLQ%billing",)]
+    rows = client.conn.execute('SELECT reason::text, last_error FROM redelivery_dlq."%DLQ%billing"').fetchall()
     assert rows == [("REJECTED", "schema violation")]
     assert client.stats()["orders"]["billing"]["DLQ"] == 1
 

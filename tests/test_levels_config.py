@@ -66,7 +66,7 @@ def test_shipped_config_is_valid_and_covers_every_level():
     config = load_config()
     covered = sorted(level for tier in config.tiers for level in tier.levels)
     assert covered == list(range(1, 17))
-    assert config.max_reconsume_times == 16
+    assert config.broker == "rocketmq" and config.policy_for("orders", "billing").max_reconsume_times == 16
 
 
 def write(tmp_path, text):
@@ -92,7 +92,8 @@ tiers:
     (GOOD_TIERS.replace("[1, 2]", "[1]"), "levels [2] belong to no tier"),
     (GOOD_TIERS.replace("[1, 2]", "[1, 2, 17]"), "lists level 17"),
     (GOOD_TIERS.replace("name: fast", "name: Fast Tier"), "tiers.0.name"),
-    ("max_reconsume_times: -2\n" + GOOD_TIERS, "max_reconsume_times"),
+    ("policies: [{max_reconsume_times: -2}]\n" + GOOD_TIERS, "policies.0.max_reconsume_times"),
+    ("broker: kafka\n" + GOOD_TIERS, "broker"),
     ("delay_levels: '10s banana'\n" + GOOD_TIERS, "delay_levels"),
 ])
 def test_broken_config_names_the_bad_key(tmp_path, text, needle):
@@ -107,8 +108,8 @@ def test_missing_config_file(tmp_path):
 
 
 def test_custom_config_loads(tmp_path):
-    config = load_config(write(tmp_path, "max_reconsume_times: 3\n" + GOOD_TIERS))
-    assert config.max_reconsume_times == 3
+    config = load_config(write(tmp_path, "policies: [{max_reconsume_times: 3}]\n" + GOOD_TIERS))
+    assert config.policy_for("any", "group").max_reconsume_times == 3
     assert config.tier("fast").window_seconds == 10
     with pytest.raises(ConfigError, match="unknown tier"):
         config.tier("medium")

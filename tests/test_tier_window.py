@@ -10,7 +10,7 @@ from conftest import T0, at
 
 from redelivery.config import cached_config
 from redelivery.spark.tier_job import run_tier_window
-from redelivery.transitions import apply_window_range, plan_ranges
+from redelivery.transitions import apply_window_range, effective_policies, plan_ranges, policy_table
 
 
 def states(client, group="billing"):
@@ -106,8 +106,9 @@ def test_ranges_split_candidates_evenly_and_cover_them(client, topic_group, data
     ranges = plan_ranges(client.conn, [1, 2], at(10), 4)
     assert len(ranges) == 4 and ranges[0][0] == 1 and ranges[-1][1] == 1001
     assert all(lo < hi for lo, hi in ranges) and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-    delays = list(cached_config().level_table.delays)
-    moved = [apply_window_range(client.conn, levels=[1, 2], delays=delays, window_end=at(10), low=lo, high=hi)
+    config = cached_config()
+    policies = policy_table(client.conn, config, effective_policies(client.conn, config))
+    moved = [apply_window_range(client.conn, levels=[1, 2], policies=policies, window_end=at(10), low=lo, high=hi)
              for lo, hi in ranges]
     sizes = [sum(m.promoted.values()) for m in moved]
     assert sum(sizes) == 1000 and all(abs(n - 250) <= 1 for n in sizes)
@@ -126,7 +127,7 @@ def test_dry_run_changes_nothing(client, topic_group, database_url):
     summary = run_tier_window(tier="seconds", window_end=at(10), run_key="dry", dry_run=True, url=database_url)
     assert summary["dry_run"] and summary["promoted"] == 5 and summary["dead_lettered"] == 5
     assert snapshot(client.conn) == before
-    assert client.conn.execute("SELECT count(*) FROM dlq_tables").fetchone()[0] == 0
+    assert client.conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'redelivery_dlq'").fetchone()[0] == 0
 
 
 def test_window_end_in_the_future_is_refused(client, topic_group, database_url):

@@ -18,9 +18,11 @@ app = typer.Typer(help="Batch retry and dead-letter queues for data pipelines.",
 db_app = typer.Typer(help="The state store (PostgreSQL).", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead-letter queues.", no_args_is_help=True)
 tier_app = typer.Typer(help="Tier windows.", no_args_is_help=True)
+policy_app = typer.Typer(help="Retry and dead-letter policies.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(tier_app, name="tier")
+app.add_typer(policy_app, name="policy")
 
 
 def _client():
@@ -159,6 +161,39 @@ def dlq_list(
     text = "\n".join(f"{r['message_id']:>10} {r['reason']:<24} reconsumed {r['reconsume_times']:>2}x  {r['last_error'] or ''}"
                      for r in rows) or "(no dead letters)"
     _emit(rows, as_json, text)
+
+
+@policy_app.command("show")
+def policy_show(
+    topic: Annotated[str, typer.Option(help="topic name")],
+    group: Annotated[str, typer.Option(help="consumer group name")],
+    retries: Annotated[int, typer.Option(min=1, max=1000, help="how many retries to list")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The effective policy of a topic and group: backoff, the wait before each retry (seconds),
+    and the delivery after which a message dead-letters. Works for names not created yet; a group
+    that exists brings its own max reconsume times."""
+    from .client import _check_name
+    from .config import cached_config
+    from .db import connect
+
+    _check_name("topic", topic)
+    _check_name("group", group)
+    config = cached_config()
+    own_max = None
+    with connect() as conn:
+        row = conn.execute("SELECT max_reconsume_times FROM consumer_groups WHERE name = %s", (group,)).fetchone()
+        own_max = row[0] if row else None
+    policy = config.policy_for(topic, group, own_max)
+    data = policy.describe(config.level_table, retries)
+    after = data["dead_letters_after_delivery"]
+    text = "\n".join([
+        f"topic {topic}, group {group}: {data['backoff']['kind']} backoff, "
+        f"max reconsume times {data['max_reconsume_times']}, DLQ {data['dead_letter_queue']}, retry {data['retry_topic']}",
+        "waits (s): " + " ".join(f"{w:g}" for w in data["waits_seconds"]),
+        f"dead-letters when delivery {after} fails" if after else "never dead-letters (unlimited reconsume times)",
+    ])
+    _emit(data, as_json, text)
 
 
 @tier_app.command("list")

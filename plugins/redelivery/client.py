@@ -20,29 +20,48 @@ A ``Client`` holds one connection: use one client per thread.
 from __future__ import annotations
 
 import json
+import re
+import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-
 from . import db
 from .config import RedeliveryConfig, cached_config
 from .errors import (
+    InvalidLevelError,
     InvalidNameError,
     MalformedMessageError,
     NotSubscribedError,
-    RedeliveryError,
+    TooManyRequestsError,
     UnknownGroupError,
     UnknownTopicError,
 )
 from .levels import check_delay
-from .transitions import _DLQ_INSERT, _RETURNING_MOVED, dlq_table_name, ensure_dlq_tables
+from .policies import EffectivePolicy
+from .producer import MIN_CONNECT_TIMEOUT, retrying
+from .transitions import (
+    BACKLOG_LOCK,
+    CAN_RETRY,
+    DLQ_INSERT,
+    NEXT_DELAY,
+    NEXT_LEVEL,
+    POLICIES_CTE,
+    POLICY_JOIN,
+    RETURNING_MOVED,
+    attempt,
+    effective_policies,
+    ensure_dlq_tables,
+    policy_table,
+)
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
 TEXT = "text/plain"
 STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ")
+NAME_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,58}$")
 #: Properties set on a redelivered message (Pulsar retry letter, seeds/000); publishers may not set them.
 RETRY_PROPERTIES = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUMETIMES")
 #: Lease bounds in seconds (RocketMQ SimpleConsumer invisible duration: 10 s .. 12 h).
@@ -160,12 +179,10 @@ def decode(body: bytes, content_type: str) -> Any:
 
 
 def _check_name(kind: str, name: str) -> str:
-    try:
-        dlq_table_name(name)
-    except InvalidNameError:
+    if not isinstance(name, str) or not NAME_RULE.match(name):
         raise InvalidNameError(
             f"{kind} name {name!r} is invalid: use 1 to 59 letters, digits, '_', '.' or '-', starting with a letter or digit"
-        ) from None
+        )
     return name
 
 
@@ -194,8 +211,11 @@ class Client:
         self.config = config or cached_config()
         self.levels = self.config.level_table
         self.conn = db.connect(self.url, autocommit=True)
-        self._groups: dict[str, tuple[int, int]] = {}
+        self._groups: dict[str, tuple[int, int | None]] = {}
         self._topics: dict[str, int] = {}
+        self._policies: dict[tuple[int, int], tuple[EffectivePolicy, dict]] = {}
+        self._sleep = time.sleep  # the producer retry's sleep (tests replace it)
+        self.publish_waits: list[float] = []  # the waits of the last publish's retries, seconds
 
     def close(self) -> None:
         self.conn.close()
@@ -219,18 +239,35 @@ class Client:
     def create_group(self, name: str, max_reconsume_times: int | None = None) -> int:
         """Create consumer group ``name`` if it does not exist; return its id.
 
-        ``max_reconsume_times`` (default: the config's, 16): retries before the next failed delivery
-        dead-letters; -1 = unlimited (RocketMQ maxReconsumeTimes). Raises ``ValueError`` below -1."""
+        ``max_reconsume_times``: the group's own limit (RocketMQ group metadata), which wins over
+        the policies; -1 = unlimited; ``None`` = the matching policy decides (RocketMQ default 16).
+        On an existing group it replaces the limit. Raises ``InvalidNameError``, ``ValueError``."""
         _check_name("group", name)
-        limit = self.config.max_reconsume_times if max_reconsume_times is None else max_reconsume_times
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < -1:
-            raise ValueError(f"max_reconsume_times must be an integer >= -1, got {limit!r}")
+        limit = max_reconsume_times
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < -1):
+            raise ValueError(f"max_reconsume_times must be an integer >= -1 or None, got {limit!r}")
         row = self.conn.execute(
             """INSERT INTO consumer_groups (name, max_reconsume_times) VALUES (%s, %s)
                ON CONFLICT (name) DO UPDATE SET max_reconsume_times = EXCLUDED.max_reconsume_times RETURNING id""",
             (name, limit)).fetchone()
         self._groups.pop(name, None)
+        self._policies.clear()
         return row[0]
+
+    def policy(self, topic: str, group: str) -> EffectivePolicy:
+        """The effective retry and dead-letter policy of ``group`` on ``topic``. Raises
+        ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``."""
+        return self._policy(self._topic(topic), self._group(group)[0], topic, group)[0]
+
+    def _policy(self, topic_id: int, group_id: int, topic: str, group: str) -> tuple[EffectivePolicy, dict]:
+        """(policy, SQL parameters of the policy table) of one subscription, cached."""
+        key = (topic_id, group_id)
+        if key not in self._policies:
+            found = effective_policies(self.conn, self.config, [key])
+            if key not in found:
+                raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")
+            self._policies[key] = (found[key], policy_table(self.conn, self.config, found))
+        return self._policies[key]
 
     def subscribe(self, group: str, topic: str) -> None:
         """Subscribe ``group`` to ``topic`` (idempotent). Messages published from now on are
@@ -239,6 +276,7 @@ class Client:
         topic_id = self._topic(topic)
         self.conn.execute(
             "INSERT INTO subscriptions (topic_id, group_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (topic_id, group_id))
+        self._policies.pop((topic_id, group_id), None)
 
     def delete_topic(self, name: str) -> None:
         """Delete topic ``name`` with its messages, deliveries, subscriptions and dead letters, in one
@@ -257,8 +295,8 @@ class Client:
             self._topics[name] = row[0]
         return self._topics[name]
 
-    def _group(self, name: str) -> tuple[int, int]:
-        """(id, max_reconsume_times) of group ``name``; ``UnknownGroupError`` if there is none."""
+    def _group(self, name: str) -> tuple[int, int | None]:
+        """(id, own max_reconsume_times) of group ``name``; ``UnknownGroupError`` if there is none."""
         if name not in self._groups:
             row = self.conn.execute(
                 "SELECT id, max_reconsume_times FROM consumer_groups WHERE name = %s", (name,)).fetchone()
@@ -270,15 +308,35 @@ class Client:
     # ---- producer -----------------------------------------------------------------------------
 
     def publish(self, topic: str, messages: Iterable[Message | Any], *, batch_id: str | None = None,
-                at: datetime | None = None) -> list[int]:
+                at: datetime | None = None, retry: bool = True) -> list[int]:
         """Publish ``messages`` to ``topic`` in one transaction; return their ids in order.
 
-        Each item is a ``Message`` or a bare body. With ``batch_id`` the batch is applied once:
-        publishing the same batch id again returns the ids of the first publish and adds nothing.
-        Raises ``UnknownTopicError`` or ``MalformedMessageError`` (naming the message index)
-        before anything is written."""
+        Each item is a ``Message`` or a bare body. A batch id publishes once: publishing the same
+        ``batch_id`` again returns the first publish's ids and adds nothing. With ``retry`` (the
+        default), transient failures (lost connection, deadlock, flow control) are retried with the
+        producer backoff of the config file (seeds/002) under a batch id made up for the call if
+        none is given, so a retry after a commit whose answer was lost publishes nothing twice.
+
+        Raises ``UnknownTopicError`` or ``MalformedMessageError`` (naming the message index) before
+        anything is written; ``TooManyRequestsError`` (530) when a subscribed group's ready backlog
+        would pass its policy's ``max_ready_backlog``, after the retries; the last transient
+        ``psycopg.OperationalError`` when the attempts are used up."""
         topic_id = self._topic(topic)
         rows = [encode(m, i) for i, m in enumerate(messages)]
+        if not retry:
+            return self._publish_once(topic_id, topic, rows, batch_id, at)
+        batch_id = batch_id or f"auto-{uuid.uuid4()}"
+        self.publish_waits = []
+        for attempt_ in retrying(self.config.producer, before_retry=self._before_publish_retry, sleep=self._sleep):
+            with attempt_:
+                return self._publish_once(topic_id, topic, rows, batch_id, at)
+
+    def _before_publish_retry(self, retry_state) -> None:
+        self.publish_waits.append(retry_state.upcoming_sleep)
+        if self.conn.closed or self.conn.broken:
+            self.conn = db.connect(self.url, autocommit=True, connect_timeout=MIN_CONNECT_TIMEOUT)
+
+    def _publish_once(self, topic_id: int, topic: str, rows: list, batch_id: str | None, at) -> list[int]:
         with self.conn.transaction():
             if batch_id is not None:
                 fresh = self.conn.execute(
@@ -288,6 +346,7 @@ class Client:
                 if fresh is None:
                     return [r[0] for r in self.conn.execute(
                         "SELECT id FROM messages WHERE publish_batch = %s ORDER BY id", (batch_id,))]
+            self._check_backlog(topic_id, topic, len(rows))
             ids: list[int] = []
             for start in range(0, len(rows), PUBLISH_CHUNK):
                 chunk = rows[start:start + PUBLISH_CHUNK]
@@ -298,6 +357,24 @@ class Client:
                     {"topic_id": topic_id, "batch": batch_id, "at": at, "keys": keys, "bodies": bodies,
                      "ctypes": ctypes, "props": props}))
         return ids
+
+    def _check_backlog(self, topic_id: int, topic: str, adding: int) -> None:
+        """Flow control inside the publishing transaction: raise ``TooManyRequestsError`` if a
+        subscribed group's READY backlog would pass its cap. Serialised per topic with other
+        publishers and with tier runs by an advisory lock."""
+        pairs = [(topic_id, g) for (g,) in self.conn.execute("SELECT group_id FROM subscriptions WHERE topic_id = %s", (topic_id,))]
+        capped = {k: p.max_ready_backlog for k, p in effective_policies(self.conn, self.config, pairs).items()
+                  if p.max_ready_backlog is not None}
+        if not capped:
+            return
+        self.conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (BACKLOG_LOCK, topic_id))
+        for (_, group_id), cap in capped.items():
+            ready = self.conn.execute("SELECT count(*) FROM deliveries WHERE group_id = %s AND topic_id = %s AND state = 'READY'",
+                                      (group_id, topic_id)).fetchone()[0]
+            if ready + adding > cap:
+                raise TooManyRequestsError(
+                    f"530 TOO_MANY_REQUESTS: topic {topic!r} has {ready} ready messages for group id {group_id}; "
+                    f"{adding} more would pass its max_ready_backlog of {cap}")
 
     # ---- consumer -----------------------------------------------------------------------------
 
@@ -315,9 +392,7 @@ class Client:
             raise ValueError(f"max_messages must be a positive integer, got {max_messages!r}")
         if not (isinstance(invisible_duration, (int, float)) and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS):
             raise ValueError(f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, got {invisible_duration!r}")
-        if not self.conn.execute("SELECT 1 FROM subscriptions WHERE topic_id = %s AND group_id = %s",
-                                 (topic_id, group_id)).fetchone():
-            raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")
+        retry_topic = self._policy(topic_id, group_id, topic, group)[0].retry_name  # NotSubscribedError
         # The claimed ids go to the UPDATE as an array: a primary-key lookup. Joined as a table, they
         # were matched by scanning every delivery of the group, slower as the table grew.
         with self.conn.transaction():
@@ -343,7 +418,7 @@ class Client:
             props = json.loads(props) if props != "{}" else {}  # most messages carry none
             if reconsumed > 0:
                 props = {**props, "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": str(origin),
-                         "RETRY_TOPIC": f"%RETRY%{group}", "RECONSUMETIMES": str(reconsumed)}
+                         "RETRY_TOPIC": retry_topic, "RECONSUMETIMES": str(reconsumed)}
             out.append(ReceivedMessage(mid, group, topic, key, decode(body, ctype), ctype, props, published,
                                        count, reconsumed, level, until, origin, error))
         return out
@@ -372,24 +447,27 @@ class Client:
 
     def nack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage],
              error: str | Sequence[str] | None = None, at: datetime | None = None) -> int:
-        """Report failed deliveries; the retry waits the level of its retry number (RocketMQ 5 retry
-        table, seeds/001: retry n -> level min(n, 16)). Returns how many were retried or
-        dead-lettered (stale receipts are ignored). ``error``: one text, or one per message."""
+        """Report failed deliveries; each retry waits as the group's policy says for its retry
+        number (default: RocketMQ 5 table, seeds/001), and a message whose reconsume times are used
+        up is dead-lettered. Returns how many were retried or dead-lettered (stale receipts are
+        ignored). ``error``: one text, or one per message."""
         return self._fail(group, messages, error, at, mode="next")
 
     def reconsume_later(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage], *,
                         delay: int | None = None, level: int | None = None,
                         error: str | Sequence[str] | None = None, at: datetime | None = None) -> int:
-        """Retry later (Pulsar ``reconsumeLater``, seeds/000): after ``delay`` seconds (1..864000),
-        at delay ``level`` (1..len(level table)), or with neither at the next level (retry n ->
-        level n). Raises ``InvalidDelayError`` / ``InvalidLevelError`` / ``ValueError`` (both given)
-        before changing anything. Returns how many were retried or dead-lettered."""
+        """Retry later (Pulsar ``reconsumeLater``, seeds/000): after ``delay`` whole seconds
+        (1..864000), at delay ``level`` of the policy's level table (1..its length; a negative level
+        dead-letters at once, RocketMQ ``delayLevel < 0``), or with neither at the next level (the
+        policy's wait for the next retry). Raises ``InvalidDelayError``, ``InvalidLevelError`` (also
+        for level 0), ``ValueError`` (both given) before changing anything."""
         if delay is not None and level is not None:
             raise ValueError("give a delay or a level, not both")
         if delay is not None:
             return self._fail(group, messages, error, at, mode="delay", delay=check_delay(delay))
         if level is not None:
-            self.levels.check_level(level)
+            if isinstance(level, int) and not isinstance(level, bool) and level < 0:
+                return self._fail(group, messages, error, at, mode="negative")
             return self._fail(group, messages, error, at, mode="level", level=level)
         return self._fail(group, messages, error, at, mode="next")
 
@@ -398,59 +476,76 @@ class Client:
         """Dead-letter received messages at once (reason REJECTED), whatever their attempts."""
         return self._fail(group, messages, error, at, mode="reject")
 
+    _OUTCOMES = {"next": ("nack", "MAX_DELIVERIES_EXCEEDED"), "level": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED"),
+                 "delay": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED"), "reject": ("rejected", "REJECTED"),
+                 "negative": ("negative_level", "NEGATIVE_LEVEL")}
+
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
-        group_id, max_times = self._group(group)
+        group_id, _ = self._group(group)
         items = _receipts(messages)
         errors = _errors(error, len(items))
-        if not items:
-            return 0
-        params = {"g": group_id, "at": at, "ids": [m.message_id for m in items],
-                  "counts": [m.delivery_count for m in items], "errors": errors,
-                  "delays": list(self.levels.delays), "top": len(self.levels)}
-        if mode == "reject":
-            retry_allowed = "false"
-        else:
-            retry_allowed = "true" if max_times == -1 else f"d.reconsume_times < {int(max_times)}"
-        if mode == "next":
-            level_sql = "least(d.reconsume_times + 1, %(top)s)"
-            delay_sql = f"(%(delays)s::int[])[{level_sql}]"
-        elif mode == "level":
-            params.update(level=level, delay=self.levels.delay(level))
-            level_sql, delay_sql = "%(level)s", "%(delay)s"
-        elif mode == "delay":
-            params.update(level=self.levels.level_for_delay(delay), delay=delay)
-            level_sql, delay_sql = "%(level)s", "%(delay)s"
-        else:  # reject: no retry is scheduled
-            level_sql, delay_sql = "NULL", "0"
-        reason = "REJECTED" if mode == "reject" else "MAX_DELIVERIES_EXCEEDED"
+        by_topic: dict[str, list[int]] = {}
+        for index, item in enumerate(items):
+            by_topic.setdefault(item.topic, []).append(index)
+        plans = []
+        for topic, indexes in by_topic.items():  # everything is checked before anything changes
+            policy, table = self._policy(self._topic(topic), group_id, topic, group)
+            params = {**table, "g": group_id, "at": at, "dead_lettered_at": at,
+                      "ids": [items[i].message_id for i in indexes], "counts": [items[i].delivery_count for i in indexes],
+                      "errors": [errors[i] for i in indexes]}
+            level_sql, delay_sql, retry_allowed = NEXT_LEVEL, NEXT_DELAY, CAN_RETRY
+            if mode == "level":
+                explicit = policy.explicit_levels(self.levels)
+                try:
+                    explicit.check_level(level)
+                except InvalidLevelError as exc:
+                    raise InvalidLevelError(f"{exc}; a negative level dead-letters (RocketMQ)") from None
+                params.update(delay=float(explicit.delay(level)), level=self.levels.level_for_delay(explicit.delay(level)))
+                level_sql, delay_sql = "%(level)s", "%(delay)s"
+            elif mode == "delay":
+                params.update(delay=float(delay), level=self.levels.level_for_delay(delay))
+                level_sql, delay_sql = "%(level)s", "%(delay)s"
+            elif mode in ("reject", "negative"):
+                retry_allowed = "false"
+            plans.append((policy, params, level_sql, delay_sql, retry_allowed))
+        outcome, reason = self._OUTCOMES[mode]
+        done = 0
         inputs = "unnest(%(ids)s::bigint[], %(counts)s::int[], %(errors)s::text[]) AS i(message_id, delivery_count, error)"
         matched = f"""d.message_id = i.message_id AND d.group_id = %(g)s AND {_IS_INFLIGHT}
-                      AND d.delivery_count = i.delivery_count"""
-        if self.conn.execute("SELECT 1 FROM dlq_tables WHERE group_id = %s", (group_id,)).fetchone() is None:
-            # the group's DLQ table is made the first time one of its messages is dead-lettered
-            if self.conn.execute(f"SELECT 1 FROM deliveries d, {inputs} WHERE {matched} AND NOT ({retry_allowed}) LIMIT 1",
-                                 params).fetchone():
-                ensure_dlq_tables(self.conn, {group_id})
+                      AND d.delivery_count = i.delivery_count AND {POLICY_JOIN}"""
+        for policy, params, level_sql, delay_sql, retry_allowed in plans:
+            self._ensure_dlq_table(params, inputs, matched, retry_allowed)
         with self.conn.transaction():
-            retried = self.conn.execute(
-                f"""WITH retried AS (
-                      UPDATE deliveries d SET state = 'WAITING_RETRY', reconsume_times = d.reconsume_times + 1,
-                          delay_level = {level_sql}, due_at = {_AT} + make_interval(secs => {delay_sql}),
-                          invisible_until = NULL, last_error = i.error, last_failure_at = {_AT},
-                          first_failure_at = coalesce(d.first_failure_at, {_AT}), updated_at = now()
-                      FROM {inputs} WHERE {matched} AND {retry_allowed}
-                      RETURNING 1)
-                    SELECT count(*) FROM retried""", params).fetchone()[0]
-            params["dead_lettered_at"] = at
-            dead = self.conn.execute(
-                f"""WITH moved AS (
-                      UPDATE deliveries d SET state = 'DLQ', invisible_until = NULL, due_at = NULL,
-                          last_error = i.error, last_failure_at = {_AT},
-                          first_failure_at = coalesce(d.first_failure_at, {_AT}), updated_at = now()
-                      FROM {inputs} WHERE {matched} AND NOT ({retry_allowed})
-                      {_RETURNING_MOVED}, '{reason}' AS reason)
-                    {_DLQ_INSERT}""", params).fetchall()
-        return retried + sum(n for _, _, n in dead)
+            for policy, params, level_sql, delay_sql, retry_allowed in plans:
+                done += self.conn.execute(
+                    f"""WITH {POLICIES_CTE}, retried AS (
+                          UPDATE deliveries d SET state = 'WAITING_RETRY', reconsume_times = d.reconsume_times + 1,
+                              delay_level = {level_sql}, due_at = {_AT} + make_interval(secs => {delay_sql}),
+                              invisible_until = NULL, last_error = i.error, last_failure_at = {_AT},
+                              first_failure_at = coalesce(d.first_failure_at, {_AT}),
+                              attempts = {attempt(_AT, repr(outcome), "i.error")}, updated_at = now()
+                          FROM {inputs}, policies p WHERE {matched} AND {retry_allowed}
+                          RETURNING 1)
+                        SELECT count(*) FROM retried""", params).fetchone()[0]
+                done += sum(n for _, _, n in self.conn.execute(
+                    f"""WITH {POLICIES_CTE}, moved AS (
+                          UPDATE deliveries d SET state = 'DLQ', invisible_until = NULL, due_at = NULL,
+                              last_error = i.error, last_failure_at = {_AT},
+                              first_failure_at = coalesce(d.first_failure_at, {_AT}),
+                              attempts = {attempt(_AT, repr(outcome), "i.error")}, updated_at = now()
+                          FROM {inputs}, policies p WHERE {matched} AND NOT ({retry_allowed})
+                          {RETURNING_MOVED}, '{reason}' AS reason)
+                        {DLQ_INSERT}""", params))
+        return done
+
+    def _ensure_dlq_table(self, params: dict, inputs: str, matched: str, retry_allowed: str) -> None:
+        """Create the DLQ table before the first message is dead-lettered into it (not earlier)."""
+        dlq_id = params["p_dlq"][0]
+        if self.conn.execute("SELECT table_created_at FROM dead_letter_queues WHERE id = %s", (dlq_id,)).fetchone()[0]:
+            return
+        if self.conn.execute(f"""WITH {POLICIES_CTE} SELECT 1 FROM deliveries d, {inputs}, policies p
+                                 WHERE {matched} AND NOT ({retry_allowed}) LIMIT 1""", params).fetchone():
+            ensure_dlq_tables(self.conn, {dlq_id})
 
     # ---- views --------------------------------------------------------------------------------
 
@@ -474,10 +569,10 @@ class Client:
         ``UnknownGroupError``."""
         group_id, _ = self._group(group)
         cur = self.conn.execute(
-            """SELECT q.message_id, t.name AS topic, q.origin_message_id, q.key, q.body, q.content_type,
-                      q.properties, q.reason::text AS reason, q.last_error, q.delivery_count, q.reconsume_times,
-                      q.first_failure_at, q.last_failure_at, q.dead_lettered_at
-               FROM dlq_messages q JOIN topics t ON t.id = q.topic_id
+            """SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.origin_message_id, q.key, q.body,
+                      q.content_type, q.properties, q.reason::text AS reason, q.last_error, q.delivery_count,
+                      q.reconsume_times, q.first_failure_at, q.last_failure_at, q.dead_lettered_at, q.attempts
+               FROM dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id
                WHERE q.group_id = %s ORDER BY q.dead_lettered_at, q.message_id LIMIT %s""", (group_id, limit))
         names = [c.name for c in cur.description]
         rows = [dict(zip(names, r)) for r in cur.fetchall()]

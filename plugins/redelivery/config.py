@@ -1,7 +1,9 @@
-"""The configuration file (YAML): the delay level table, attempts, and the tiers.
+"""The configuration file (YAML): the delay level table and its tiers, the broker preset and the
+retry/dead-letter policies, and the producer's retry settings.
 
 A tier is a set of delay levels promoted together by one Airflow DAG every ``window``. Every level
-of the table belongs to exactly one tier, so that no waiting message is left without a DAG.
+of the table belongs to exactly one tier, so that no waiting message is left without a DAG; a
+retry's wait, whatever policy computed it, is routed to the first level at least as long.
 ``load_config`` validates the whole file and raises ``ConfigError`` naming the bad key and value.
 """
 
@@ -11,10 +13,13 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .levels import ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
+from .policies import EffectivePolicy, PolicyConfig, resolve
 from .settings import get_settings
 
 
@@ -38,14 +43,30 @@ class TierConfig(BaseModel):
         return parse_duration(self.window)
 
 
+class ProducerConfig(BaseModel):
+    """``publish`` retries of transient database failures and of flow control (530), with the
+    backoff of seeds/002 (gRPC connection backoff): wait min(initial * multiplier^k, max) moved by
+    up to +-jitter of itself, for at most ``attempts`` tries in all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    initial_backoff: float = Field(default=1.0, gt=0, description="seconds")
+    multiplier: float = Field(default=1.6, ge=1.0)
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+    max_backoff: float = Field(default=120.0, gt=0, description="seconds")
+    attempts: int = Field(default=5, ge=1)
+
+
 class RedeliveryConfig(BaseModel):
-    """The whole file. Defaults: RocketMQ 5 retry table and 16 max reconsume times (seeds/001)."""
+    """The whole file. ``broker`` picks the defaults of the policies (RocketMQ 5 unless set)."""
 
     model_config = ConfigDict(extra="forbid")
 
     delay_levels: str = ROCKETMQ_RETRY_LEVELS
-    max_reconsume_times: int = Field(default=16, ge=-1)
     tiers: list[TierConfig] = Field(min_length=1)
+    broker: Literal["rocketmq", "pulsar", "artemis"] = "rocketmq"
+    policies: list[PolicyConfig] = Field(default_factory=list)
+    producer: ProducerConfig = Field(default_factory=ProducerConfig)
 
     @field_validator("delay_levels")
     @classmethod
@@ -76,6 +97,18 @@ class RedeliveryConfig(BaseModel):
     @property
     def level_table(self) -> LevelTable:
         return LevelTable.parse(self.delay_levels)
+
+    def policy_for(self, topic: str, group: str, group_max_reconsume_times: int | None = None) -> EffectivePolicy:
+        """The effective policy of ``topic`` and ``group`` (see ``redelivery.policies.resolve``).
+        Raises ``ConfigError`` if its DLQ or retry name cannot name a table."""
+        key = (topic, group, group_max_reconsume_times)
+        cache = self.__dict__.setdefault("_policy_cache", {})
+        if key not in cache:
+            try:
+                cache[key] = resolve(self.policies, self.broker, topic, group, group_max_reconsume_times)
+            except ValueError as exc:
+                raise ConfigError(f"policy for topic {topic!r} and group {group!r}: {exc}") from exc
+        return cache[key]
 
     def tier(self, name: str) -> TierConfig:
         """The tier called ``name``; ``ConfigError`` if there is none."""

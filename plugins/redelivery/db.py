@@ -42,6 +42,3 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
     cfg.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
     cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url or database_url()).replace("%", "%%"))
     command.upgrade(cfg, revision)
-
-
-from psycopg.types.json import Jsonb  # noqa: E402  (re-exported for callers writing jsonb)

@@ -39,3 +39,10 @@ class ConfigError(RedeliveryError, ValueError):
 
 class DatabaseUnavailableError(RedeliveryError, RuntimeError):
     """The embedded PostgreSQL could not be started, or its port is held by another server."""
+
+
+class TooManyRequestsError(RedeliveryError):
+    """Flow control: the topic's ready backlog is at its cap (RocketMQ reply code 530
+    TOO_MANY_REQUESTS, seeds/002). Transient: a retrying publisher backs off and tries again."""
+
+    code = 530

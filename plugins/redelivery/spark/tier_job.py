@@ -10,32 +10,37 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
+from psycopg.types.json import Jsonb
+
 from .. import db
 from ..config import RedeliveryConfig, cached_config
 from ..transitions import (
     LATENESS_BUCKET_MS,
     WindowResult,
     apply_window_range,
-    dlq_groups_needed,
+    dlq_tables_needed,
+    effective_policies,
     ensure_dlq_tables,
     lateness_percentiles,
     plan_ranges,
+    policy_table,
+    promote_capped,
 )
 
 #: A window may end at most this far past the database's clock (clock skew between hosts).
 FUTURE_TOLERANCE = timedelta(seconds=5)
 
 
-def _apply(url: str, levels: list[int], delays: list[int], window_end: datetime, dry_run: bool, bounds):
+def _apply(url: str, levels: list[int], policies: dict, window_end: datetime, dry_run: bool, bounds):
     """Runs on an executor: one range, one connection, one transaction."""
     low, high = bounds
     with db.connect(url, autocommit=True) as conn:
         if dry_run:  # DLQ tables a dry run would need are made and rolled back with it
             with conn.transaction(force_rollback=True):
-                ensure_dlq_tables(conn, dlq_groups_needed(conn, levels, window_end))
-                return apply_window_range(conn, levels=levels, delays=delays, window_end=window_end,
+                ensure_dlq_tables(conn, dlq_tables_needed(conn, levels, window_end, policies))
+                return apply_window_range(conn, levels=levels, policies=policies, window_end=window_end,
                                           low=low, high=high, dry_run=True)
-        return apply_window_range(conn, levels=levels, delays=delays, window_end=window_end, low=low, high=high)
+        return apply_window_range(conn, levels=levels, policies=policies, window_end=window_end, low=low, high=high)
 
 
 def run_tier_window(
@@ -61,8 +66,9 @@ def run_tier_window(
     Re-running a window, or overlapping runs, never move a message twice.
 
     Summary: ``{"tier", "levels", "window_start", "window_end", "dry_run", "promoted",
-    "retried_after_lease_expiry", "dead_lettered", "by_group": {group: {"promoted": {level: n},
-    "retried_after_lease_expiry": n, "dead_lettered": {reason: n}}}, "lateness_seconds":
+    "retried_after_lease_expiry", "dead_lettered", "held_back_by_backlog_cap", "by_group": {group:
+    {"promoted": {level: n}, "retried_after_lease_expiry": n, "dead_lettered": {reason: n},
+    "held_back_by_backlog_cap": n}}, "lateness_seconds":
     {"p50", "p99", "max"}, "lateness_histogram": {"bucket_ms", "counts": {bucket start ms: n}},
     "partitions", "duration_seconds"}``; lateness is window end minus due time.
     """
@@ -76,7 +82,6 @@ def run_tier_window(
         raise InvalidLevelError(f"levels {stray} are not in tier {tier!r} (its levels: {tier_cfg.levels})")
     if window_end.tzinfo is None:
         raise ValueError("window_end must be timezone-aware")
-    delays = list(config.level_table.delays)
     url = url or db.database_url()
     started = time.perf_counter()
     with db.connect(url, autocommit=True) as conn:
@@ -93,8 +98,9 @@ def run_tier_window(
                    finished_at = NULL, summary = NULL""",
             (run_key, tier, chosen, window_start, window_end, dry_run))
         try:
+            policies = policy_table(conn, config, effective_policies(conn, config))
             if not dry_run:
-                ensure_dlq_tables(conn, dlq_groups_needed(conn, chosen, window_end))
+                ensure_dlq_tables(conn, dlq_tables_needed(conn, chosen, window_end, policies))
             if spark is not None:
                 partitions = max_partitions or max(2, spark.sparkContext.defaultParallelism * 2)
             else:
@@ -102,16 +108,17 @@ def run_tier_window(
             ranges = plan_ranges(conn, chosen, window_end, partitions)
             total = WindowResult()
             if spark is not None and ranges:
-                args = (url, chosen, delays, window_end, dry_run)
+                args = (url, chosen, policies, window_end, dry_run)
                 parts = spark.sparkContext.parallelize(ranges, len(ranges)).map(lambda b: _apply(*args, b)).collect()
             else:
-                parts = [_apply(url, chosen, delays, window_end, dry_run, b) for b in ranges]
+                parts = [_apply(url, chosen, policies, window_end, dry_run, b) for b in ranges]
+            parts.append(promote_capped(conn, levels=chosen, policies=policies, window_end=window_end, dry_run=dry_run))
             for part in parts:
                 total.merge(part)
             summary = _summary(conn, total, tier, chosen, window_start, window_end, dry_run, len(ranges),
                                time.perf_counter() - started)
             conn.execute("UPDATE tier_runs SET status = 'success', finished_at = now(), summary = %s WHERE run_key = %s",
-                         (db.Jsonb(summary), run_key))
+                         (Jsonb(summary), run_key))
             return summary
         except BaseException:
             conn.execute("UPDATE tier_runs SET status = 'failed', finished_at = now() WHERE run_key = %s", (run_key,))
@@ -124,7 +131,8 @@ def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, 
 
     def entry(group_id):
         return by_group.setdefault(names.get(group_id, str(group_id)),
-                                   {"promoted": {}, "retried_after_lease_expiry": 0, "dead_lettered": {}})
+                                   {"promoted": {}, "retried_after_lease_expiry": 0, "dead_lettered": {},
+                                    "held_back_by_backlog_cap": 0})
 
     for (group_id, level), n in sorted(total.promoted.items()):
         entry(group_id)["promoted"][str(level)] = n
@@ -132,6 +140,8 @@ def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, 
         entry(group_id)["retried_after_lease_expiry"] = n
     for (group_id, reason), n in total.dead_lettered.items():
         entry(group_id)["dead_lettered"][reason] = n
+    for group_id, n in total.held_back.items():
+        entry(group_id)["held_back_by_backlog_cap"] = n
     iso = lambda t: t.astimezone(timezone.utc).isoformat() if t else None  # noqa: E731
     return {
         "tier": tier, "levels": levels, "window_start": iso(window_start), "window_end": iso(window_end),
@@ -139,6 +149,7 @@ def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, 
         "promoted": sum(total.promoted.values()),
         "retried_after_lease_expiry": sum(total.retried.values()),
         "dead_lettered": sum(total.dead_lettered.values()),
+        "held_back_by_backlog_cap": sum(total.held_back.values()),
         "by_group": by_group,
         "lateness_seconds": lateness_percentiles(total.lateness),
         "lateness_histogram": {"bucket_ms": LATENESS_BUCKET_MS,

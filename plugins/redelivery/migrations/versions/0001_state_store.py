@@ -1,5 +1,5 @@
 """State store: topics, consumer groups, subscriptions, messages, per-group deliveries,
-dead-letter tables (one partition per group), tier runs and publish batches.
+dead-letter queues (one table per DLQ name, schema redelivery_dlq), tier runs and publish batches.
 
 Revision ID: 0001
 Revises:
@@ -31,8 +31,8 @@ def upgrade() -> None:
     CREATE TABLE consumer_groups (
         id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         name text NOT NULL UNIQUE CHECK (name ~ '{NAME_CHECK}'),
-        -- RocketMQ maxReconsumeTimes: -1 = unlimited; the (max+1)th failed delivery dead-letters.
-        max_reconsume_times integer NOT NULL DEFAULT 16 CHECK (max_reconsume_times >= -1),
+        -- RocketMQ maxReconsumeTimes set on the group itself (-1 = unlimited); NULL: the policy decides.
+        max_reconsume_times integer CHECK (max_reconsume_times >= -1),
         created_at timestamptz NOT NULL DEFAULT now()
     );
 
@@ -73,6 +73,7 @@ def upgrade() -> None:
         first_failure_at timestamptz,
         last_failure_at timestamptz,
         last_error text,
+        attempts jsonb NOT NULL DEFAULT '[]',  -- the last failed deliveries: {{at, delivery, outcome, error}}
         created_at timestamptz NOT NULL DEFAULT now(),
         updated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (message_id, group_id),
@@ -83,8 +84,19 @@ def upgrade() -> None:
     CREATE INDEX deliveries_waiting ON deliveries (delay_level, due_at) WHERE state = 'WAITING_RETRY';
     CREATE INDEX deliveries_inflight ON deliveries (invisible_until) WHERE state = 'INFLIGHT';
 
-    -- Dead letters: one partition per consumer group ("dlq_<group>"), created on first use.
+    -- Dead-letter queues by name (%DLQ%group, topic-group-DLQ, DLQ.topic, or explicit). Each one's
+    -- table is a partition of dlq_messages in schema redelivery_dlq, named after the DLQ and
+    -- created the first time a message is dead-lettered into it.
+    CREATE TABLE dead_letter_queues (
+        id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        -- letters, digits and _ . - and the percent sign, chr(37) (kept out of the text: DB-API placeholders)
+        name text NOT NULL UNIQUE CHECK (name ~ ('^[A-Za-z0-9_.' || chr(37) || '-]{{1,63}}$')),
+        registered_at timestamptz NOT NULL DEFAULT now(),
+        table_created_at timestamptz
+    );
+
     CREATE TABLE dlq_messages (
+        dlq_id integer NOT NULL,
         group_id integer NOT NULL,
         message_id bigint NOT NULL,
         topic_id integer NOT NULL,
@@ -101,14 +113,19 @@ def upgrade() -> None:
         first_failure_at timestamptz,
         last_failure_at timestamptz,
         dead_lettered_at timestamptz NOT NULL DEFAULT now(),
-        PRIMARY KEY (group_id, message_id)
-    ) PARTITION BY LIST (group_id);
+        attempts jsonb NOT NULL DEFAULT '[]',
+        PRIMARY KEY (dlq_id, group_id, message_id)
+    ) PARTITION BY LIST (dlq_id);
+    CREATE INDEX dlq_messages_group ON dlq_messages (group_id, dead_lettered_at);
+    CREATE SCHEMA IF NOT EXISTS redelivery_dlq;
 
-    CREATE TABLE dlq_tables (
-        group_id integer PRIMARY KEY REFERENCES consumer_groups (id) ON DELETE CASCADE,
-        table_name text NOT NULL UNIQUE,
-        created_at timestamptz NOT NULL DEFAULT now()
-    );
+    -- Append one failed delivery to a bounded history (the last 20 are kept).
+    CREATE FUNCTION append_attempt(history jsonb, entry jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+        SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
+        FROM jsonb_array_elements(history || jsonb_build_array(entry)) WITH ORDINALITY AS a(e, n)
+        WHERE n > jsonb_array_length(history) + 1 - 20
+    $$;
 
     -- One row per tier job run (an Airflow task try, or a CLI run).
     CREATE TABLE tier_runs (
