@@ -6,7 +6,7 @@ from conftest import at
 from pydantic import ValidationError
 
 from redelivery.config import RedeliveryConfig
-from redelivery.errors import ConfigError, InvalidLevelError
+from redelivery.errors import InvalidLevelError
 from redelivery.levels import LevelTable
 from redelivery.policies import PolicyConfig, compare_specificity, matches, resolve
 
