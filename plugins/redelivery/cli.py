@@ -147,20 +147,110 @@ def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = 
     _emit(data, as_json, "\n".join(lines))
 
 
+def _filter(group, topic, since, before, reason, error_contains, message_id, **extra):
+    from .redrive import DlqFilter, RedriveRequest
+
+    values = dict(group=group, topic=topic, dead_lettered_from=since, dead_lettered_to=before,
+                  reasons=reason or [], error_contains=error_contains, message_ids=message_id or [])
+    try:
+        return (RedriveRequest if extra else DlqFilter)(**values, **extra)
+    except ValueError as exc:  # pydantic: name the bad option
+        raise RedeliveryError(str(exc).replace("\n", " ")) from None
+
+
+GroupOpt = Annotated[str, typer.Option(help="consumer group")]
+TopicOpt = Annotated[Optional[str], typer.Option(help="only this topic")]
+SinceOpt = Annotated[Optional[datetime], typer.Option("--from", help="dead-lettered at or after (ISO time)")]
+BeforeOpt = Annotated[Optional[datetime], typer.Option("--to", help="dead-lettered before (ISO time)")]
+ReasonOpt = Annotated[Optional[list[str]], typer.Option(help="MAX_DELIVERIES_EXCEEDED, LEASE_EXPIRED, REJECTED, NEGATIVE_LEVEL; repeatable")]
+ErrorOpt = Annotated[Optional[str], typer.Option(help="last error contains this text (case-insensitive)")]
+IdOpt = Annotated[Optional[list[int]], typer.Option("--message-id", help="only these message ids; repeatable")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
 @dlq_app.command("list")
-def dlq_list(
-    group: Annotated[str, typer.Option(help="consumer group")],
-    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """The oldest dead letters of a group."""
-    rows = _client().dlq_list(group, limit)
-    for row in rows:
-        if isinstance(row["body"], bytes):
-            row["body"] = row["body"].hex()
-    text = "\n".join(f"{r['message_id']:>10} {r['reason']:<24} reconsumed {r['reconsume_times']:>2}x  {r['last_error'] or ''}"
-                     for r in rows) or "(no dead letters)"
+def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, before: BeforeOpt = None,
+             reason: ReasonOpt = None, error_contains: ErrorOpt = None, message_id: IdOpt = None,
+             limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20, as_json: JsonOpt = False) -> None:
+    """The oldest dead letters of a group that match the filters."""
+    from .db import connect
+    from .redrive import select
+
+    request = _filter(group, topic, since, before, reason, error_contains, message_id)
+    _client()  # migrations
+    with connect() as conn:
+        rows = select(conn, request, limit=limit, with_body=True)
+    text = "\n".join(f"{r['message_id']:>10} {r['dead_letter_queue']:<24} {r['reason']:<24} "
+                     f"reconsumed {r['reconsume_times']:>2}x  {r['last_error'] or ''}" for r in rows) or "(no dead letters)"
     _emit(rows, as_json, text)
+
+
+@dlq_app.command("show")
+def dlq_show(message_id: int, group: GroupOpt, as_json: JsonOpt = False) -> None:
+    """One dead letter in full: body, properties, counts and its attempt history."""
+    from .db import connect
+    from .redrive import select
+
+    _client()
+    with connect() as conn:
+        rows = select(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1, with_body=True)
+    if not rows:
+        raise RedeliveryError(f"no dead letter {message_id} in group {group!r}")
+    _emit(rows[0], True)
+
+
+@dlq_app.command("count")
+def dlq_count(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, before: BeforeOpt = None,
+              reason: ReasonOpt = None, error_contains: ErrorOpt = None, message_id: IdOpt = None,
+              as_json: JsonOpt = False) -> None:
+    """How many dead letters of a group match the filters."""
+    from .db import connect
+    from .redrive import count
+
+    _client()
+    with connect() as conn:
+        n = count(conn, _filter(group, topic, since, before, reason, error_contains, message_id))
+    _emit({"group": group, "count": n}, as_json, str(n))
+
+
+@dlq_app.command("summary")
+def dlq_summary(group: Annotated[Optional[str], typer.Option(help="one group (default: all)")] = None,
+                as_json: JsonOpt = False) -> None:
+    """Per group: count, oldest, DLQs, top reasons and errors."""
+    from .db import connect
+    from .redrive import summary
+
+    _client()
+    with connect() as conn:
+        data = summary(conn, group)
+    text = "\n".join(f"{g['group']}: {g['count']} dead letters since {g['oldest']}; "
+                     + ", ".join(f"{r['value']} {r['count']}" for r in g["top_reasons"]) for g in data) or "(no dead letters)"
+    _emit(data, as_json, text)
+
+
+@app.command("redrive")
+def redrive_command(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, before: BeforeOpt = None,
+                    reason: ReasonOpt = None, error_contains: ErrorOpt = None, message_id: IdOpt = None,
+                    max_messages: Annotated[Optional[int], typer.Option(min=1, help="move at most this many")] = None,
+                    rate_limit: Annotated[Optional[float], typer.Option(min=0.001, help="messages per second")] = 500.0,
+                    destination_topic: Annotated[Optional[str], typer.Option(help="default: the original topic")] = None,
+                    reset_counts: Annotated[bool, typer.Option("--reset-counts/--keep-counts")] = True,
+                    execute: Annotated[bool, typer.Option("--execute", help="really move (default: dry run)")] = False,
+                    as_json: JsonOpt = False) -> None:
+    """Move dead letters back to READY: a dry run unless --execute."""
+    import getpass
+
+    from .redrive import redrive
+
+    request = _filter(group, topic, since, before, reason, error_contains, message_id, max_messages=max_messages,
+                      rate_limit=rate_limit, destination_topic=destination_topic, reset_counts=reset_counts,
+                      dry_run=not execute)
+    _client()
+    result = redrive(request, run_key=f"cli/{datetime.now(timezone.utc).isoformat()}", triggered_by=getpass.getuser(),
+                     log=lambda line: typer.echo(line, err=True))
+    verb = "would move" if request.dry_run else "moved"
+    _emit(result, as_json, f"{verb} {result['selected'] if request.dry_run else result['moved']} dead letters "
+                           f"of group {group} (audit run {result['run_key']})")
 
 
 @policy_app.command("show")

@@ -1,0 +1,139 @@
+"""The ``dlq_redrive`` DAG: a manual redrive of dead letters back to READY, from the trigger form
+or the REST API. Params are validated by JSON schema before a run starts; the values reach the
+database as query parameters only. Task ``dlq_summary`` logs and returns the group's DLQ summary;
+task ``redrive`` moves (or, as a dry run, counts and samples) the selection and returns the audit
+record. Large selections go to a Spark job through the Spark provider."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from airflow.sdk import DAG, Param, get_current_context, task
+
+from ..redrive import REASONS, SPARK_THRESHOLD
+from ..settings import REPO_ROOT
+from .dags import START
+from .env import SPARK_CONN_ID
+from .operators import application_database_url
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,58}$"
+REDRIVE_APPLICATION = str(REPO_ROOT / "spark_jobs" / "dlq_redrive.py")
+
+DOC = """
+### Redrive dead letters
+
+Moves dead letters of one consumer group back to READY, in batches (each one atomic) at no more
+than the rate limit. **Dry run is on by default**: it changes nothing and reports how many messages
+match and a sample. Every run writes an audit row (`redrive_runs`: who, the filter, counts, start
+and end) and one row per moved message (`redrive_moves`). Retrying or repeating a run never moves a
+message twice; marking the task failed stops it between batches, every message in one place.
+"""
+
+
+def request_from(params: dict):
+    from ..redrive import RedriveRequest
+
+    keys = ("group", "topic", "dead_lettered_from", "dead_lettered_to", "error_contains", "max_messages",
+            "rate_limit", "destination_topic", "reset_counts", "dry_run")
+    values = {k: params.get(k) for k in keys}
+    values["reasons"] = params.get("reasons") or []
+    values["message_ids"] = params.get("message_ids") or []
+    return RedriveRequest(**values)
+
+
+def redrive_dag() -> DAG:
+    with DAG(
+        dag_id="dlq_redrive",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["redelivery", "dlq"],
+        doc_md=DOC,
+        params={
+            "group": Param(type="string", pattern=NAME_PATTERN, title="Consumer group",
+                           description="Required. The group whose dead letters move."),
+            "topic": Param(None, type=["null", "string"], title="Topic",
+                           description="Only dead letters from this topic. Empty: every topic of the group."),
+            "dead_lettered_from": Param(None, type=["null", "string"], format="date-time", title="Dead-lettered from",
+                                        description="ISO 8601 time, inclusive. Empty: no lower bound."),
+            "dead_lettered_to": Param(None, type=["null", "string"], format="date-time", title="Dead-lettered before",
+                                      description="ISO 8601 time, exclusive. Empty: no upper bound."),
+            "reasons": Param([], type="array", items={"type": "string", "enum": list(REASONS)}, uniqueItems=True,
+                             title="Reasons", description="Only these dead-letter reasons. Empty: all."),
+            "error_contains": Param(None, type=["null", "string"], maxLength=1000, title="Error text contains",
+                                    description="Case-insensitive text of the last error. Empty: any."),
+            "message_ids": Param([], type="array", items={"type": "integer", "minimum": 1}, title="Message ids",
+                                 description="Only these message ids. Empty: any."),
+            "max_messages": Param(None, type=["null", "integer"], minimum=1, title="Max messages",
+                                  description="Move at most this many. Empty: all that match."),
+            "rate_limit": Param(500, type=["null", "number"], exclusiveMinimum=0, maximum=1000000,
+                                title="Rate limit (messages per second)", description="Empty: no limit."),
+            "destination_topic": Param(None, type=["null", "string"], title="Destination topic",
+                                       description="Empty: back to the original topic. Otherwise a copy is "
+                                                   "published there and the dead letter is closed."),
+            "reset_counts": Param(True, type="boolean", title="Reset delivery count and reconsume times",
+                                  description="On: a redriven message starts its retries afresh."),
+            "dry_run": Param(True, type="boolean", title="Dry run",
+                             description="On: only count and sample what would move."),
+        },
+    ) as dag:
+
+        @task(task_id="dlq_summary")
+        def dlq_summary() -> list:
+            from .. import db
+            from ..redrive import summary
+
+            params = get_current_context()["params"]
+            with db.connect(application_database_url()) as conn:
+                found = summary(conn, params["group"])
+            for item in found or [{"group": params["group"], "count": 0}]:
+                print(f"DLQ summary: {json.dumps(item)}")
+            return found
+
+        @task(task_id="redrive", retries=2)
+        def run_redrive() -> dict:
+            from .. import db
+            from ..redrive import count, redrive
+
+            context = get_current_context()
+            request = request_from(context["params"])
+            run_key = f"dlq_redrive/{context['run_id']}"
+            who = getattr(context["dag_run"], "triggering_user_name", None)
+            url = application_database_url()
+            if not request.dry_run and request.max_messages is None:
+                with db.connect(url) as conn:
+                    selected = count(conn, request)
+                if selected > SPARK_THRESHOLD:
+                    return _redrive_with_spark(request, run_key, who, url)
+            return redrive(request, run_key=run_key, triggered_by=who, url=url)
+
+        dlq_summary() >> run_redrive()
+    return dag
+
+
+def _redrive_with_spark(request, run_key: str, who: str | None, url: str) -> dict:
+    """Submit spark_jobs/dlq_redrive.py through the Spark provider and read back the audit row."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from .. import db
+    from ..spark.session import driver_java_options
+
+    python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    conf = {"spark.pyspark.python": python, "spark.ui.enabled": "false"}
+    if driver_java_options():
+        conf["spark.driver.extraJavaOptions"] = driver_java_options()
+    SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=conf, name="redelivery-dlq-redrive",
+                    application_args=["--run-key", run_key, "--triggered-by", who or "",
+                                      "--request", request.model_dump_json()],
+                    env_vars={"REDELIVERY_DATABASE_URL": url, "PYSPARK_PYTHON": python,
+                              "PATH": os.environ["PATH"]}).submit(REDRIVE_APPLICATION)
+    with db.connect(url) as conn:
+        row = conn.execute("SELECT status, moved, selected FROM redrive_runs WHERE run_key = %s", (run_key,)).fetchone()
+    if row is None or row[0] != "success":
+        raise RuntimeError(f"redrive {run_key!r} did not finish (status {row and row[0]})")
+    return {"run_key": run_key, "status": row[0], "moved": row[1], "selected": row[2], "engine": "spark"}
