@@ -6,11 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 JDBC_JAR := /usr/share/java/postgresql.jar
+CHROMIUM := /usr/bin/chromium
+APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $(1); \
+	 else sudo apt-get update -q && sudo apt-get install -y -q $(1); fi
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
 .PHONY: setup demo test bench clean stop lock
 
-setup: $(VENV)/.installed $(JDBC_JAR)
+setup: $(VENV)/.installed $(JDBC_JAR) $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
 	$(VENV)/bin/redelivery spark-cds
 	@$(AIRFLOW_ENV) && $(VENV)/bin/airflow db migrate > .redelivery/airflow-db-migrate.log 2>&1 \
@@ -26,8 +29,11 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 # Debian's libpostgresql-jdbc-java: Maven Central is out of reach, Debian's archive is not.
 $(JDBC_JAR):
-	@if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q libpostgresql-jdbc-java; \
-	 else sudo apt-get update -q && sudo apt-get install -y -q libpostgresql-jdbc-java; fi
+	@$(call APT_INSTALL,libpostgresql-jdbc-java)
+
+# Debian's Chromium for the operator UI tests (Playwright drives it; no browser download).
+$(CHROMIUM):
+	@$(call APT_INSTALL,chromium)
 
 demo: setup
 	@$(AIRFLOW_ENV) && $(PY) -m redelivery.demo $(DEMO_ARGS)
