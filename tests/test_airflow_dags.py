@@ -18,7 +18,7 @@ def dagbag():
 
 def test_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert sorted(dagbag.dag_ids) == ["redelivery_tier_half_hours", "redelivery_tier_hours",
+    assert sorted(dagbag.dag_ids) == ["dlq_redrive", "redelivery_tier_half_hours", "redelivery_tier_hours",
                                       "redelivery_tier_minutes", "redelivery_tier_seconds"]
 
 

@@ -179,3 +179,15 @@ def test_rest_api_trigger_and_refusal(airflow, dead_letters):
     run = wait_for_run(airflow, known)
     assert run["state"] == "success"
     assert dlq_state(dead_letters)["READY"] == 5 and dlq_state(dead_letters)["DLQ"] == 25
+
+
+def test_dead_letters_page_in_the_airflow_ui(airflow, browser, dead_letters, tmp_path):
+    plugins = requests.get(f"{airflow}/api/v2/plugins", timeout=10).json()["plugins"]
+    assert any(p["name"] == "redelivery" and p["external_views"][0]["url_route"] == "dead-letters" for p in plugins)
+    browser.goto(f"{airflow}/plugin/dead-letters", wait_until="networkidle")
+    frame = browser.frame_locator("iframe").first
+    frame.get_by_text("Group billing: 30 dead letters").wait_for(timeout=20_000)
+    browser.screenshot(path=str(tmp_path / "dead-letters.png"))
+    text = frame.locator("body").inner_text()
+    assert "%DLQ%billing" in text and "REJECTED" in text and "schema violation" in text
+    assert requests.get(f"{airflow}/redelivery/dlq.json", timeout=10).json()[0]["count"] == 30
