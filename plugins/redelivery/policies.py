@@ -83,11 +83,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class LevelsBackoff(_Strict):
-    """Retry n waits level min(n, len(table)) of ``levels`` (RocketMQ 5 table by default, seeds/001)."""
+class _LevelTableBackoff(_Strict):
+    """A backoff that reads a RocketMQ level string (validated when the file loads)."""
 
-    kind: Literal["levels"]
-    levels: str = ROCKETMQ_RETRY_LEVELS
+    levels: str
 
     @field_validator("levels")
     @classmethod
@@ -97,27 +96,25 @@ class LevelsBackoff(_Strict):
 
     def table(self) -> LevelTable:
         return LevelTable.parse(self.levels)
+
+
+class LevelsBackoff(_LevelTableBackoff):
+    """Retry n waits level min(n, len(table)) of ``levels`` (RocketMQ 5 table by default, seeds/001)."""
+
+    kind: Literal["levels"]
+    levels: str = ROCKETMQ_RETRY_LEVELS
 
     def base_delay(self, retry: int) -> float:
         table = self.table()
         return float(table.delay(table.level_for_retry(retry)))
 
 
-class BrokerLevelsBackoff(_Strict):
+class BrokerLevelsBackoff(_LevelTableBackoff):
     """RocketMQ broker rule ``delayLevel = 3 + reconsumeTimes`` on its 18-level string (seeds/003):
     retry n (reconsume times n-1 before it) waits level min(n + 2, 18)."""
 
     kind: Literal["rocketmq_broker"]
     levels: str = ROCKETMQ_BROKER_LEVELS
-
-    @field_validator("levels")
-    @classmethod
-    def _parse(cls, value: str) -> str:
-        LevelTable.parse(value)
-        return value
-
-    def table(self) -> LevelTable:
-        return LevelTable.parse(self.levels)
 
     def base_delay(self, retry: int) -> float:
         table = self.table()
