@@ -25,11 +25,17 @@ app.add_typer(tier_app, name="tier")
 app.add_typer(policy_app, name="policy")
 
 
-def _client():
-    from .client import Client
+def _migrated() -> None:
+    """Start the embedded PostgreSQL if needed and bring the schema up to date."""
     from .db import migrate
 
     migrate()
+
+
+def _client():
+    from .client import Client
+
+    _migrated()
     return Client()
 
 
@@ -177,7 +183,7 @@ def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, be
     from .redrive import select
 
     request = _filter(group, topic, since, before, reason, error_contains, message_id)
-    _client()  # migrations
+    _migrated()
     with connect() as conn:
         rows = select(conn, request, limit=limit, with_body=True)
     text = "\n".join(f"{r['message_id']:>10} {r['dead_letter_queue']:<24} {r['reason']:<24} "
@@ -191,7 +197,7 @@ def dlq_show(message_id: int, group: GroupOpt, as_json: JsonOpt = False) -> None
     from .db import connect
     from .redrive import select
 
-    _client()
+    _migrated()
     with connect() as conn:
         rows = select(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1, with_body=True)
     if not rows:
@@ -207,7 +213,7 @@ def dlq_count(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, b
     from .db import connect
     from .redrive import count
 
-    _client()
+    _migrated()
     with connect() as conn:
         n = count(conn, _filter(group, topic, since, before, reason, error_contains, message_id))
     _emit({"group": group, "count": n}, as_json, str(n))
@@ -220,7 +226,7 @@ def dlq_summary(group: Annotated[Optional[str], typer.Option(help="one group (de
     from .db import connect
     from .redrive import summary
 
-    _client()
+    _migrated()
     with connect() as conn:
         data = summary(conn, group)
     text = "\n".join(f"{g['group']}: {g['count']} dead letters since {g['oldest']}; "
@@ -245,7 +251,7 @@ def redrive_command(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = N
     request = _filter(group, topic, since, before, reason, error_contains, message_id, max_messages=max_messages,
                       rate_limit=rate_limit, destination_topic=destination_topic, reset_counts=reset_counts,
                       dry_run=not execute)
-    _client()
+    _migrated()
     result = redrive(request, run_key=f"cli/{datetime.now(timezone.utc).isoformat()}", triggered_by=getpass.getuser(),
                      log=lambda line: typer.echo(line, err=True))
     verb = "would move" if request.dry_run else "moved"
@@ -270,7 +276,7 @@ def policy_show(
     _check_name("topic", topic)
     _check_name("group", group)
     config = cached_config()
-    own_max = None
+    _migrated()
     with connect() as conn:
         row = conn.execute("SELECT max_reconsume_times FROM consumer_groups WHERE name = %s", (group,)).fetchone()
         own_max = row[0] if row else None
