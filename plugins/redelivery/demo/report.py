@@ -81,6 +81,7 @@ def write_chart(path: Path, timeline, runs, group: str) -> Path:
         starts = sorted(histogram)
         bottom.hist([s / 1000 for s in starts], weights=[histogram[s] for s in starts], bins=50)
         bottom.set_yscale("log")
+        bottom.set_ylim(bottom=0.8)  # so that the smallest bars show above the axis
     bottom.set_xlabel("lateness: window end - due time (s)")
     bottom.set_ylabel("promoted messages")
     bottom.set_title("lateness of promotions, all tier runs")
