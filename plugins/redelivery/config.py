@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .levels import ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
@@ -67,6 +67,7 @@ class RedeliveryConfig(BaseModel):
     broker: Literal["rocketmq", "pulsar", "artemis"] = "rocketmq"
     policies: list[PolicyConfig] = Field(default_factory=list)
     producer: ProducerConfig = Field(default_factory=ProducerConfig)
+    _policy_cache: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("delay_levels")
     @classmethod
@@ -102,7 +103,7 @@ class RedeliveryConfig(BaseModel):
         """The effective policy of ``topic`` and ``group`` (see ``redelivery.policies.resolve``).
         Raises ``ConfigError`` if its DLQ or retry name cannot name a table."""
         key = (topic, group, group_max_reconsume_times)
-        cache = self.__dict__.setdefault("_policy_cache", {})
+        cache = self._policy_cache
         if key not in cache:
             try:
                 cache[key] = resolve(self.policies, self.broker, topic, group, group_max_reconsume_times)
