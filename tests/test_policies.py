@@ -194,6 +194,7 @@ def configured(client, *entries, broker="rocketmq"):
         "tiers": [t.model_dump() for t in client.config.tiers], "broker": broker, "policies": list(entries),
         "producer": {"initial_backoff": 0.01, "max_backoff": 0.05, "attempts": 3}})
     client._policies.clear()
+    client._caps.clear()
     return client.config
 
 

@@ -214,6 +214,7 @@ class Client:
         self._groups: dict[str, tuple[int, int | None]] = {}
         self._topics: dict[str, int] = {}
         self._policies: dict[tuple[int, int], tuple[EffectivePolicy, dict]] = {}
+        self._caps: dict[int, dict] = {}  # topic id -> {(topic id, group id): max ready backlog}
         self._sleep = time.sleep  # the producer retry's sleep (tests replace it)
         self.publish_waits: list[float] = []  # the waits of the last publish's retries, seconds
 
@@ -252,6 +253,7 @@ class Client:
             (name, limit)).fetchone()
         self._groups.pop(name, None)
         self._policies.clear()
+        self._caps.clear()
         return row[0]
 
     def policy(self, topic: str, group: str) -> EffectivePolicy:
@@ -277,6 +279,7 @@ class Client:
         self.conn.execute(
             "INSERT INTO subscriptions (topic_id, group_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (topic_id, group_id))
         self._policies.pop((topic_id, group_id), None)
+        self._caps.pop(topic_id, None)
 
     def delete_topic(self, name: str) -> None:
         """Delete topic ``name`` with its messages, deliveries, subscriptions and dead letters, in one
@@ -362,9 +365,13 @@ class Client:
         """Flow control inside the publishing transaction: raise ``TooManyRequestsError`` if a
         subscribed group's READY backlog would pass its cap. Serialised per topic with other
         publishers and with tier runs by an advisory lock."""
-        pairs = [(topic_id, g) for (g,) in self.conn.execute("SELECT group_id FROM subscriptions WHERE topic_id = %s", (topic_id,))]
-        capped = {k: p.max_ready_backlog for k, p in effective_policies(self.conn, self.config, pairs).items()
-                  if p.max_ready_backlog is not None}
+        if topic_id not in self._caps:  # resolved once per topic, like the other policy lookups
+            pairs = [(topic_id, g) for (g,) in self.conn.execute(
+                "SELECT group_id FROM subscriptions WHERE topic_id = %s", (topic_id,))]
+            self._caps[topic_id] = {k: p.max_ready_backlog for k, p in
+                                    effective_policies(self.conn, self.config, pairs).items()
+                                    if p.max_ready_backlog is not None}
+        capped = self._caps[topic_id]
         if not capped:
             return
         self.conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (BACKLOG_LOCK, topic_id))
