@@ -180,12 +180,12 @@ def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, be
              limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20, as_json: JsonOpt = False) -> None:
     """The oldest dead letters of a group that match the filters."""
     from .db import connect
-    from .redrive import select
+    from .redrive import jsonable, select
 
     request = _filter(group, topic, since, before, reason, error_contains, message_id)
     _migrated()
     with connect() as conn:
-        rows = select(conn, request, limit=limit, with_body=True)
+        rows = jsonable(select(conn, request, limit=limit, with_body=True))
     text = "\n".join(f"{r['message_id']:>10} {r['dead_letter_queue']:<24} {r['reason']:<24} "
                      f"reconsumed {r['reconsume_times']:>2}x  {r['last_error'] or ''}" for r in rows) or "(no dead letters)"
     _emit(rows, as_json, text)
@@ -195,11 +195,11 @@ def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, be
 def dlq_show(message_id: int, group: GroupOpt, as_json: JsonOpt = False) -> None:
     """One dead letter in full: body, properties, counts and its attempt history."""
     from .db import connect
-    from .redrive import select
+    from .redrive import jsonable, select
 
     _migrated()
     with connect() as conn:
-        rows = select(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1, with_body=True)
+        rows = jsonable(select(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1, with_body=True))
     if not rows:
         raise RedeliveryError(f"no dead letter {message_id} in group {group!r}")
     _emit(rows[0], True)

@@ -572,20 +572,11 @@ class Client:
         return out
 
     def dlq_list(self, group: str, limit: int = 100) -> list[dict]:
-        """The oldest ``limit`` dead letters of ``group`` as dicts (body decoded). Raises
-        ``UnknownGroupError``."""
-        group_id, _ = self._group(group)
-        cur = self.conn.execute(
-            """SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.origin_message_id, q.key, q.body,
-                      q.content_type, q.properties, q.reason::text AS reason, q.last_error, q.delivery_count,
-                      q.reconsume_times, q.first_failure_at, q.last_failure_at, q.dead_lettered_at, q.attempts
-               FROM dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id
-               WHERE q.group_id = %s ORDER BY q.dead_lettered_at, q.message_id LIMIT %s""", (group_id, limit))
-        names = [c.name for c in cur.description]
-        rows = [dict(zip(names, r)) for r in cur.fetchall()]
-        for row in rows:
-            row["body"] = decode(row["body"], row.pop("content_type"))
-        return rows
+        """The oldest ``limit`` dead letters of ``group`` as dicts (body decoded, properties,
+        attempt history, DLQ name). Raises ``UnknownGroupError``."""
+        from .redrive import DlqFilter, select
+
+        return select(self.conn, DlqFilter(group=group), limit=limit, with_body=True)
 
 
 __all__ = ["Client", "Message", "ReceivedMessage"]

@@ -12,7 +12,6 @@ Large selections can run as a Spark job over message-id ranges (``redrive_with_s
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timezone
 from typing import Literal
@@ -110,22 +109,33 @@ def count(conn: psycopg.Connection, request: DlqFilter) -> int:
 
 
 def select(conn: psycopg.Connection, request: DlqFilter, limit: int = 100, with_body: bool = False) -> list[dict]:
-    """The matching dead letters, oldest first (``limit`` at most), as JSON-ready dicts."""
+    """The matching dead letters, oldest first (``limit`` at most), as dicts of native values
+    (datetimes; with ``with_body`` the body decoded by content type, the properties and the attempt
+    history). ``jsonable`` turns them into JSON-ready values."""
+    from .client import decode
+
     params = {**_resolve(conn, request), "limit": limit}
-    extra = ", convert_from(q.body, 'UTF8') AS body_text, q.content_type, q.properties, q.attempts" if with_body else ""
+    extra = ", q.body, q.content_type, q.properties, q.attempts" if with_body else ""
     cur = conn.execute(f"SELECT {_ROW}{extra} FROM {_FROM} WHERE {FILTER_SQL} "
                        "ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s", params)
     names = [c.name for c in cur.description]
-    rows = []
-    for values in cur.fetchall():
-        row = dict(zip(names, values))
-        for key in ("dead_lettered_at", "first_failure_at", "last_failure_at"):
-            row[key] = row[key].isoformat() if row[key] else None
+    rows = [dict(zip(names, values)) for values in cur.fetchall()]
+    for row in rows:
         if with_body:
-            text = row.pop("body_text")
-            row["body"] = json.loads(text) if row["content_type"] == "application/json" else text
-        rows.append(row)
+            row["body"] = decode(row["body"], row.pop("content_type"))
     return rows
+
+
+def jsonable(rows: list[dict]) -> list[dict]:
+    """``select`` rows with times as ISO strings and binary bodies as hex."""
+    def value(v):
+        if isinstance(v, datetime):
+            return v.isoformat()
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return bytes(v).hex()
+        return v
+
+    return [{k: value(v) for k, v in row.items()} for row in rows]
 
 
 def summary(conn: psycopg.Connection, group: str | None = None) -> list[dict]:
@@ -251,7 +261,7 @@ def redrive(request: RedriveRequest, *, run_key: str, triggered_by: str | None =
         run_id, already, status = _start(conn, request, run_key, triggered_by, params["g"])
         try:
             selected = conn.execute(f"SELECT count(*) FROM dlq_messages q WHERE {FILTER_SQL}", params).fetchone()[0]
-            sample = select(conn, request, limit=SAMPLE_SIZE)
+            sample = jsonable(select(conn, request, limit=SAMPLE_SIZE))
             log(f"redrive {run_key}: {selected} dead letters of group {request.group!r} match; "
                 f"{'dry run' if request.dry_run else 'moving'}; already moved by this run: {already}")
             if request.dry_run or status == "success":
