@@ -192,3 +192,16 @@ def test_dlq_redrive_dag_dry_run_then_real(dead):
     assert states(dead)["refunds"]["READY"] == 10
     rows = dead.conn.execute("SELECT dry_run, status, moved, filter->>'topic' FROM redrive_runs ORDER BY id").fetchall()
     assert rows == [(True, "success", 0, "refunds"), (False, "success", 10, "refunds")]
+
+
+def test_binary_dead_letters_list_and_redrive(client, topic_group, database_url):
+    from redelivery.redrive import jsonable
+
+    client.publish("orders", [b"\xff\xfe\x00"])
+    client.reject("billing", client.receive("billing", "orders", 1, 30), error="not JSON")
+    [row] = client.dlq_list("billing")
+    assert row["body"] == b"\xff\xfe\x00"
+    assert jsonable([row])[0]["body"] == "fffe00"
+    result = redrive(RedriveRequest(group="billing", dry_run=False), run_key="bin", url=database_url, log=lambda *_: None)
+    assert result["moved"] == 1 and result["sample"][0]["message_id"] == row["message_id"]
+    assert client.receive("billing", "orders", 1, 30)[0].body == b"\xff\xfe\x00"
