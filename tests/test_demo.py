@@ -8,7 +8,7 @@ import sys
 
 import requests
 
-from redelivery.client import ReceivedMessage
+from redelivery.codec import ReceivedMessage
 from redelivery.demo.handlers import HttpDelivery
 from redelivery.demo.receiver import CANCELLED_ERROR, FlightReceiver
 

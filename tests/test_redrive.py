@@ -9,7 +9,8 @@ import pytest
 from conftest import at, snapshot
 
 from redelivery.errors import RedeliveryError, UnknownGroupError, UnknownTopicError
-from redelivery.redrive import DlqFilter, RedriveRequest, count, redrive, select, summary
+from redelivery.dead_letters import DlqFilter, count, select, summary
+from redelivery.redrive import RedriveRequest, redrive
 
 
 @pytest.fixture()
@@ -195,7 +196,7 @@ def test_dlq_redrive_dag_dry_run_then_real(dead):
 
 
 def test_binary_dead_letters_list_and_redrive(client, topic_group, database_url):
-    from redelivery.redrive import jsonable
+    from redelivery.dead_letters import jsonable
 
     client.publish("orders", [b"\xff\xfe\x00"])
     client.reject("billing", client.receive("billing", "orders", 1, 30), error="not JSON")

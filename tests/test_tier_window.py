@@ -10,7 +10,8 @@ from conftest import T0, at
 
 from redelivery.config import cached_config
 from redelivery.spark.tier_job import run_tier_window
-from redelivery.transitions import apply_window_range, effective_policies, plan_ranges, policy_table
+from redelivery.catalog import effective_policies, policy_table
+from redelivery.transitions import apply_window_range, plan_window
 
 
 def states(client, group="billing"):
@@ -103,7 +104,7 @@ def test_overlapping_runs_promote_and_dead_letter_each_message_once(client, topi
 def test_ranges_split_candidates_evenly_and_cover_them(client, topic_group, database_url):
     client.publish("orders", [{"n": i} for i in range(1000)], at=at(0))
     fail_all(client, 1000)
-    ranges = plan_ranges(client.conn, [1, 2], at(10), 4)
+    ranges = plan_window(client.conn, [1, 2], at(10), 4)
     assert len(ranges) == 4 and ranges[0][0] == 1 and ranges[-1][1] == 1001
     assert all(lo < hi for lo, hi in ranges) and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     config = cached_config()
@@ -112,7 +113,7 @@ def test_ranges_split_candidates_evenly_and_cover_them(client, topic_group, data
              for lo, hi in ranges]
     sizes = [sum(m.promoted.values()) for m in moved]
     assert sum(sizes) == 1000 and all(abs(n - 250) <= 1 for n in sizes)
-    assert plan_ranges(client.conn, [1, 2], at(10), 4) == []
+    assert plan_window(client.conn, [1, 2], at(10), 4) == []
 
 
 def test_dry_run_changes_nothing(client, topic_group, database_url):

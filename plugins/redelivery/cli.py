@@ -154,7 +154,8 @@ def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = 
 
 
 def _filter(group, topic, since, before, reason, error_contains, message_id, **extra):
-    from .redrive import DlqFilter, RedriveRequest
+    from .dead_letters import DlqFilter
+    from .redrive import RedriveRequest
 
     values = dict(group=group, topic=topic, dead_lettered_from=since, dead_lettered_to=before,
                   reasons=reason or [], error_contains=error_contains, message_ids=message_id or [])
@@ -180,7 +181,7 @@ def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, be
              limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20, as_json: JsonOpt = False) -> None:
     """The oldest dead letters of a group that match the filters."""
     from .db import connect
-    from .redrive import jsonable, select
+    from .dead_letters import jsonable, select
 
     request = _filter(group, topic, since, before, reason, error_contains, message_id)
     _migrated()
@@ -195,7 +196,7 @@ def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, be
 def dlq_show(message_id: int, group: GroupOpt, as_json: JsonOpt = False) -> None:
     """One dead letter in full: body, properties, counts and its attempt history."""
     from .db import connect
-    from .redrive import jsonable, select
+    from .dead_letters import jsonable, select
 
     _migrated()
     with connect() as conn:
@@ -211,7 +212,7 @@ def dlq_count(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, b
               as_json: JsonOpt = False) -> None:
     """How many dead letters of a group match the filters."""
     from .db import connect
-    from .redrive import count
+    from .dead_letters import count
 
     _migrated()
     with connect() as conn:
@@ -224,7 +225,7 @@ def dlq_summary(group: Annotated[Optional[str], typer.Option(help="one group (de
                 as_json: JsonOpt = False) -> None:
     """Per group: count, oldest, DLQs, top reasons and errors."""
     from .db import connect
-    from .redrive import summary
+    from .dead_letters import summary
 
     _migrated()
     with connect() as conn:
@@ -269,17 +270,18 @@ def policy_show(
     """The effective policy of a topic and group: backoff, the wait before each retry (seconds),
     and the delivery after which a message dead-letters. Works for names not created yet; a group
     that exists brings its own max reconsume times."""
-    from .client import _check_name
+    from . import statements as S
     from .config import cached_config
     from .db import connect
+    from .names import check_name
 
-    _check_name("topic", topic)
-    _check_name("group", group)
+    check_name("topic", topic)
+    check_name("group", group)
     config = cached_config()
     _migrated()
     with connect() as conn:
-        row = conn.execute("SELECT max_reconsume_times FROM consumer_groups WHERE name = %s", (group,)).fetchone()
-        own_max = row[0] if row else None
+        row = conn.execute(S.GROUP_BY_NAME, {"name": group}).fetchone()
+        own_max = row[1] if row else None
     policy = config.policy_for(topic, group, own_max)
     data = policy.describe(config.level_table, retries)
     after = data["dead_letters_after_delivery"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..settings import REPO_ROOT, get_settings
 
-#: Airflow connection naming the application database (postgres type). Optional: without it the
-#: tasks use REDELIVERY_DATABASE_URL or the embedded PostgreSQL.
+#: Airflow connection naming the application database (postgres type; ``hooks.RedeliveryHook``).
+#: Optional: without it the tasks use REDELIVERY_DATABASE_URL or the embedded PostgreSQL.
 DB_CONN_ID = "redelivery_db"
 #: Airflow connection naming the Spark master (spark type; host = master, e.g. local[2]).
 SPARK_CONN_ID = "redelivery_spark"

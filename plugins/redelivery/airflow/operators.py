@@ -5,32 +5,31 @@ the run's summary (from ``tier_runs``) as its XCom return value."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from .. import statements as S
 from ..settings import REPO_ROOT
-from .env import DB_CONN_ID, SPARK_CONN_ID
+from ..spark.session import submit_environment
+from .env import SPARK_CONN_ID
+from .hooks import RedeliveryHook
 
 TIER_APPLICATION = str(REPO_ROOT / "spark_jobs" / "tier_window.py")
 
 
-def application_database_url() -> str:
-    """The application database for tasks: the ``redelivery_db`` Airflow connection when it
-    exists, else ``REDELIVERY_DATABASE_URL`` / the embedded PostgreSQL."""
+def spark_master(conn_id: str = SPARK_CONN_ID) -> str:
+    """The master of the Spark connection ``conn_id`` (its host, e.g. ``local[2]``). Raises
+    ``RuntimeError`` saying how to define it when the connection is missing."""
+    from airflow.exceptions import AirflowNotFoundException
     from airflow.sdk import BaseHook
-    from psycopg.conninfo import make_conninfo
 
     try:
-        conn = BaseHook.get_connection(DB_CONN_ID)
-    except Exception:  # AirflowNotFoundException: fall back to the process settings
-        from .. import db
-
-        return db.database_url()
-    return make_conninfo(host=conn.host, port=conn.port or 5432, user=conn.login, password=conn.password or None,
-                         dbname=conn.schema or "redelivery")
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException as exc:
+        raise RuntimeError(
+            f"Airflow connection {conn_id!r} is missing: define the Spark master, e.g. "
+            f"AIRFLOW_CONN_{conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[2]\"}}'") from exc
+    return conn.host or "yarn"
 
 
 class TierWindowOperator(SparkSubmitOperator):
@@ -48,36 +47,19 @@ class TierWindowOperator(SparkSubmitOperator):
         ]
         kwargs.setdefault("conn_id", SPARK_CONN_ID)
         kwargs.setdefault("name", f"redelivery-tier-{tier}")
-        kwargs.setdefault("conf", {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"})
         super().__init__(application=TIER_APPLICATION, application_args=args, **kwargs)
         self.tier = tier
 
     def execute(self, context):
-        from airflow.sdk import BaseHook
-
-        try:
-            BaseHook.get_connection(self._conn_id)
-        except Exception as exc:
-            raise RuntimeError(
-                f"Airflow connection {self._conn_id!r} is missing: define the Spark master, e.g. "
-                f"AIRFLOW_CONN_{self._conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[2]\"}}'"
-            ) from exc
-        url = application_database_url()
-        python = os.environ.get("PYSPARK_PYTHON", sys.executable)
-        self.env_vars = {**(self.env_vars or {}), "REDELIVERY_DATABASE_URL": url, "PYSPARK_PYTHON": python,
-                         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-        self.conf = {**(self.conf or {}), "spark.pyspark.python": python}
-        from ..spark.session import driver_java_options
-
-        if driver_java_options() and "spark.driver.extraJavaOptions" not in self.conf:
-            self.conf["spark.driver.extraJavaOptions"] = driver_java_options()
-        os.environ["PATH"] = self.env_vars["PATH"]  # spark-submit is looked up on this process's PATH
+        hook = RedeliveryHook()
+        url = hook.get_database_url()
+        env_vars, conf = submit_environment(spark_master(self._conn_id), url)
+        self.env_vars = {**env_vars, **(self.env_vars or {})}
+        self.conf = {**conf, **(self.conf or {})}
         super().execute(context)
         run_key = self.application_args[self.application_args.index("--run-key") + 1]
-        from .. import db
-
-        with db.connect(url) as conn:
-            row = conn.execute("SELECT status, summary FROM tier_runs WHERE run_key = %s", (run_key,)).fetchone()
+        with hook.get_conn() as conn:
+            row = conn.execute(S.TIER_RUN_RESULT, {"run_key": run_key}).fetchone()
         if row is None or row[0] != "success":
             raise RuntimeError(f"tier run {run_key!r} did not record a successful summary (status: {row and row[0]})")
         summary = row[1]

@@ -7,19 +7,20 @@ record. Large selections go to a Spark job through the Spark provider."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 from airflow.sdk import DAG, Param, get_current_context, task
 
-from ..redrive import REASONS, SPARK_THRESHOLD
+from .. import statements as S
+from ..dead_letters import REASONS, count, summary
+from ..names import NAME_REGEX
+from ..redrive import SPARK_THRESHOLD, RedriveRequest, redrive
 from ..settings import REPO_ROOT
+from ..spark.session import submit_environment
 from .dags import START
 from .env import SPARK_CONN_ID
-from .operators import application_database_url
+from .hooks import RedeliveryHook
+from .operators import spark_master
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,58}$"
 REDRIVE_APPLICATION = str(REPO_ROOT / "spark_jobs" / "dlq_redrive.py")
 
 DOC = """
@@ -33,9 +34,8 @@ message twice; marking the task failed stops it between batches, every message i
 """
 
 
-def request_from(params: dict):
-    from ..redrive import RedriveRequest
-
+def request_from(params: dict) -> RedriveRequest:
+    """The redrive the Params ask for (pydantic validates them once more)."""
     keys = ("group", "topic", "dead_lettered_from", "dead_lettered_to", "error_contains", "max_messages",
             "rate_limit", "destination_topic", "reset_counts", "dry_run")
     values = {k: params.get(k) for k in keys}
@@ -54,7 +54,7 @@ def redrive_dag() -> DAG:
         tags=["redelivery", "dlq"],
         doc_md=DOC,
         params={
-            "group": Param(type="string", pattern=NAME_PATTERN, title="Consumer group",
+            "group": Param(type="string", pattern=f"^{NAME_REGEX}$", title="Consumer group",
                            description="Required. The group whose dead letters move."),
             "topic": Param(None, type=["null", "string"], title="Topic",
                            description="Only dead letters from this topic. Empty: every topic of the group."),
@@ -84,11 +84,8 @@ def redrive_dag() -> DAG:
 
         @task(task_id="dlq_summary")
         def dlq_summary() -> list:
-            from .. import db
-            from ..redrive import summary
-
             params = get_current_context()["params"]
-            with db.connect(application_database_url()) as conn:
+            with RedeliveryHook().get_conn() as conn:
                 found = summary(conn, params["group"])
             for item in found or [{"group": params["group"], "count": 0}]:
                 print(f"DLQ summary: {json.dumps(item)}")
@@ -96,16 +93,14 @@ def redrive_dag() -> DAG:
 
         @task(task_id="redrive", retries=2)
         def run_redrive() -> dict:
-            from .. import db
-            from ..redrive import count, redrive
-
             context = get_current_context()
             request = request_from(context["params"])
             run_key = f"dlq_redrive/{context['run_id']}"
             who = getattr(context["dag_run"], "triggering_user_name", None)
-            url = application_database_url()
+            hook = RedeliveryHook()
+            url = hook.get_database_url()
             if not request.dry_run and request.max_messages is None:
-                with db.connect(url) as conn:
+                with hook.get_conn() as conn:
                     selected = count(conn, request)
                 if selected > SPARK_THRESHOLD:
                     return _redrive_with_spark(request, run_key, who, url)
@@ -115,25 +110,16 @@ def redrive_dag() -> DAG:
     return dag
 
 
-def _redrive_with_spark(request, run_key: str, who: str | None, url: str) -> dict:
+def _redrive_with_spark(request: RedriveRequest, run_key: str, who: str | None, url: str) -> dict:
     """Submit spark_jobs/dlq_redrive.py through the Spark provider and read back the audit row."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    from .. import db
-    from ..spark.session import driver_java_options
-
-    python = os.environ.get("PYSPARK_PYTHON", sys.executable)
-    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    conf = {"spark.pyspark.python": python, "spark.ui.enabled": "false"}
-    if driver_java_options():
-        conf["spark.driver.extraJavaOptions"] = driver_java_options()
-    SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=conf, name="redelivery-dlq-redrive",
+    env_vars, conf = submit_environment(spark_master(SPARK_CONN_ID), url)
+    SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=conf, name="redelivery-dlq-redrive", env_vars=env_vars,
                     application_args=["--run-key", run_key, "--triggered-by", who or "",
-                                      "--request", request.model_dump_json()],
-                    env_vars={"REDELIVERY_DATABASE_URL": url, "PYSPARK_PYTHON": python,
-                              "PATH": os.environ["PATH"]}).submit(REDRIVE_APPLICATION)
-    with db.connect(url) as conn:
-        row = conn.execute("SELECT status, moved, selected FROM redrive_runs WHERE run_key = %s", (run_key,)).fetchone()
+                                      "--request", request.model_dump_json()]).submit(REDRIVE_APPLICATION)
+    with RedeliveryHook().get_conn() as conn:
+        row = conn.execute(S.REDRIVE_RUN_RESULT, {"run_key": run_key}).fetchone()
     if row is None or row[0] != "success":
         raise RuntimeError(f"redrive {run_key!r} did not finish (status {row and row[0]})")
     return {"run_key": run_key, "status": row[0], "moved": row[1], "selected": row[2], "engine": "spark"}

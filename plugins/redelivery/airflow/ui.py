@@ -11,6 +11,10 @@ from airflow.api_fastapi.core_api.security import requires_access_dag
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse
 
+from .. import statements as S
+from ..dead_letters import summary
+from .hooks import RedeliveryHook
+
 # Same permission as reading the dlq_redrive DAG (Airflow's auth manager; the UI's session cookie
 # reaches the page, which the UI shows in an iframe of the same origin).
 app = FastAPI(title="redelivery", docs_url=None, redoc_url=None,
@@ -22,18 +26,9 @@ td,th{border:1px solid #cbd5e0;padding:4px 10px;text-align:left;vertical-align:t
 
 
 def _data() -> dict:
-    from .. import db
-    from ..redrive import summary
-    from .operators import application_database_url
-
-    with db.connect(application_database_url()) as conn:
-        tiers = conn.execute(
-            """SELECT DISTINCT ON (tier) tier, window_end, status, summary->>'promoted', summary->>'dead_lettered',
-                      summary->'lateness_seconds'->>'p99'
-               FROM tier_runs ORDER BY tier, finished_at DESC NULLS LAST""").fetchall()
-        redrives = conn.execute(
-            """SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.selected, r.moved, r.started_at
-               FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DESC LIMIT 10""").fetchall()
+    with RedeliveryHook().get_conn() as conn:
+        tiers = conn.execute(S.LATEST_TIER_RUNS).fetchall()
+        redrives = conn.execute(S.LATEST_REDRIVES).fetchall()
         return {"groups": summary(conn), "tiers": tiers, "redrives": redrives}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import requests
 
-from ..client import ReceivedMessage
+from ..codec import ReceivedMessage
 
 REQUIRED_FIELDS = ("year", "month", "day", "carrier", "flight", "origin", "dest")
 _sessions: dict[str, requests.Session] = {}

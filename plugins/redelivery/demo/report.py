@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..client import STATES
+from ..codec import STATES
 
 
 def summary_table(stats: dict) -> str:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from psycopg.conninfo import conninfo_to_dict
 
-from .. import db
-from ..client import JSON, fan_out_sql
-from ..errors import MalformedMessageError, UnknownTopicError
+from .. import catalog, db
+from .. import statements as S
+from ..codec import JSON
+from ..errors import MalformedMessageError
 
 
 def jdbc_options(url: str) -> dict:
@@ -37,13 +38,11 @@ def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, 
 
     url = url or db.database_url()
     with db.connect(url, autocommit=True) as conn:
-        topic_row = conn.execute("SELECT id FROM topics WHERE name = %s", (topic,)).fetchone()
-        if topic_row is None:
-            raise UnknownTopicError(f"unknown topic {topic!r}")
-        done = conn.execute("SELECT message_count FROM publish_batches WHERE batch_id = %s", (batch_id,)).fetchone()
+        topic_id = catalog.topic_id(conn, topic)
+        done = conn.execute(S.PUBLISHED_COUNT, {"batch": batch_id}).fetchone()
         if done:
             return done[0]
-        conn.execute("DELETE FROM publish_staging WHERE batch_id = %s", (batch_id,))  # a failed earlier attempt
+        conn.execute(S.DELETE_STAGED, {"staging": batch_id})  # a failed earlier attempt
 
         staged = df.select(
             F.lit(batch_id).alias("batch_id"),
@@ -57,22 +56,16 @@ def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, 
                                              batchsize="10000").mode("append").save())
         try:
             with conn.transaction():
-                fresh = conn.execute(
-                    """INSERT INTO publish_batches (batch_id, topic_id, message_count)
-                       SELECT %s, %s, count(*) FROM publish_staging WHERE batch_id = %s
-                       ON CONFLICT (batch_id) DO NOTHING RETURNING message_count""",
-                    (batch_id, topic_row[0], batch_id)).fetchone()
+                fresh = conn.execute(S.CLAIM_STAGED_PUBLISH_BATCH, {"batch": batch_id, "topic_id": topic_id,
+                                                                    "staging": batch_id}).fetchone()
                 if fresh is not None:
-                    conn.execute(fan_out_sql(
-                        "(SELECT key, body, content_type, properties, seq FROM publish_staging"
-                        " WHERE batch_id = %(batch)s) AS u"),
-                                 {"topic_id": topic_row[0], "batch": batch_id, "at": at})
-                conn.execute("DELETE FROM publish_staging WHERE batch_id = %s", (batch_id,))
+                    conn.execute(S.FAN_OUT, {"topic_id": topic_id, "batch": batch_id, "staging": batch_id, "at": at})
+                conn.execute(S.DELETE_STAGED, {"staging": batch_id})
         except Exception as exc:
             if getattr(exc, "sqlstate", None) in ("22P02", "22021"):  # invalid JSON / bad encoding
-                conn.execute("DELETE FROM publish_staging WHERE batch_id = %s", (batch_id,))
+                conn.execute(S.DELETE_STAGED, {"staging": batch_id})
                 raise MalformedMessageError(f"batch {batch_id!r}: a body is not valid JSON: {exc}") from exc
             raise
         if fresh is None:
-            return conn.execute("SELECT message_count FROM publish_batches WHERE batch_id = %s", (batch_id,)).fetchone()[0]
+            return conn.execute(S.PUBLISHED_COUNT, {"batch": batch_id}).fetchone()[0]
         return fresh[0]

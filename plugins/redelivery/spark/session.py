@@ -33,6 +33,33 @@ def driver_java_options() -> str:
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive.exists() else ""
 
 
+def runs_driver_here(master: str) -> bool:
+    """Whether a spark-submit to ``master`` starts its driver on this machine with this Python
+    (local mode, or a standalone master in client mode), rather than in a cluster (YARN, Kubernetes)
+    whose machines have their own paths."""
+    return master.startswith(("local", "spark://"))
+
+
+def submit_environment(master: str, database_url: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """``(env_vars, conf)`` for a spark-submit of one of ``spark_jobs/`` to ``master``: the one
+    place that says what every submit needs. ``env_vars``: ``REDELIVERY_DATABASE_URL`` (when given)
+    and, for a driver on this machine, ``PYSPARK_PYTHON`` and a ``PATH`` that finds this
+    environment's ``spark-submit``. ``conf``: no UI, UTC session time zone, Python workers on this
+    interpreter (driver on this machine) and the class-data sharing archive when it exists."""
+    env: dict[str, str] = {}
+    conf = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
+    if database_url:
+        env["REDELIVERY_DATABASE_URL"] = database_url
+    if runs_driver_here(master):
+        python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+        env["PYSPARK_PYTHON"] = python
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+        conf["spark.pyspark.python"] = python
+        if driver_java_options():
+            conf["spark.driver.extraJavaOptions"] = driver_java_options()
+    return env, conf
+
+
 def build_cds_archive(force: bool = False) -> Path:
     """Run a small Spark job that exercises what the jobs use and save the driver's loaded classes.
     Returns the archive path. Raises ``subprocess.CalledProcessError`` if spark-submit fails."""
@@ -41,8 +68,8 @@ def build_cds_archive(force: bool = False) -> Path:
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     archive.unlink(missing_ok=True)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    env_vars, _ = submit_environment("local[2]")
+    env = {**os.environ, **env_vars}
     done = subprocess.run(["spark-submit", "--master", "local[2]", "--driver-java-options",
                            f"-XX:ArchiveClassesAtExit={archive}", str(REPO_ROOT / "spark_jobs" / "cds_warmup.py")],
                           env=env, capture_output=True, text=True)

@@ -13,17 +13,17 @@ from datetime import datetime, timedelta, timezone
 from psycopg.types.json import Jsonb
 
 from .. import db
+from .. import statements as S
+from ..catalog import effective_policies, ensure_dlq_tables, policy_table
 from ..config import RedeliveryConfig, cached_config
+from ..errors import InvalidLevelError
 from ..transitions import (
     LATENESS_BUCKET_MS,
     WindowResult,
     apply_window_range,
     dlq_tables_needed,
-    effective_policies,
-    ensure_dlq_tables,
     lateness_percentiles,
-    plan_ranges,
-    policy_table,
+    plan_window,
     promote_capped,
 )
 
@@ -72,8 +72,6 @@ def run_tier_window(
     {"p50", "p99", "max"}, "lateness_histogram": {"bucket_ms", "counts": {bucket start ms: n}},
     "partitions", "duration_seconds"}``; lateness is window end minus due time.
     """
-    from ..errors import InvalidLevelError
-
     config = config or cached_config()
     tier_cfg = config.tier(tier)
     chosen = sorted(set(levels)) if levels else sorted(tier_cfg.levels)
@@ -85,18 +83,12 @@ def run_tier_window(
     url = url or db.database_url()
     started = time.perf_counter()
     with db.connect(url, autocommit=True) as conn:
-        now = conn.execute("SELECT now()").fetchone()[0]
+        now = conn.execute(S.DB_NOW).fetchone()[0]
         if window_end > now + FUTURE_TOLERANCE:
             raise ValueError(f"window end {window_end.isoformat()} is in the future (database time "
                              f"{now.isoformat()}): promoting now would deliver retries early")
-        conn.execute(
-            """INSERT INTO tier_runs (run_key, tier, levels, window_start, window_end, dry_run)
-               VALUES (%s, %s, %s, %s, %s, %s)
-               ON CONFLICT (run_key) DO UPDATE SET tier = EXCLUDED.tier, levels = EXCLUDED.levels,
-                   window_start = EXCLUDED.window_start, window_end = EXCLUDED.window_end,
-                   dry_run = EXCLUDED.dry_run, status = 'running', started_at = now(),
-                   finished_at = NULL, summary = NULL""",
-            (run_key, tier, chosen, window_start, window_end, dry_run))
+        conn.execute(S.TIER_RUN_START, {"run_key": run_key, "tier": tier, "levels": chosen, "window_start": window_start,
+                                        "window_end": window_end, "dry_run": dry_run})
         try:
             policies = policy_table(conn, config, effective_policies(conn, config))
             if not dry_run:
@@ -105,7 +97,7 @@ def run_tier_window(
                 partitions = max_partitions or max(2, spark.sparkContext.defaultParallelism * 2)
             else:
                 partitions = max_partitions or 1
-            ranges = plan_ranges(conn, chosen, window_end, partitions)
+            ranges = plan_window(conn, chosen, window_end, partitions)
             total = WindowResult()
             if spark is not None and ranges:
                 args = (url, chosen, policies, window_end, dry_run)
@@ -117,16 +109,15 @@ def run_tier_window(
                 total.merge(part)
             summary = _summary(conn, total, tier, chosen, window_start, window_end, dry_run, len(ranges),
                                time.perf_counter() - started)
-            conn.execute("UPDATE tier_runs SET status = 'success', finished_at = now(), summary = %s WHERE run_key = %s",
-                         (Jsonb(summary), run_key))
+            conn.execute(S.TIER_RUN_FINISH, {"status": "success", "summary": Jsonb(summary), "run_key": run_key})
             return summary
         except BaseException:
-            conn.execute("UPDATE tier_runs SET status = 'failed', finished_at = now() WHERE run_key = %s", (run_key,))
+            conn.execute(S.TIER_RUN_FINISH, {"status": "failed", "summary": None, "run_key": run_key})
             raise
 
 
 def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, dry_run, partitions, seconds) -> dict:
-    names = dict(conn.execute("SELECT id, name FROM consumer_groups").fetchall())
+    names = dict(conn.execute(S.GROUP_NAMES).fetchall())
     by_group: dict = {}
 
     def entry(group_id):

@@ -1,0 +1,114 @@
+"""Topics, consumer groups and subscriptions as the state changes need them: ids by name, each
+subscription's policy as SQL parameters (``policy_table``), and the DLQ tables (made with the
+first dead letter of each DLQ)."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from . import statements as S
+from .config import RedeliveryConfig
+from .errors import UnknownGroupError, UnknownTopicError
+from .names import is_valid_queue_name
+from .policies import EffectivePolicy
+
+DLQ_TABLE_LOCK = 7_424_002  # advisory lock namespace: creating a DLQ table
+BACKLOG_LOCK = 7_424_003  # advisory lock namespace: a topic's ready backlog (flow control)
+DLQ_SCHEMA = "redelivery_dlq"
+
+
+def topic_id(conn: psycopg.Connection, name: str, what: str = "topic") -> int:
+    """The id of topic ``name``. Raises ``UnknownTopicError`` ("unknown <what> 'name'")."""
+    row = conn.execute(S.TOPIC_ID, {"name": name}).fetchone()
+    if row is None:
+        raise UnknownTopicError(f"unknown {what} {name!r}")
+    return row[0]
+
+
+def group(conn: psycopg.Connection, name: str) -> tuple[int, int | None]:
+    """(id, own max reconsume times) of group ``name``. Raises ``UnknownGroupError``."""
+    row = conn.execute(S.GROUP_BY_NAME, {"name": name}).fetchone()
+    if row is None:
+        raise UnknownGroupError(f"unknown consumer group {name!r}")
+    return row[0], row[1]
+
+
+def subscribed_groups(conn: psycopg.Connection, topic: int) -> list[int]:
+    """Ids of the groups subscribed to topic id ``topic``."""
+    return [g for (g,) in conn.execute(S.SUBSCRIBED_GROUPS, {"topic_id": topic})]
+
+
+def lock_backlog(conn: psycopg.Connection, topic: int) -> None:
+    """Serialise flow control on topic id ``topic`` until the transaction ends."""
+    conn.execute(S.ADVISORY_XACT_LOCK, {"namespace": BACKLOG_LOCK, "key": topic})
+
+
+def ready_count(conn: psycopg.Connection, group_id: int, topic: int) -> int:
+    """READY messages of topic id ``topic`` for group id ``group_id``."""
+    return conn.execute(S.READY_COUNT, {"g": group_id, "topic_id": topic}).fetchone()[0]
+
+
+# ---- policies -----------------------------------------------------------------------------------
+
+
+def effective_policies(conn: psycopg.Connection, config: RedeliveryConfig,
+                       pairs: list[tuple[int, int]] | None = None) -> dict[tuple[int, int], EffectivePolicy]:
+    """``{(topic_id, group_id): EffectivePolicy}`` for every subscription (or only ``pairs``)."""
+    rows = conn.execute(S.SUBSCRIPTIONS, {"all": pairs is None, "t": [p[0] for p in pairs or []],
+                                          "gs": [p[1] for p in pairs or []]}).fetchall()
+    return {(t, g): config.policy_for(topic, grp, own_max) for t, g, topic, grp, own_max in rows}
+
+
+def policy_table(conn: psycopg.Connection, config: RedeliveryConfig, policies: dict) -> dict:
+    """The SQL parameters of ``statements.POLICIES_CTE`` for ``policies`` (from
+    ``effective_policies``). Registers each DLQ name (not its table: that comes with the first dead
+    letter)."""
+    names = sorted({p.dlq_name for p in policies.values()})
+    ids: dict[str, int] = {}
+    if names:
+        conn.execute(S.REGISTER_DLQ_NAMES, {"names": names})
+        ids = dict(conn.execute(S.DLQ_IDS, {"names": names}).fetchall())
+    table: dict[str, list] = {k: [] for k in ("p_topic", "p_group", "p_max", "p_delays", "p_levels", "p_jitter",
+                                              "p_dlq", "p_cap")}
+    routing = config.level_table
+    for (topic, group_id), policy in policies.items():
+        delays, levels = policy.schedule(routing)
+        table["p_topic"].append(topic)
+        table["p_group"].append(group_id)
+        table["p_max"].append(policy.max_reconsume_times)
+        table["p_delays"].append("{" + ",".join(repr(float(d)) for d in delays) + "}")
+        table["p_levels"].append("{" + ",".join(str(lvl) for lvl in levels) + "}")
+        table["p_jitter"].append(policy.jitter)
+        table["p_dlq"].append(ids[policy.dlq_name])
+        table["p_cap"].append(policy.max_ready_backlog)
+    return table
+
+
+# ---- DLQ tables ---------------------------------------------------------------------------------
+
+
+def ensure_dlq_tables(conn: psycopg.Connection, dlq_ids: set[int]) -> list[str]:
+    """Create the table of each DLQ in ``dlq_ids`` that has none yet (a partition of dlq_messages
+    in schema redelivery_dlq named after the DLQ); return the names made.
+
+    Each creation is its own short transaction under an advisory lock, so concurrent callers make a
+    table once. Call it before the transaction that dead-letters."""
+    created = []
+    for dlq_id in sorted(dlq_ids):
+        with conn.transaction():
+            conn.execute(S.ADVISORY_XACT_LOCK, {"namespace": DLQ_TABLE_LOCK, "key": dlq_id})
+            name, made = conn.execute(S.DLQ_TABLE_STATE, {"dlq_id": dlq_id}).fetchone()
+            if made is not None:
+                continue
+            if not is_valid_queue_name(name):  # the CHECK constraint says the same; never build SQL from it unchecked
+                raise ValueError(f"DLQ name {name!r} cannot name a table")
+            conn.execute(S.CREATE_DLQ_TABLE.format(table=sql.Identifier(DLQ_SCHEMA, name), dlq_id=sql.Literal(dlq_id)))
+            conn.execute(S.MARK_DLQ_TABLE_CREATED, {"dlq_id": dlq_id})
+            created.append(name)
+    return created
+
+
+def missing_dlq_tables(conn: psycopg.Connection) -> set[int]:
+    """Ids of the registered DLQs that have no table yet."""
+    return {r[0] for r in conn.execute(S.DLQS_WITHOUT_TABLE)}

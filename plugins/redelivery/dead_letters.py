@@ -1,0 +1,100 @@
+"""Reading dead letters: a filter of values (never SQL), and count, select and summary over it.
+The redrive moves what such a filter selects (``redrive``); the CLI, the API and the operator page
+read through here."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Literal
+
+import psycopg
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from . import statements as S
+from .catalog import group, topic_id
+from .codec import decode
+from .names import NAME_MAX_LENGTH
+
+REASONS = ("MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL")
+Reason = Literal["MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL"]
+
+
+class DlqFilter(BaseModel):
+    """Which dead letters of ``group``: all given conditions must hold. Times are timezone-aware
+    (UTC assumed when naive); ``error_contains`` matches the last error, case-insensitively."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group: str = Field(min_length=1, max_length=NAME_MAX_LENGTH)
+    topic: str | None = None
+    dead_lettered_from: datetime | None = None
+    dead_lettered_to: datetime | None = None
+    reasons: list[Reason] = Field(default_factory=list)
+    error_contains: str | None = Field(default=None, max_length=1000)
+    message_ids: list[int] = Field(default_factory=list, max_length=100_000)
+
+    @field_validator("dead_lettered_from", "dead_lettered_to")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+
+    @field_validator("topic", "error_contains")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return value if value else None
+
+
+def filter_params(conn: psycopg.Connection, request: DlqFilter) -> dict:
+    """The parameters of ``statements.DLQ_FILTER``; raises UnknownGroupError / UnknownTopicError."""
+    return {"g": group(conn, request.group)[0], "topic_id": topic_id(conn, request.topic) if request.topic else None,
+            "from": request.dead_lettered_from, "to": request.dead_lettered_to,
+            "reasons": list(request.reasons) or None, "error": request.error_contains,
+            "ids": list(request.message_ids) or None}
+
+
+def count(conn: psycopg.Connection, request: DlqFilter) -> int:
+    """How many dead letters match. Raises UnknownGroupError / UnknownTopicError."""
+    return conn.execute(S.DLQ_COUNT, filter_params(conn, request)).fetchone()[0]
+
+
+def select(conn: psycopg.Connection, request: DlqFilter, limit: int = 100, with_body: bool = False) -> list[dict]:
+    """The matching dead letters, oldest first (``limit`` at most), as dicts of native values
+    (datetimes; with ``with_body`` the body decoded by content type, the properties and the attempt
+    history). ``jsonable`` turns them into JSON-ready values."""
+    cur = conn.execute(S.DLQ_SELECT, {**filter_params(conn, request), "limit": limit})
+    names = [c.name for c in cur.description]
+    rows = []
+    for values in cur.fetchall():
+        row = dict(zip(names, values))
+        body, content_type = row.pop("body"), row.pop("content_type")
+        if with_body:
+            row["body"] = decode(body, content_type)
+        else:
+            del row["properties"], row["attempts"]
+        rows.append(row)
+    return rows
+
+
+def jsonable(rows: list[dict]) -> list[dict]:
+    """``select`` rows with times as ISO strings and binary bodies as hex."""
+    def value(v):
+        if isinstance(v, datetime):
+            return v.isoformat()
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return bytes(v).hex()
+        return v
+
+    return [{k: value(v) for k, v in row.items()} for row in rows]
+
+
+def summary(conn: psycopg.Connection, group_name: str | None = None) -> list[dict]:
+    """Per group with dead letters: count, oldest and newest dead-lettering time, counts per DLQ
+    (20 at most), the top reasons and the top last errors (5 each)."""
+    out = []
+    for group_id, name, total, oldest, newest in conn.execute(S.DLQ_SUMMARY_GROUPS, {"group": group_name}).fetchall():
+        def top(statement, limit=5):
+            return [{"value": v, "count": n} for v, n in conn.execute(statement, {"g": group_id, "limit": limit})]
+        out.append({"group": name, "count": total, "oldest": oldest.isoformat(), "newest": newest.isoformat(),
+                    "queues": top(S.DLQ_TOP_QUEUES, 20), "top_reasons": top(S.DLQ_TOP_REASONS),
+                    "top_errors": top(S.DLQ_TOP_ERRORS)})
+    return out

@@ -1,0 +1,445 @@
+"""Every SQL statement of redelivery, by name. The one place to audit the state machine.
+
+Each state change is one statement guarded by the state it expects (``state = 'INFLIGHT' AND
+delivery_count = <the receipt's>`` ...): a change already made by an earlier or overlapping run
+matches no row, and PostgreSQL's re-check of the ``WHERE`` clause after a row-lock wait (READ
+COMMITTED) makes every message move at most once. Variants are parameters, never text: shared
+pieces (the policy table, the receipt list, the dead-letter copy) are put together once, when this
+module loads. Every statement starts with a ``/* redelivery:NAME */`` comment, so it can be found
+in ``pg_stat_activity`` and in the server log; ``ALL`` maps each name to its text, and a test runs
+``EXPLAIN`` on every one of them.
+
+Parameters are psycopg named placeholders. Times: ``at`` is a timezone-aware ``datetime`` that
+replaces the database clock (``None``: ``now()``); durations are float8 seconds.
+
+State changes (the table in docs/ARCHITECTURE.md says the same):
+
+=========================  ============================================================================
+statement                  state change
+=========================  ============================================================================
+FAN_OUT                    staged rows -> messages, one READY delivery per subscribed group
+RECEIVE                    READY -> INFLIGHT, delivery count + 1, lease until at + invisible duration
+ACK                        INFLIGHT (this delivery) -> COMMITTED
+FAIL_RETRY                 INFLIGHT (this delivery) -> WAITING_RETRY, reconsume times + 1
+FAIL_DEAD_LETTER           INFLIGHT (this delivery) -> DLQ, copied into its DLQ table
+EXPIRE_LEASES_RETRY        INFLIGHT, lease ended by the window end -> WAITING_RETRY
+EXPIRE_LEASES_DEAD_LETTER  INFLIGHT, lease ended, retries used up -> DLQ (LEASE_EXPIRED)
+PROMOTE                    WAITING_RETRY at the tier's levels, due by the window end -> READY
+PROMOTE_CAPPED             the same, oldest due first, up to a ready-backlog cap
+DEAD_LETTER_OVER_MAX       WAITING_RETRY due, past a lowered max reconsume times -> DLQ
+REDRIVE_MOVE_BATCH         DLQ -> READY (or COMMITTED and a copy published to another topic)
+=========================  ============================================================================
+"""
+
+from __future__ import annotations
+
+from textwrap import dedent
+
+from psycopg import sql
+
+
+def _named(name: str, text: str) -> str:
+    return f"/* redelivery:{name} */\n" + dedent(text).strip()
+
+
+# ---- shared pieces --------------------------------------------------------------------------------
+
+#: The time of a client call: the caller's ``at`` or the database clock.
+AT = "coalesce(%(at)s::timestamptz, now())"
+
+#: The policy of each subscription, one row each, from the parameters ``catalog.policy_table``
+#: builds: waits (seconds) and routing levels of retries 1..K as array literals, the Artemis
+#: collision-avoidance factor, max reconsume times (-1 unlimited), the DLQ and the ready-backlog cap.
+POLICIES_CTE = """policies AS (
+    SELECT * FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays)s::text[],
+                         %(p_levels)s::text[], %(p_jitter)s::float8[], %(p_dlq)s::int[], %(p_cap)s::int[])
+        AS p(topic_id, group_id, max_times, delays, levels, jitter, dlq_id, cap))"""
+POLICY_JOIN = "p.topic_id = d.topic_id AND p.group_id = d.group_id"
+CAN_RETRY = "(p.max_times = -1 OR d.reconsume_times < p.max_times)"
+# Retry n = d.reconsume_times + 1: its routing level, and its wait in seconds with Artemis collision
+# avoidance (wait + wait * factor * U[0,1) with a random sign, seeds/004).
+NEXT_LEVEL = "(p.levels::int[])[least(d.reconsume_times + 1, cardinality(p.levels::int[]))]"
+NEXT_DELAY = """((p.delays::float8[])[least(d.reconsume_times + 1, cardinality(p.delays::float8[]))]
+                 * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()))"""
+
+# Acks and nacks find their rows through the primary key. Written as a text comparison so that the
+# planner cannot use the partial index of leases instead: that index keeps an entry for every row
+# that was ever in flight until VACUUM, and scanning it whole made each ack slower than the last.
+_IS_INFLIGHT = "d.state::text = 'INFLIGHT'"
+#: The receipts of a call: message id, the delivery count it answers, and an error text.
+_RECEIPTS = """unnest(%(ids)s::bigint[], %(counts)s::int[], %(errors)s::text[])
+                    AS i(message_id, delivery_count, error)"""
+_RECEIPT_MATCHES = f"""d.message_id = i.message_id AND d.group_id = %(g)s AND {_IS_INFLIGHT}
+                      AND d.delivery_count = i.delivery_count AND {POLICY_JOIN}"""
+
+
+def _attempt(at: str, outcome: str, error: str) -> str:
+    """Appends one failed delivery to ``d.attempts`` (the last 20 are kept: ``append_attempt``)."""
+    return (f"append_attempt(d.attempts, jsonb_build_object('at', {at}, 'delivery', d.delivery_count, "
+            f"'outcome', {outcome}, 'error', {error}))")
+
+
+# What an UPDATE that dead-letters returns, for _DLQ_COPY (the CTE must be called "moved").
+_MOVED_RETURNING = """RETURNING d.message_id, d.group_id, d.topic_id, p.dlq_id, d.delivery_count, d.reconsume_times,
+              d.first_failure_at, d.last_failure_at, d.last_error, d.attempts"""
+# Copies the rows of the CTE "moved" into dlq_messages inside the database (payloads never leave it);
+# the statement returns (group_id, reason, count).
+_DLQ_COPY = """inserted AS (
+    INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body, content_type,
+                              properties, published_at, reason, last_error, delivery_count, reconsume_times,
+                              first_failure_at, last_failure_at, dead_lettered_at, attempts)
+    SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, m.id), m.key, m.body,
+           m.content_type, m.properties, m.published_at, %(reason)s::dlq_reason, mv.last_error,
+           mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
+           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts
+    FROM moved mv JOIN messages m ON m.id = mv.message_id
+    RETURNING group_id, reason)
+SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2"""
+
+#: A tier window's candidates: due retries of its levels, and leases ended by the window end.
+_DUE = "d.state = 'WAITING_RETRY' AND d.delay_level = ANY(%(levels)s::smallint[]) AND d.due_at <= %(window_end)s"
+_EXPIRED = "d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s"
+_IN_RANGE = f"d.message_id >= %(low)s AND d.message_id < %(high)s AND {POLICY_JOIN}"
+_LEASE_FAILED = _attempt("d.invisible_until", "'lease_expired'", "%(lease_error)s::text")
+# Promoted rows per (group, level, lateness bucket): lateness = window end - due time.
+_PROMOTED_COUNTS = """RETURNING d.group_id, d.delay_level,
+                            extract(epoch FROM %(window_end)s - d.due_at)::float8 AS lateness)
+SELECT group_id, delay_level, floor(lateness * 1000 / %(bucket_ms)s)::int, count(*), max(lateness)
+FROM promoted GROUP BY 1, 2, 3"""
+
+#: A dead-letter filter of values (never SQL): every condition is a parameter, NULL = no condition;
+#: text matches with strpos, so '%' and '_' are plain characters.
+DLQ_FILTER = """q.group_id = %(g)s
+    AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
+    AND (%(from)s::timestamptz IS NULL OR q.dead_lettered_at >= %(from)s::timestamptz)
+    AND (%(to)s::timestamptz IS NULL OR q.dead_lettered_at < %(to)s::timestamptz)
+    AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+    AND (%(error)s::text IS NULL OR strpos(lower(coalesce(q.last_error, '')), lower(%(error)s::text)) > 0)
+    AND (%(ids)s::bigint[] IS NULL OR q.message_id = ANY(%(ids)s::bigint[]))"""
+_DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id"
+
+# ---- topology -------------------------------------------------------------------------------------
+
+TOPIC_ID = _named("TOPIC_ID", "SELECT id FROM topics WHERE name = %(name)s")
+GROUP_BY_NAME = _named("GROUP_BY_NAME", "SELECT id, max_reconsume_times FROM consumer_groups WHERE name = %(name)s")
+CREATE_TOPIC = _named("CREATE_TOPIC", """
+    INSERT INTO topics (name) VALUES (%(name)s) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+    RETURNING id""")
+CREATE_GROUP = _named("CREATE_GROUP", """
+    INSERT INTO consumer_groups (name, max_reconsume_times) VALUES (%(name)s, %(max_reconsume_times)s)
+    ON CONFLICT (name) DO UPDATE SET max_reconsume_times = EXCLUDED.max_reconsume_times RETURNING id""")
+SUBSCRIBE = _named("SUBSCRIBE", """
+    INSERT INTO subscriptions (topic_id, group_id) VALUES (%(topic_id)s, %(g)s) ON CONFLICT DO NOTHING""")
+DELETE_TOPIC_DEAD_LETTERS = _named("DELETE_TOPIC_DEAD_LETTERS", "DELETE FROM dlq_messages WHERE topic_id = %(topic_id)s")
+DELETE_TOPIC = _named("DELETE_TOPIC", "DELETE FROM topics WHERE id = %(topic_id)s")
+#: Subscriptions with their names and the group's own max reconsume times: all (``all``) or the
+#: (topic id, group id) pairs given.
+SUBSCRIPTIONS = _named("SUBSCRIPTIONS", """
+    SELECT s.topic_id, s.group_id, t.name, g.name, g.max_reconsume_times
+    FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
+    WHERE %(all)s OR (s.topic_id, s.group_id) IN (SELECT * FROM unnest(%(t)s::int[], %(gs)s::int[]))""")
+SUBSCRIBED_GROUPS = _named("SUBSCRIBED_GROUPS", "SELECT group_id FROM subscriptions WHERE topic_id = %(topic_id)s")
+SUBSCRIPTION_NAMES = _named("SUBSCRIPTION_NAMES", """
+    SELECT t.name, g.name FROM subscriptions s JOIN topics t ON t.id = s.topic_id
+    JOIN consumer_groups g ON g.id = s.group_id ORDER BY 1, 2""")
+GROUP_NAMES = _named("GROUP_NAMES", "SELECT id, name FROM consumer_groups")
+DB_NOW = _named("DB_NOW", "SELECT now()")
+
+# ---- dead-letter queues ---------------------------------------------------------------------------
+
+REGISTER_DLQ_NAMES = _named("REGISTER_DLQ_NAMES", """
+    INSERT INTO dead_letter_queues (name) SELECT unnest(%(names)s::text[]) ON CONFLICT (name) DO NOTHING""")
+DLQ_IDS = _named("DLQ_IDS", "SELECT name, id FROM dead_letter_queues WHERE name = ANY(%(names)s::text[])")
+DLQ_TABLE_STATE = _named("DLQ_TABLE_STATE", "SELECT name, table_created_at FROM dead_letter_queues WHERE id = %(dlq_id)s")
+DLQS_WITHOUT_TABLE = _named("DLQS_WITHOUT_TABLE", "SELECT id FROM dead_letter_queues WHERE table_created_at IS NULL")
+MARK_DLQ_TABLE_CREATED = _named("MARK_DLQ_TABLE_CREATED",
+                                "UPDATE dead_letter_queues SET table_created_at = now() WHERE id = %(dlq_id)s")
+#: A DLQ's table: a partition of dlq_messages named after the DLQ (the name is validated first).
+CREATE_DLQ_TABLE = sql.SQL("/* redelivery:CREATE_DLQ_TABLE */ "
+                           "CREATE TABLE IF NOT EXISTS {table} PARTITION OF dlq_messages FOR VALUES IN ({dlq_id})")
+#: Transaction-scoped advisory locks: (namespace, key).
+ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(%(namespace)s, %(key)s)")
+
+# ---- publish --------------------------------------------------------------------------------------
+
+#: Rows of a publish land in publish_staging first (binary COPY), then FAN_OUT publishes them.
+COPY_STAGING = _named("COPY_STAGING", """
+    COPY publish_staging (batch_id, seq, key, body, content_type, properties) FROM STDIN (FORMAT BINARY)""")
+CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", """
+    INSERT INTO publish_batches (batch_id, topic_id, message_count) VALUES (%(batch)s, %(topic_id)s, %(count)s)
+    ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id""")
+CLAIM_STAGED_PUBLISH_BATCH = _named("CLAIM_STAGED_PUBLISH_BATCH", """
+    INSERT INTO publish_batches (batch_id, topic_id, message_count)
+    SELECT %(batch)s, %(topic_id)s, count(*) FROM publish_staging WHERE batch_id = %(staging)s
+    ON CONFLICT (batch_id) DO NOTHING RETURNING message_count""")
+PUBLISHED_IDS = _named("PUBLISHED_IDS", "SELECT id FROM messages WHERE publish_batch = %(batch)s ORDER BY id")
+PUBLISHED_COUNT = _named("PUBLISHED_COUNT", "SELECT message_count FROM publish_batches WHERE batch_id = %(batch)s")
+#: Staged rows -> messages of topic ``topic_id`` in staging order, and a READY delivery per
+#: subscribed group; returns the new ids in order. JSON bodies are parsed by PostgreSQL on the way
+#: in, so one malformed body fails the whole statement.
+FAN_OUT = _named("FAN_OUT", f"""
+    WITH new AS (
+      INSERT INTO messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
+      SELECT %(topic_id)s, u.key, u.body, u.content_type, u.properties, %(batch)s, {AT}
+      FROM publish_staging u
+      WHERE u.batch_id = %(staging)s
+        AND (u.content_type <> 'application/json' OR convert_from(u.body, 'UTF8')::jsonb IS NOT NULL)
+      ORDER BY u.seq
+      RETURNING id, published_at),
+    fan AS (
+      INSERT INTO deliveries (message_id, group_id, topic_id, created_at, updated_at)
+      SELECT new.id, s.group_id, %(topic_id)s, new.published_at, new.published_at
+      FROM new JOIN subscriptions s ON s.topic_id = %(topic_id)s)
+    SELECT id FROM new ORDER BY id""")
+DELETE_STAGED = _named("DELETE_STAGED", "DELETE FROM publish_staging WHERE batch_id = %(staging)s")
+#: A group's READY messages of a topic (flow control).
+READY_COUNT = _named("READY_COUNT", """
+    SELECT count(*) FROM deliveries WHERE group_id = %(g)s AND topic_id = %(topic_id)s AND state = 'READY'""")
+
+# ---- consume --------------------------------------------------------------------------------------
+
+# The claimed ids go to the UPDATE as an array: a primary-key lookup. Joined as a table, they were
+# matched by scanning every delivery of the group, slower as the table grew.
+RECEIVE = _named("RECEIVE", f"""
+    WITH claimed AS (
+      SELECT message_id FROM deliveries
+      WHERE group_id = %(g)s AND topic_id = %(topic_id)s AND state = 'READY'
+      ORDER BY message_id LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+    leased AS (
+      UPDATE deliveries d SET state = 'INFLIGHT', delivery_count = d.delivery_count + 1,
+          invisible_until = {AT} + make_interval(secs => %(lease)s), updated_at = now()
+      WHERE d.message_id = ANY(ARRAY(SELECT message_id FROM claimed)) AND d.group_id = %(g)s
+      RETURNING d.message_id, d.delivery_count, d.reconsume_times, d.delay_level, d.invisible_until, d.last_error)
+    SELECT l.message_id, m.key, m.body, m.content_type, m.properties::text, m.published_at,
+           l.delivery_count, l.reconsume_times, l.delay_level, l.invisible_until,
+           coalesce(m.origin_message_id, m.id), l.last_error
+    FROM leased l JOIN messages m ON m.id = l.message_id ORDER BY l.message_id""")
+
+ACK = _named("ACK", f"""
+    WITH acked AS (
+      UPDATE deliveries d SET state = 'COMMITTED', invisible_until = NULL, updated_at = now()
+      FROM unnest(%(ids)s::bigint[], %(counts)s::int[]) AS i(message_id, delivery_count)
+      WHERE d.message_id = i.message_id AND d.group_id = %(g)s AND {_IS_INFLIGHT}
+        AND d.delivery_count = i.delivery_count
+      RETURNING 1)
+    SELECT count(*) FROM acked""")
+
+#: A failed delivery that may be retried: the retry's level and wait are ``level`` / ``delay``
+#: (seconds) when given, else the policy's next ones. ``force_dead_letter`` (reject, negative
+#: level) leaves every receipt to FAIL_DEAD_LETTER; ``outcome`` goes into the attempt history.
+FAIL_RETRY = _named("FAIL_RETRY", f"""
+    WITH {POLICIES_CTE}, retried AS (
+      UPDATE deliveries d SET state = 'WAITING_RETRY', reconsume_times = d.reconsume_times + 1,
+          delay_level = coalesce(%(level)s::smallint, {NEXT_LEVEL}),
+          due_at = {AT} + make_interval(secs => coalesce(%(delay)s::float8, {NEXT_DELAY})),
+          invisible_until = NULL, last_error = i.error, last_failure_at = {AT},
+          first_failure_at = coalesce(d.first_failure_at, {AT}),
+          attempts = {_attempt(AT, "%(outcome)s::text", "i.error")}, updated_at = now()
+      FROM {_RECEIPTS}, policies p
+      WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {CAN_RETRY}
+      RETURNING 1)
+    SELECT count(*) FROM retried""")
+#: The failed deliveries FAIL_RETRY left (retries used up, or forced): to the DLQ with ``reason``.
+FAIL_DEAD_LETTER = _named("FAIL_DEAD_LETTER", f"""
+    WITH {POLICIES_CTE}, moved AS (
+      UPDATE deliveries d SET state = 'DLQ', invisible_until = NULL, due_at = NULL,
+          last_error = i.error, last_failure_at = {AT},
+          first_failure_at = coalesce(d.first_failure_at, {AT}),
+          attempts = {_attempt(AT, "%(outcome)s::text", "i.error")}, updated_at = now()
+      FROM {_RECEIPTS}, policies p
+      WHERE {_RECEIPT_MATCHES} AND (%(force_dead_letter)s OR NOT {CAN_RETRY})
+      {_MOVED_RETURNING}),
+    {_DLQ_COPY}""")
+#: Whether FAIL_DEAD_LETTER would dead-letter any of these receipts (to make the DLQ table first).
+FAIL_WOULD_DEAD_LETTER = _named("FAIL_WOULD_DEAD_LETTER", f"""
+    WITH {POLICIES_CTE}
+    SELECT 1 FROM deliveries d, {_RECEIPTS}, policies p
+    WHERE {_RECEIPT_MATCHES} AND (%(force_dead_letter)s OR NOT {CAN_RETRY}) LIMIT 1""")
+
+# ---- views ----------------------------------------------------------------------------------------
+
+STATE_COUNTS = _named("STATE_COUNTS", """
+    SELECT t.name, g.name, c.state::text, c.n
+    FROM (SELECT topic_id, group_id, state, count(*) AS n FROM deliveries GROUP BY 1, 2, 3) c
+    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
+
+# ---- tier window ----------------------------------------------------------------------------------
+
+#: Quantile cut points of the message ids a window would touch (``plan_ranges``).
+PLAN_WINDOW_RANGES = _named("PLAN_WINDOW_RANGES", f"""
+    SELECT min(message_id), max(message_id),
+           percentile_disc(%(fractions)s::float8[]) WITHIN GROUP (ORDER BY message_id)
+    FROM deliveries d WHERE ({_DUE}) OR ({_EXPIRED})""")
+#: DLQs without a table that a window would dead-letter into.
+WINDOW_DLQS_NEEDED = _named("WINDOW_DLQS_NEEDED", f"""
+    WITH {POLICIES_CTE}
+    SELECT DISTINCT p.dlq_id FROM deliveries d JOIN policies p ON {POLICY_JOIN}
+    WHERE p.dlq_id = ANY(%(missing)s::int[]) AND p.max_times <> -1 AND (
+          ({_EXPIRED} AND d.reconsume_times >= p.max_times)
+       OR ({_DUE} AND d.reconsume_times > p.max_times))""")
+#: A lease that ended is a failed delivery: the retry is due its policy's wait after the lease end.
+EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
+    WITH {POLICIES_CTE}, retried AS (
+      UPDATE deliveries d SET state = 'WAITING_RETRY',
+          reconsume_times = d.reconsume_times + 1, delay_level = {NEXT_LEVEL},
+          due_at = d.invisible_until + make_interval(secs => {NEXT_DELAY}),
+          last_error = %(lease_error)s, last_failure_at = d.invisible_until,
+          first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
+          attempts = {_LEASE_FAILED}, invisible_until = NULL, updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_EXPIRED} AND {CAN_RETRY}
+      RETURNING d.group_id)
+    SELECT group_id, count(*) FROM retried GROUP BY 1""")
+EXPIRE_LEASES_DEAD_LETTER = _named("EXPIRE_LEASES_DEAD_LETTER", f"""
+    WITH {POLICIES_CTE}, moved AS (
+      UPDATE deliveries d SET state = 'DLQ', last_error = %(lease_error)s,
+          last_failure_at = d.invisible_until,
+          first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
+          attempts = {_LEASE_FAILED}, invisible_until = NULL, due_at = NULL, updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_EXPIRED} AND NOT {CAN_RETRY}
+      {_MOVED_RETURNING}),
+    {_DLQ_COPY}""")
+#: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others).
+PROMOTE = _named("PROMOTE", f"""
+    WITH {POLICIES_CTE}, promoted AS (
+      UPDATE deliveries d SET state = 'READY', updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_DUE} AND p.cap IS NULL
+        AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
+      {_PROMOTED_COUNTS}""")
+#: Due retries whose policy's max reconsume times was lowered below theirs while they waited.
+DEAD_LETTER_OVER_MAX = _named("DEAD_LETTER_OVER_MAX", f"""
+    WITH {POLICIES_CTE}, moved AS (
+      UPDATE deliveries d SET state = 'DLQ', due_at = NULL, updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_DUE} AND p.max_times <> -1 AND d.reconsume_times > p.max_times
+      {_MOVED_RETURNING}),
+    {_DLQ_COPY}""")
+#: Due retries of one capped subscription (topic_id, g), oldest due first, at most ``room``.
+PROMOTE_CAPPED = _named("PROMOTE_CAPPED", f"""
+    WITH {POLICIES_CTE}, chosen AS (
+      SELECT d.message_id FROM deliveries d
+      WHERE d.group_id = %(g)s AND d.topic_id = %(topic_id)s AND {_DUE}
+      ORDER BY d.due_at, d.message_id LIMIT %(room)s FOR UPDATE),
+    promoted AS (
+      UPDATE deliveries d SET state = 'READY', updated_at = now()
+      FROM policies p, chosen c
+      WHERE d.message_id = c.message_id AND d.group_id = %(g)s AND {POLICY_JOIN} AND {_DUE}
+        AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
+      {_PROMOTED_COUNTS}""")
+DUE_COUNT = _named("DUE_COUNT", f"""
+    SELECT count(*) FROM deliveries d WHERE d.group_id = %(g)s AND d.topic_id = %(topic_id)s AND {_DUE}""")
+
+TIER_RUN_START = _named("TIER_RUN_START", """
+    INSERT INTO tier_runs (run_key, tier, levels, window_start, window_end, dry_run)
+    VALUES (%(run_key)s, %(tier)s, %(levels)s::smallint[], %(window_start)s, %(window_end)s, %(dry_run)s)
+    ON CONFLICT (run_key) DO UPDATE SET tier = EXCLUDED.tier, levels = EXCLUDED.levels,
+        window_start = EXCLUDED.window_start, window_end = EXCLUDED.window_end,
+        dry_run = EXCLUDED.dry_run, status = 'running', started_at = now(),
+        finished_at = NULL, summary = NULL""")
+#: ``status`` 'success' with the summary, or 'failed' (summary NULL).
+TIER_RUN_FINISH = _named("TIER_RUN_FINISH", """
+    UPDATE tier_runs SET status = %(status)s, finished_at = now(), summary = %(summary)s::jsonb
+    WHERE run_key = %(run_key)s""")
+TIER_RUN_RESULT = _named("TIER_RUN_RESULT", "SELECT status, summary FROM tier_runs WHERE run_key = %(run_key)s")
+LATEST_TIER_RUNS = _named("LATEST_TIER_RUNS", """
+    SELECT DISTINCT ON (tier) tier, window_end, status, summary->>'promoted', summary->>'dead_lettered',
+           summary->'lateness_seconds'->>'p99'
+    FROM tier_runs ORDER BY tier, finished_at DESC NULLS LAST""")
+
+# ---- dead letters ---------------------------------------------------------------------------------
+
+DLQ_COUNT = _named("DLQ_COUNT", f"SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER}")
+#: The matching dead letters, oldest first, at most ``limit``.
+DLQ_SELECT = _named("DLQ_SELECT", f"""
+    SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason, q.last_error,
+           q.delivery_count, q.reconsume_times, q.dead_lettered_at, q.first_failure_at, q.last_failure_at,
+           q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
+    FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
+    ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
+#: Per group with dead letters (one group by name, or all when ``group`` is NULL).
+DLQ_SUMMARY_GROUPS = _named("DLQ_SUMMARY_GROUPS", """
+    SELECT g.id, g.name, count(*), min(q.dead_lettered_at), max(q.dead_lettered_at)
+    FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id
+    WHERE %(group)s::text IS NULL OR g.name = %(group)s::text
+    GROUP BY 1, 2 ORDER BY 3 DESC, 2""")
+DLQ_TOP_QUEUES = _named("DLQ_TOP_QUEUES", f"""
+    SELECT dq.name, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+DLQ_TOP_REASONS = _named("DLQ_TOP_REASONS", f"""
+    SELECT q.reason::text, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+DLQ_TOP_ERRORS = _named("DLQ_TOP_ERRORS", f"""
+    SELECT coalesce(q.last_error, '(none)'), count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s
+    GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+
+# ---- redrive --------------------------------------------------------------------------------------
+
+#: Quantile cut points of the message ids a redrive selects (``plan_ranges``).
+PLAN_REDRIVE_RANGES = _named("PLAN_REDRIVE_RANGES", f"""
+    SELECT min(message_id), max(message_id),
+           percentile_disc(%(fractions)s::float8[]) WITHIN GROUP (ORDER BY message_id)
+    FROM dlq_messages q WHERE {DLQ_FILTER}""")
+#: Start a redrive run, or resume it (same run key): a finished run stays finished.
+REDRIVE_RUN_START = _named("REDRIVE_RUN_START", """
+    INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run)
+    VALUES (%(run_key)s, %(triggered_by)s, %(g)s, %(filter)s, %(dry_run)s)
+    ON CONFLICT (run_key) DO UPDATE SET status = CASE WHEN redrive_runs.status = 'success' THEN 'success'
+                                                 ELSE 'running' END
+    RETURNING id, moved, status""")
+#: One batch of a redrive, in one transaction: up to ``n`` selected dead letters (in the id range
+#: [lo, hi) when given) leave the DLQ table; their deliveries go back to READY (reconsume times and
+#: delivery count back to 0 with ``reset``), or, with a destination topic ``dest``, are closed as
+#: COMMITTED while a copy is published to ``dest`` for its groups; every move is audited.
+#: Returns (dead letters removed, deliveries revived): a difference means a DLQ row without a DLQ
+#: delivery, and the caller rolls back.
+REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
+    WITH picked AS (
+      SELECT q.dlq_id, q.group_id, q.message_id FROM dlq_messages q
+      WHERE {DLQ_FILTER}
+        AND (%(lo)s::bigint IS NULL OR (q.message_id >= %(lo)s::bigint AND q.message_id < %(hi)s::bigint))
+      ORDER BY q.message_id LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+    removed AS (
+      DELETE FROM dlq_messages q USING picked p
+      WHERE q.dlq_id = p.dlq_id AND q.group_id = p.group_id AND q.message_id = p.message_id
+      RETURNING q.message_id, q.group_id, q.key, q.body, q.content_type, q.properties, q.origin_message_id),
+    revived AS (
+      UPDATE deliveries d SET
+          state = CASE WHEN %(dest)s::int IS NULL THEN 'READY' ELSE 'COMMITTED' END::delivery_state,
+          delivery_count = CASE WHEN %(dest)s::int IS NULL AND %(reset)s THEN 0 ELSE d.delivery_count END,
+          reconsume_times = CASE WHEN %(dest)s::int IS NULL AND %(reset)s THEN 0 ELSE d.reconsume_times END,
+          delay_level = CASE WHEN %(dest)s::int IS NULL THEN NULL ELSE d.delay_level END,
+          due_at = NULL, invisible_until = NULL,
+          last_error = CASE WHEN %(dest)s::int IS NULL THEN d.last_error
+                            ELSE 'redriven to topic ' || %(dest_name)s::text END,
+          updated_at = now()
+      FROM removed r WHERE d.message_id = r.message_id AND d.group_id = r.group_id AND d.state = 'DLQ'
+      RETURNING d.message_id, d.group_id),
+    copies AS (
+      INSERT INTO messages (topic_id, key, body, content_type, properties, origin_message_id)
+      SELECT %(dest)s::int, r.key, r.body, r.content_type, r.properties, r.origin_message_id
+      FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id RETURNING id, published_at),
+    fan AS (
+      INSERT INTO deliveries (message_id, group_id, topic_id, created_at, updated_at)
+      SELECT c.id, s.group_id, %(dest)s::int, c.published_at, c.published_at
+      FROM copies c JOIN subscriptions s ON s.topic_id = %(dest)s::int),
+    logged AS (
+      INSERT INTO redrive_moves (run_id, group_id, message_id)
+      SELECT %(run)s, group_id, message_id FROM revived RETURNING 1),
+    counted AS (
+      UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s RETURNING 1)
+    SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM revived) FROM counted""")
+#: Close a redrive run: ``status`` and, when given, ``selected`` and ``sample``.
+REDRIVE_RUN_FINISH = _named("REDRIVE_RUN_FINISH", """
+    UPDATE redrive_runs SET status = %(status)s, finished_at = now(),
+        selected = coalesce(%(selected)s::bigint, selected), sample = coalesce(%(sample)s::jsonb, sample)
+    WHERE id = %(run)s
+    RETURNING run_key, triggered_by, filter, dry_run, status, selected, moved, sample, started_at, finished_at""")
+REDRIVE_RUN_RESULT = _named("REDRIVE_RUN_RESULT",
+                            "SELECT status, moved, selected FROM redrive_runs WHERE run_key = %(run_key)s")
+LATEST_REDRIVES = _named("LATEST_REDRIVES", """
+    SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.selected, r.moved, r.started_at
+    FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DESC LIMIT 10""")
+
+#: Every statement by name (psycopg.sql compositions excepted): the EXPLAIN test runs them all.
+ALL: dict[str, str] = {name: value for name, value in dict(globals()).items()
+                       if isinstance(value, str) and value.startswith("/* redelivery:")}
