@@ -11,7 +11,7 @@ APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install 
 	 else sudo apt-get update -q && sudo apt-get install -y -q $(1); fi
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test bench clean stop lock
+.PHONY: setup demo test lint bench clean stop lock
 
 setup: $(VENV)/.installed $(JDBC_JAR) $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -38,8 +38,14 @@ $(CHROMIUM):
 demo: setup
 	@$(AIRFLOW_ENV) && $(PY) -m redelivery.demo $(DEMO_ARGS)
 
-test: setup
+test: setup lint
 	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# ruff (configured in pyproject.toml): lint rules and formatting, as CI runs them.
+LINTED := plugins dags spark_jobs tests bench
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 
 bench: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_tier.py $(BENCH_ARGS)

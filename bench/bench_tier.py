@@ -18,14 +18,13 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WINDOW_END = datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc)
+WINDOW_END = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
 
 
 def database() -> str:
@@ -46,24 +45,40 @@ def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
     with db.connect(url, autocommit=True) as conn:
         for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
-        conn.execute("TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
-                     "dead_letter_queues, tier_runs, publish_batches, publish_staging RESTART IDENTITY CASCADE")
+        conn.execute(
+            "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
+            "dead_letter_queues, tier_runs, publish_batches, publish_staging RESTART IDENTITY CASCADE"
+        )
         topic = conn.execute("INSERT INTO topics (name) VALUES ('bench') RETURNING id").fetchone()[0]
         group = conn.execute("INSERT INTO consumer_groups (name) VALUES ('bench') RETURNING id").fetchone()[0]
         conn.execute("INSERT INTO subscriptions VALUES (%s, %s)", (topic, group))
-        conn.execute("""INSERT INTO messages (topic_id, body, content_type, published_at)
-                        SELECT %s, convert_to('{"n": ' || i || ', "payload": "' || repeat('x', 200) || '"}', 'UTF8'),
+        conn.execute(
+            """INSERT INTO messages (topic_id, body, content_type, published_at)
+                        SELECT %s, convert_to(
+                                   '{"n": ' || i || ', "payload": "' || repeat('x', 200) || '"}', 'UTF8'),
                                'application/json', %s
-                        FROM generate_series(1, %s) i""", (topic, WINDOW_END - timedelta(minutes=1), n))
+                        FROM generate_series(1, %s) i""",
+            (topic, WINDOW_END - timedelta(minutes=1), n),
+        )
         if state == "WAITING_RETRY":
-            conn.execute("""INSERT INTO deliveries (message_id, group_id, topic_id, state, delivery_count, reconsume_times,
-                                                    delay_level, due_at, last_error, first_failure_at, last_failure_at)
+            conn.execute(
+                """INSERT INTO deliveries (message_id, group_id, topic_id, state, delivery_count,
+                                          reconsume_times, delay_level, due_at, last_error, first_failure_at,
+                                          last_failure_at)
                             SELECT id, %s, %s, 'WAITING_RETRY', 1, 1, 1, %s, 'boom', %s, %s FROM messages""",
-                         (group, topic, WINDOW_END - timedelta(seconds=5), WINDOW_END - timedelta(seconds=15),
-                          WINDOW_END - timedelta(seconds=15)))
+                (
+                    group,
+                    topic,
+                    WINDOW_END - timedelta(seconds=5),
+                    WINDOW_END - timedelta(seconds=15),
+                    WINDOW_END - timedelta(seconds=15),
+                ),
+            )
         else:
-            conn.execute("INSERT INTO deliveries (message_id, group_id, topic_id) SELECT id, %s, %s FROM messages",
-                         (group, topic))
+            conn.execute(
+                "INSERT INTO deliveries (message_id, group_id, topic_id) SELECT id, %s, %s FROM messages",
+                (group, topic),
+            )
         conn.execute("VACUUM ANALYZE messages")
         conn.execute("VACUUM ANALYZE deliveries")
         conn.execute("CHECKPOINT")
@@ -81,8 +96,11 @@ def run_sql(url: str) -> float:
 
     with db.connect(url, autocommit=True) as conn:
         start = time.perf_counter()
-        conn.execute("""UPDATE deliveries SET state = 'READY', updated_at = now()
-                        WHERE state = 'WAITING_RETRY' AND delay_level = ANY('{1,2}') AND due_at <= %s""", (WINDOW_END,))
+        conn.execute(
+            """UPDATE deliveries SET state = 'READY', updated_at = now()
+                        WHERE state = 'WAITING_RETRY' AND delay_level = ANY('{1,2}') AND due_at <= %s""",
+            (WINDOW_END,),
+        )
         return time.perf_counter() - start
 
 
@@ -90,21 +108,25 @@ def run_spark_warm(url: str, spark) -> float:
     from redelivery.spark.tier_job import run_tier_window
 
     start = time.perf_counter()
-    run_tier_window(tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}", spark=spark, url=url)
+    run_tier_window(
+        tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}", spark=spark, url=url
+    )
     return time.perf_counter() - start
 
 
 def run_spark_cold(url: str) -> float:
-    env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "PYSPARK_PYTHON": sys.executable,
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    start = time.perf_counter()
-    from redelivery.spark.session import driver_java_options
+    """spark-submit of the tier job with the environment and conf the Airflow operator gives it."""
+    from redelivery.spark.session import submit_environment
 
-    subprocess.run(["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-                    "--driver-java-options", driver_java_options(),
-                    str(ROOT / "spark_jobs" / "tier_window.py"), "--tier", "seconds",
-                    "--window-end", WINDOW_END.isoformat(), "--run-key", f"bench-cold-{time.time()}"],
-                   check=True, env=env, capture_output=True)
+    env_vars, conf = submit_environment("local[2]", url)
+    confs = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+    start = time.perf_counter()
+    subprocess.run(
+        ["spark-submit", "--master", "local[2]", *confs, str(ROOT / "spark_jobs" / "tier_window.py"),
+         "--tier", "seconds", "--window-end", WINDOW_END.isoformat(),
+         "--run-key", f"bench-cold-{time.time()}"],
+        check=True, env={**os.environ, **env_vars}, capture_output=True,
+    )  # fmt: skip
     return time.perf_counter() - start
 
 
@@ -137,7 +159,9 @@ def receive_ack(url: str, n: int, consumers: int, batch: int = 500) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000")
-    parser.add_argument("--rounds", type=int, default=2, help="runs per variant and size; the median is reported")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="runs per variant and size; the median is reported"
+    )
     parser.add_argument("--receive-messages", type=int, default=200_000)
     args = parser.parse_args()
     from redelivery.db import migrate
@@ -149,17 +173,29 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     build(url, 10_000)
     run_spark_warm(url, spark)  # warm the session up once on real work (Python workers, JIT)
-    print(f"{'due retries':>12} {'sql s':>8} {'spark-warm s':>13} {'spark-cold s':>13} {'warm/sql':>9} {'cold/sql':>9}")
+    print(
+        f"{'due retries':>12} {'sql s':>8} {'spark-warm s':>13} {'spark-cold s':>13} "
+        f"{'warm/sql':>9} {'cold/sql':>9}"
+    )
     for n in (int(s) for s in args.sizes.split(",")):
         times = {"sql": [], "warm": [], "cold": []}
         for _ in range(args.rounds):
             for name in times:
                 build(url, n)
-                seconds = run_sql(url) if name == "sql" else run_spark_warm(url, spark) if name == "warm" else run_spark_cold(url)
+                seconds = (
+                    run_sql(url)
+                    if name == "sql"
+                    else run_spark_warm(url, spark)
+                    if name == "warm"
+                    else run_spark_cold(url)
+                )
                 assert promoted(url) == n, f"{name} promoted {promoted(url)} of {n}"
                 times[name].append(seconds)
         sql, warm, cold = (statistics.median(times[k]) for k in ("sql", "warm", "cold"))
-        print(f"{n:>12,} {sql:>8.2f} {warm:>13.2f} {cold:>13.2f} {warm / sql:>8.2f}x {cold / sql:>8.2f}x", flush=True)
+        print(
+            f"{n:>12,} {sql:>8.2f} {warm:>13.2f} {cold:>13.2f} {warm / sql:>8.2f}x {cold / sql:>8.2f}x",
+            flush=True,
+        )
     spark.stop()
     for consumers in (1, 2):
         rate = receive_ack(url, args.receive_messages, consumers)

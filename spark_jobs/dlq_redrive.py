@@ -20,7 +20,9 @@ def main() -> None:
     args = parser.parse_args()
     spark = get_spark("redelivery-dlq-redrive")
     try:
-        result = redrive(args.request, run_key=args.run_key, triggered_by=args.triggered_by or None, spark=spark)
+        result = redrive(
+            args.request, run_key=args.run_key, triggered_by=args.triggered_by or None, spark=spark
+        )
     finally:
         spark.stop()
     print("REDELIVERY_REDRIVE " + json.dumps(result, default=str), flush=True)

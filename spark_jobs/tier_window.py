@@ -22,13 +22,25 @@ def main() -> None:
     parser.add_argument("--window-start", type=lambda s: datetime.fromisoformat(s) if s else None)
     parser.add_argument("--run-key", required=True)
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",") if x.strip()] if s else None)
-    parser.add_argument("--dry-run", nargs="?", const="true", default="false",
-                        type=lambda s: s.strip().lower() in ("1", "true", "yes"))
+    parser.add_argument(
+        "--dry-run",
+        nargs="?",
+        const="true",
+        default="false",
+        type=lambda s: s.strip().lower() in ("1", "true", "yes"),
+    )
     args = parser.parse_args()
     spark = get_spark(f"redelivery-tier-{args.tier}")
     try:
-        summary = run_tier_window(tier=args.tier, window_end=args.window_end, window_start=args.window_start,
-                                  run_key=args.run_key, levels=args.levels, dry_run=args.dry_run, spark=spark)
+        summary = run_tier_window(
+            tier=args.tier,
+            window_end=args.window_end,
+            window_start=args.window_start,
+            run_key=args.run_key,
+            levels=args.levels,
+            dry_run=args.dry_run,
+            spark=spark,
+        )
     finally:
         spark.stop()
     print("REDELIVERY_SUMMARY " + json.dumps(summary), flush=True)

@@ -4,9 +4,11 @@ provider (spark-submit in local mode)."""
 from datetime import timedelta
 
 import pytest
-from conftest import at
 
+from helpers import at
 from redelivery.settings import REPO_ROOT
+
+pytestmark = pytest.mark.airflow
 
 
 @pytest.fixture(scope="module")
@@ -18,12 +20,24 @@ def dagbag():
 
 def test_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert sorted(dagbag.dag_ids) == ["dlq_redrive", "redelivery_tier_half_hours", "redelivery_tier_hours",
-                                      "redelivery_tier_minutes", "redelivery_tier_seconds"]
+    assert sorted(dagbag.dag_ids) == [
+        "dlq_redrive",
+        "redelivery_tier_half_hours",
+        "redelivery_tier_hours",
+        "redelivery_tier_minutes",
+        "redelivery_tier_seconds",
+    ]
 
 
-@pytest.mark.parametrize("dag_id,window", [("redelivery_tier_seconds", 10), ("redelivery_tier_minutes", 60),
-                                           ("redelivery_tier_half_hours", 300), ("redelivery_tier_hours", 600)])
+@pytest.mark.parametrize(
+    "dag_id,window",
+    [
+        ("redelivery_tier_seconds", 10),
+        ("redelivery_tier_minutes", 60),
+        ("redelivery_tier_half_hours", 300),
+        ("redelivery_tier_hours", 600),
+    ],
+)
 def test_tier_dag_settings(dagbag, dag_id, window):
     from airflow.sdk import DeltaDataIntervalTimetable
 
@@ -48,8 +62,11 @@ def return_value(run):
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        row = session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids="apply_window",
-                                                 key="return_value")).first()
+        row = session.scalars(
+            XComModel.get_many(
+                run_id=run.run_id, dag_ids=run.dag_id, task_ids="apply_window", key="return_value"
+            )
+        ).first()
         return XComModel.deserialize_value(row)
 
 
@@ -62,7 +79,11 @@ def test_dag_test_promotes_the_window_and_returns_the_summary(dagbag, waiting):
     assert summary["promoted"] == 40 and summary["window_end"] == at(10).isoformat()
     assert summary["window_start"] == at(0).isoformat()
     recorded = waiting.conn.execute("SELECT run_key, summary->>'promoted' FROM tier_runs").fetchall()
-    assert len(recorded) == 1 and recorded[0][0].startswith("redelivery_tier_seconds/") and recorded[0][1] == "40"
+    assert (
+        len(recorded) == 1
+        and recorded[0][0].startswith("redelivery_tier_seconds/")
+        and recorded[0][1] == "40"
+    )
     # the same window again moves nothing
     again = dag.test(logical_date=at(10))
     assert str(again.state).endswith("success") and return_value(again)["promoted"] == 0
@@ -73,5 +94,9 @@ def test_manual_params_window_end_and_dry_run(dagbag, waiting):
     run = dag.test(logical_date=at(5), run_conf={"window_end": at(10).isoformat(), "dry_run": True})
     assert str(run.state).endswith("success")
     summary = return_value(run)
-    assert summary["dry_run"] is True and summary["promoted"] == 40 and summary["window_end"] == at(10).isoformat()
+    assert (
+        summary["dry_run"] is True
+        and summary["promoted"] == 40
+        and summary["window_end"] == at(10).isoformat()
+    )
     assert waiting.stats()["orders"]["billing"]["WAITING_RETRY"] == 40  # nothing moved

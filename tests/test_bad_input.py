@@ -1,8 +1,8 @@
 """Bad input gets a clear error and changes nothing."""
 
 import pytest
-from conftest import snapshot
 
+from helpers import snapshot
 from redelivery.client import Message
 from redelivery.errors import (
     InvalidDelayError,
@@ -22,38 +22,68 @@ def inflight(client, topic_group):
     return got
 
 
-@pytest.mark.parametrize("call,error,needle", [
-    (lambda c, m: c.publish("nope", [{"n": 1}]), UnknownTopicError, "unknown topic 'nope'"),
-    (lambda c, m: c.receive("nope", "orders"), UnknownGroupError, "unknown consumer group 'nope'"),
-    (lambda c, m: c.receive("billing", "nope"), UnknownTopicError, "unknown topic"),
-    (lambda c, m: c.ack("nope", m), UnknownGroupError, "unknown consumer group"),
-    (lambda c, m: c.nack("nope", m), UnknownGroupError, "unknown consumer group"),
-    (lambda c, m: c.subscribe("nope", "orders"), UnknownGroupError, "unknown consumer group"),
-    (lambda c, m: c.dlq_list("nope"), UnknownGroupError, "unknown consumer group"),
-    (lambda c, m: c.reconsume_later("billing", m, delay=0), InvalidDelayError, "1 to 864000"),
-    (lambda c, m: c.reconsume_later("billing", m, delay=864001), InvalidDelayError, "864000"),
-    (lambda c, m: c.reconsume_later("billing", m, delay=1.5), InvalidDelayError, "whole seconds"),
-    (lambda c, m: c.reconsume_later("billing", m, level=0), InvalidLevelError, "levels 1..16"),
-    (lambda c, m: c.reconsume_later("billing", m, level=17), InvalidLevelError, "out of range"),
-    (lambda c, m: c.reconsume_later("billing", m, delay=10, level=2), ValueError, "not both"),
-    (lambda c, m: c.nack("billing", m, error=["only one"]), ValueError, "2 errors|1 errors"),
-    (lambda c, m: c.receive("billing", "orders", 0), ValueError, "max_messages"),
-    (lambda c, m: c.receive("billing", "orders", 10, 0), ValueError, "invisible_duration"),
-    (lambda c, m: c.receive("billing", "orders", 10, 43201), ValueError, "invisible_duration"),
-    (lambda c, m: c.ack("billing", [{"message_id": 1}]), TypeError, "ReceivedMessage"),
-    (lambda c, m: c.publish("orders", [{"ok": 1}, {"bad": float("nan")}]), MalformedMessageError, "message 1"),
-    (lambda c, m: c.publish("orders", [{"ok": 1}, {"bad": object()}]), MalformedMessageError, "not valid"),
-    (lambda c, m: c.publish("orders", [Message("{not json", content_type="application/json")]),
-     MalformedMessageError, "not valid application/json"),
-    (lambda c, m: c.publish("orders", [Message(b"x", content_type="text/plain")]), MalformedMessageError, "must be str"),
-    (lambda c, m: c.publish("orders", [Message("x", content_type="image/png")]), MalformedMessageError, "content type"),
-    (lambda c, m: c.publish("orders", [Message({}, properties={"RECONSUMETIMES": "3"})]), MalformedMessageError, "reserved"),
-    (lambda c, m: c.publish("orders", [Message({}, properties={"n": 3})]), MalformedMessageError, "str to str"),
-    (lambda c, m: c.publish("orders", [Message({}, key=5)]), MalformedMessageError, "key"),
-    (lambda c, m: c.create_topic("bad name; drop table"), InvalidNameError, "invalid"),
-    (lambda c, m: c.create_group("x" * 60), InvalidNameError, "invalid"),
-    (lambda c, m: c.create_group("ok", max_reconsume_times=-2), ValueError, ">= -1"),
-])
+@pytest.mark.parametrize(
+    "call,error,needle",
+    [
+        (lambda c, m: c.publish("nope", [{"n": 1}]), UnknownTopicError, "unknown topic 'nope'"),
+        (lambda c, m: c.receive("nope", "orders"), UnknownGroupError, "unknown consumer group 'nope'"),
+        (lambda c, m: c.receive("billing", "nope"), UnknownTopicError, "unknown topic"),
+        (lambda c, m: c.ack("nope", m), UnknownGroupError, "unknown consumer group"),
+        (lambda c, m: c.nack("nope", m), UnknownGroupError, "unknown consumer group"),
+        (lambda c, m: c.subscribe("nope", "orders"), UnknownGroupError, "unknown consumer group"),
+        (lambda c, m: c.dlq_list("nope"), UnknownGroupError, "unknown consumer group"),
+        (lambda c, m: c.reconsume_later("billing", m, delay=0), InvalidDelayError, "1 to 864000"),
+        (lambda c, m: c.reconsume_later("billing", m, delay=864001), InvalidDelayError, "864000"),
+        (lambda c, m: c.reconsume_later("billing", m, delay=1.5), InvalidDelayError, "whole seconds"),
+        (lambda c, m: c.reconsume_later("billing", m, level=0), InvalidLevelError, "levels 1..16"),
+        (lambda c, m: c.reconsume_later("billing", m, level=17), InvalidLevelError, "out of range"),
+        (lambda c, m: c.reconsume_later("billing", m, delay=10, level=2), ValueError, "not both"),
+        (lambda c, m: c.nack("billing", m, error=["only one"]), ValueError, "2 errors|1 errors"),
+        (lambda c, m: c.receive("billing", "orders", 0), ValueError, "max_messages"),
+        (lambda c, m: c.receive("billing", "orders", 10, 0), ValueError, "invisible_duration"),
+        (lambda c, m: c.receive("billing", "orders", 10, 43201), ValueError, "invisible_duration"),
+        (lambda c, m: c.ack("billing", [{"message_id": 1}]), TypeError, "ReceivedMessage"),
+        (
+            lambda c, m: c.publish("orders", [{"ok": 1}, {"bad": float("nan")}]),
+            MalformedMessageError,
+            "message 1",
+        ),
+        (
+            lambda c, m: c.publish("orders", [{"ok": 1}, {"bad": object()}]),
+            MalformedMessageError,
+            "not valid",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message("{not json", content_type="application/json")]),
+            MalformedMessageError,
+            "not valid application/json",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message(b"x", content_type="text/plain")]),
+            MalformedMessageError,
+            "must be str",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message("x", content_type="image/png")]),
+            MalformedMessageError,
+            "content type",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message({}, properties={"RECONSUMETIMES": "3"})]),
+            MalformedMessageError,
+            "reserved",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message({}, properties={"n": 3})]),
+            MalformedMessageError,
+            "str to str",
+        ),
+        (lambda c, m: c.publish("orders", [Message({}, key=5)]), MalformedMessageError, "key"),
+        (lambda c, m: c.create_topic("bad name; drop table"), InvalidNameError, "invalid"),
+        (lambda c, m: c.create_group("x" * 60), InvalidNameError, "invalid"),
+        (lambda c, m: c.create_group("ok", max_reconsume_times=-2), ValueError, ">= -1"),
+    ],
+)
 def test_bad_input_raises_and_changes_nothing(client, inflight, call, error, needle):
     before = snapshot(client.conn)
     with pytest.raises(error, match=needle):

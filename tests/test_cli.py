@@ -2,34 +2,36 @@
 
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
 
-CLI = shutil.which("redelivery") or os.path.join(os.path.dirname(os.sys.executable), "redelivery")
-
-
-def run(*args, stdin=None, database_url):
-    env = {**os.environ, "REDELIVERY_DATABASE_URL": database_url}
-    return subprocess.run([CLI, *args], input=stdin, capture_output=True, text=True, env=env, timeout=120)
+from helpers import CLI
+from helpers import run_cli as run
 
 
 def test_publish_stats_and_dlq_list(clean_db):
-    for args in (["create-topic", "orders"], ["create-group", "billing", "--max-reconsume-times", "0"],
-                 ["subscribe", "billing", "orders"]):
+    for args in (
+        ["create-topic", "orders"],
+        ["create-group", "billing", "--max-reconsume-times", "0"],
+        ["subscribe", "billing", "orders"],
+    ):
         assert run(*args, database_url=clean_db).returncode == 0
     done = run("publish", "orders", "--json", stdin='{"n": 1}\n{"n": 2}\n\n', database_url=clean_db)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["published"] == 2
     stats = json.loads(run("stats", "--json", database_url=clean_db).stdout)
-    assert stats == {"orders": {"billing": {"READY": 2, "INFLIGHT": 0, "WAITING_RETRY": 0, "COMMITTED": 0, "DLQ": 0}}}
+    assert stats == {
+        "orders": {"billing": {"READY": 2, "INFLIGHT": 0, "WAITING_RETRY": 0, "COMMITTED": 0, "DLQ": 0}}
+    }
     from redelivery.client import Client
 
     with Client(clean_db) as client:
         client.nack("billing", client.receive("billing", "orders", 1, 30), error="bad payload")
     rows = json.loads(run("dlq", "list", "--group", "billing", "--json", database_url=clean_db).stdout)
-    assert [(r["body"], r["reason"], r["last_error"]) for r in rows] == [({"n": 1}, "MAX_DELIVERIES_EXCEEDED", "bad payload")]
+    assert [(r["body"], r["reason"], r["last_error"]) for r in rows] == [
+        ({"n": 1}, "MAX_DELIVERIES_EXCEEDED", "bad payload")
+    ]
     text = run("stats", database_url=clean_db).stdout
     assert "billing" in text and "WAITING_RETRY" in text
 
@@ -40,14 +42,17 @@ def test_envelope_publish(clean_db):
     assert run("publish", "orders", "--envelope", stdin=line, database_url=clean_db).returncode == 0
 
 
-@pytest.mark.parametrize("args,stdin,needle", [
-    (["publish", "orders"], '{"n": 1}\n{broken\n', "line 2: not JSON"),
-    (["publish", "orders", "--envelope"], '{"n": 1}\n', 'line 1: an envelope'),
-    (["publish", "nope"], '{"n": 1}\n', "unknown topic 'nope'"),
-    (["dlq", "list", "--group", "nope"], None, "unknown consumer group 'nope'"),
-    (["tier", "run", "nope", "--no-spark"], None, "unknown tier 'nope'"),
-    (["tier", "run", "seconds", "--no-spark", "--levels", "5"], None, "not in tier"),
-])
+@pytest.mark.parametrize(
+    "args,stdin,needle",
+    [
+        (["publish", "orders"], '{"n": 1}\n{broken\n', "line 2: not JSON"),
+        (["publish", "orders", "--envelope"], '{"n": 1}\n', "line 1: an envelope"),
+        (["publish", "nope"], '{"n": 1}\n', "unknown topic 'nope'"),
+        (["dlq", "list", "--group", "nope"], None, "unknown consumer group 'nope'"),
+        (["tier", "run", "nope", "--no-spark"], None, "unknown tier 'nope'"),
+        (["tier", "run", "seconds", "--no-spark", "--levels", "5"], None, "not in tier"),
+    ],
+)
 def test_bad_input_exits_2_with_a_clear_error_and_publishes_nothing(clean_db, args, stdin, needle):
     run("create-topic", "orders", database_url=clean_db)
     done = run(*args, stdin=stdin, database_url=clean_db)
@@ -61,8 +66,7 @@ def test_bad_input_exits_2_with_a_clear_error_and_publishes_nothing(clean_db, ar
 
 
 def test_tier_run_outside_airflow(clean_db):
-    from conftest import at
-
+    from helpers import at
     from redelivery.client import Client
 
     with Client(clean_db) as client:
@@ -71,8 +75,15 @@ def test_tier_run_outside_airflow(clean_db):
         client.subscribe("billing", "orders")
         client.publish("orders", [{"n": 1}], at=at(0))
         client.nack("billing", client.receive("billing", "orders", 1, 30, at=at(0)), at=at(0))
-    done = run("tier", "run", "seconds", "--window-end", at(10).strftime("%Y-%m-%dT%H:%M:%S%z"), "--no-spark",
-               database_url=clean_db)
+    done = run(
+        "tier",
+        "run",
+        "seconds",
+        "--window-end",
+        at(10).strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "--no-spark",
+        database_url=clean_db,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["promoted"] == 1
 
@@ -81,6 +92,10 @@ def test_a_broken_config_file_is_a_clear_error(clean_db, tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("tiers:\n  - {name: fast, levels: [1], window: 10s}\n")
     env_url = clean_db
-    done = subprocess.run([CLI, "tier", "list"], capture_output=True, text=True,
-                          env={**os.environ, "REDELIVERY_DATABASE_URL": env_url, "REDELIVERY_CONFIG": str(bad)})
+    done = subprocess.run(
+        [CLI, "tier", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "REDELIVERY_DATABASE_URL": env_url, "REDELIVERY_CONFIG": str(bad)},
+    )
     assert done.returncode == 2 and "belong to no tier" in done.stderr and str(bad) in done.stderr

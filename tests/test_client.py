@@ -1,8 +1,8 @@
 """Every client state change against a real PostgreSQL."""
 
 import psycopg
-from conftest import at
 
+from helpers import at
 from redelivery.client import Client, Message
 
 
@@ -10,7 +10,9 @@ def state_of(client, message_id, group="billing"):
     return client.conn.execute(
         """SELECT d.state::text, d.delivery_count, d.reconsume_times, d.delay_level, d.due_at, d.last_error
            FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
-           WHERE d.message_id = %s AND g.name = %s""", (message_id, group)).fetchone()
+           WHERE d.message_id = %s AND g.name = %s""",
+        (message_id, group),
+    ).fetchone()
 
 
 def test_publish_gives_each_subscribed_group_its_own_ready_copy(client, topic_group):
@@ -31,9 +33,15 @@ def test_publish_gives_each_subscribed_group_its_own_ready_copy(client, topic_gr
 
 
 def test_bodies_round_trip_by_content_type(client, topic_group):
-    client.publish("orders", [{"a": [1, 2]}, b"\x00\xff", Message("plain", content_type="text/plain"),
-                              Message('{"raw": true}', content_type="application/json", key="k1",
-                                      properties={"origin": "erp"})])
+    client.publish(
+        "orders",
+        [
+            {"a": [1, 2]},
+            b"\x00\xff",
+            Message("plain", content_type="text/plain"),
+            Message('{"raw": true}', content_type="application/json", key="k1", properties={"origin": "erp"}),
+        ],
+    )
     got = client.receive("billing", "orders", 10, 30)
     assert [m.body for m in got] == [{"a": [1, 2]}, b"\x00\xff", "plain", {"raw": True}]
     assert got[3].key == "k1" and got[3].properties == {"origin": "erp"}
@@ -53,8 +61,9 @@ def test_delivery_count_is_committed_before_messages_are_returned(client, topic_
     [got] = client.receive("billing", "orders", 1, 30)
     # another connection sees the delivery already counted: nothing left uncommitted
     with psycopg.connect(clean_db) as other:
-        count = other.execute("SELECT delivery_count, state::text FROM redelivery.deliveries WHERE message_id = %s",
-                              (mid,)).fetchone()
+        count = other.execute(
+            "SELECT delivery_count, state::text FROM redelivery.deliveries WHERE message_id = %s", (mid,)
+        ).fetchone()
     assert count == (1, "INFLIGHT") and got.delivery_count == 1
     assert got.invisible_until is not None
 
@@ -89,8 +98,13 @@ def test_retry_properties_on_redelivery(client, topic_group, database_url):
     run_tier_window(tier="seconds", window_end=at(10), run_key="props", url=database_url)
     [again] = client.receive("billing", "orders", 1, 30, at=at(10))
     assert again.delivery_count == 2 and again.reconsume_times == 1
-    assert again.properties == {"tenant": "a", "REAL_TOPIC": "orders", "ORIGIN_MESSAGE_ID": str(mid),
-                                "RETRY_TOPIC": "%RETRY%billing", "RECONSUMETIMES": "1"}
+    assert again.properties == {
+        "tenant": "a",
+        "REAL_TOPIC": "orders",
+        "ORIGIN_MESSAGE_ID": str(mid),
+        "RETRY_TOPIC": "%RETRY%billing",
+        "RECONSUMETIMES": "1",
+    }
     assert again.last_error == "e"
 
 
@@ -135,12 +149,15 @@ def test_reject_dead_letters_at_once_and_creates_the_dlq_table_then(client, topi
     client.publish("orders", [{"n": 1}, {"n": 2}])
     a, b = client.receive("billing", "orders", 2, 30)
     tables = lambda: client.conn.execute(  # noqa: E731
-        "SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_dlq'").fetchall()
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_dlq'"
+    ).fetchall()
     client.nack("billing", a)
     assert tables() == []  # a retry does not create it
     assert client.reject("billing", b, error="schema violation") == 1
     assert tables() == [("%DLQ%billing",)]
-    rows = client.conn.execute('SELECT reason::text, last_error FROM redelivery_dlq."%DLQ%billing"').fetchall()
+    rows = client.conn.execute(
+        'SELECT reason::text, last_error FROM redelivery_dlq."%DLQ%billing"'
+    ).fetchall()
     assert rows == [("REJECTED", "schema violation")]
     assert client.stats()["orders"]["billing"]["DLQ"] == 1
 
@@ -150,7 +167,9 @@ def test_ack_of_a_lost_lease_is_ignored(client, topic_group, database_url):
 
     client.publish("orders", [{"n": 1}], at=at(0))
     [stale] = client.receive("billing", "orders", 1, 5, at=at(0))
-    run_tier_window(tier="seconds", window_end=at(20), run_key="lease", url=database_url)  # lease ended at 5 s
+    run_tier_window(
+        tier="seconds", window_end=at(20), run_key="lease", url=database_url
+    )  # lease ended at 5 s
     [fresh] = client.receive("billing", "orders", 1, 30, at=at(20))
     assert fresh.delivery_count == 2
     assert client.ack("billing", stale) == 0  # the old delivery cannot commit the new one

@@ -16,8 +16,28 @@ from redelivery.levels import (
 def test_rocketmq_retry_table_matches_seed_001():
     table = LevelTable.parse(ROCKETMQ_RETRY_LEVELS)
     minutes = [table.delay(table.level_for_retry(n)) for n in range(1, 21)]
-    assert minutes == [10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
-                       7200, 7200, 7200, 7200]  # after 16 retries every retry waits 2h
+    assert minutes == [
+        10,
+        30,
+        60,
+        120,
+        180,
+        240,
+        300,
+        360,
+        420,
+        480,
+        540,
+        600,
+        1200,
+        1800,
+        3600,
+        7200,
+        7200,
+        7200,
+        7200,
+        7200,
+    ]  # after 16 retries every retry waits 2h
 
 
 def test_broker_level_string_has_18_levels_level_3_is_10s():
@@ -82,20 +102,23 @@ tiers:
 """
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("tiers: [", "not valid YAML"),
-    ("- just a list", "must be a mapping"),
-    ("tiers: []", "tiers"),
-    (GOOD_TIERS + "colour: blue\n", "colour"),
-    (GOOD_TIERS.replace("10s", "ten seconds"), "tiers.0.window"),
-    (GOOD_TIERS.replace("[1, 2]", "[1, 2, 3]"), "level 3 is in both tier 'fast' and tier 'slow'"),
-    (GOOD_TIERS.replace("[1, 2]", "[1]"), "levels [2] belong to no tier"),
-    (GOOD_TIERS.replace("[1, 2]", "[1, 2, 17]"), "lists level 17"),
-    (GOOD_TIERS.replace("name: fast", "name: Fast Tier"), "tiers.0.name"),
-    ("policies: [{max_reconsume_times: -2}]\n" + GOOD_TIERS, "policies.0.max_reconsume_times"),
-    ("broker: kafka\n" + GOOD_TIERS, "broker"),
-    ("delay_levels: '10s banana'\n" + GOOD_TIERS, "delay_levels"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("tiers: [", "not valid YAML"),
+        ("- just a list", "must be a mapping"),
+        ("tiers: []", "tiers"),
+        (GOOD_TIERS + "colour: blue\n", "colour"),
+        (GOOD_TIERS.replace("10s", "ten seconds"), "tiers.0.window"),
+        (GOOD_TIERS.replace("[1, 2]", "[1, 2, 3]"), "level 3 is in both tier 'fast' and tier 'slow'"),
+        (GOOD_TIERS.replace("[1, 2]", "[1]"), "levels [2] belong to no tier"),
+        (GOOD_TIERS.replace("[1, 2]", "[1, 2, 17]"), "lists level 17"),
+        (GOOD_TIERS.replace("name: fast", "name: Fast Tier"), "tiers.0.name"),
+        ("policies: [{max_reconsume_times: -2}]\n" + GOOD_TIERS, "policies.0.max_reconsume_times"),
+        ("broker: kafka\n" + GOOD_TIERS, "broker"),
+        ("delay_levels: '10s banana'\n" + GOOD_TIERS, "delay_levels"),
+    ],
+)
 def test_broken_config_names_the_bad_key(tmp_path, text, needle):
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, text))

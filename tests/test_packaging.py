@@ -25,7 +25,11 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_requirements_are_pinned_and_leave_out_pyspark_client():
-    lines = [ln for ln in (REPO_ROOT / "requirements.txt").read_text().splitlines() if ln and not ln.startswith((" ", "#"))]
+    lines = [
+        ln
+        for ln in (REPO_ROOT / "requirements.txt").read_text().splitlines()
+        if ln and not ln.startswith((" ", "#"))
+    ]
     assert lines and all("==" in ln for ln in lines)
     pins = dict(ln.split("==") for ln in lines)
     assert pins["apache-airflow"].startswith("3.3.") and pins["pyspark"].startswith("4.3.")

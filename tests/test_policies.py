@@ -1,12 +1,10 @@
-"""Policies: every formula against the seeds' own numbers, wildcard precedence, naming, presets,
-config errors (unit tests), then the same policies acting on a real PostgreSQL."""
+"""Policies: every formula against the seeds' own numbers, wildcard precedence, naming, presets and
+config errors. Pure: no database, Spark or Airflow."""
 
 import pytest
-from conftest import at
 from pydantic import ValidationError
 
 from redelivery.config import RedeliveryConfig
-from redelivery.errors import InvalidLevelError
 from redelivery.levels import LevelTable
 from redelivery.policies import PolicyConfig, compare_specificity, matches, resolve
 
@@ -26,19 +24,53 @@ def waits(p, n):
 
 def test_rocketmq_default_table_then_2h_and_16_reconsume_times():
     p = policy()
-    assert waits(p, 18) == [10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200, 7200, 7200]
+    assert waits(p, 18) == [
+        10,
+        30,
+        60,
+        120,
+        180,
+        240,
+        300,
+        360,
+        420,
+        480,
+        540,
+        600,
+        1200,
+        1800,
+        3600,
+        7200,
+        7200,
+        7200,
+    ]
     assert p.max_reconsume_times == 16 and p.dead_letters_after() == 17
 
 
 def test_artemis_seed_example_5000ms_x2_max_15000():
-    p = policy("rocketmq", "orders", "billing", {"backoff": {"kind": "exponential", "redelivery_delay_ms": 5000,
-                                                             "redelivery_delay_multiplier": 2, "max_redelivery_delay_ms": 15000}})
+    p = policy(
+        "rocketmq",
+        "orders",
+        "billing",
+        {
+            "backoff": {
+                "kind": "exponential",
+                "redelivery_delay_ms": 5000,
+                "redelivery_delay_multiplier": 2,
+                "max_redelivery_delay_ms": 15000,
+            }
+        },
+    )
     assert waits(p, 4) == [5.0, 10.0, 15.0, 15.0]
 
 
 def test_artemis_max_redelivery_delay_defaults_to_ten_times_the_delay():
-    p = policy("rocketmq", "orders", "billing", {"backoff": {"kind": "exponential", "redelivery_delay_ms": 1000,
-                                                             "redelivery_delay_multiplier": 2}})
+    p = policy(
+        "rocketmq",
+        "orders",
+        "billing",
+        {"backoff": {"kind": "exponential", "redelivery_delay_ms": 1000, "redelivery_delay_multiplier": 2}},
+    )
     assert waits(p, 6) == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
@@ -53,9 +85,20 @@ class Draws:
 
 
 def test_artemis_collision_avoidance_reproduces_the_seed_example():
-    p = policy("rocketmq", "orders", "billing", {"backoff": {
-        "kind": "exponential", "redelivery_delay_ms": 1000, "redelivery_delay_multiplier": 1,
-        "max_redelivery_delay_ms": 15000, "redelivery_collision_avoidance_factor": 0.5}})
+    p = policy(
+        "rocketmq",
+        "orders",
+        "billing",
+        {
+            "backoff": {
+                "kind": "exponential",
+                "redelivery_delay_ms": 1000,
+                "redelivery_delay_multiplier": 1,
+                "max_redelivery_delay_ms": 15000,
+                "redelivery_collision_avoidance_factor": 0.5,
+            }
+        },
+    )
     # seeds/004: 875 = 1000 + 1000 * ((0.5 * -1) * .25); 1375 = 1000 + 1000 * ((0.5 * 1) * .75); 975
     assert round(p.delay(1, Draws(0.1, 0.25)) * 1000) == 875
     assert round(p.delay(2, Draws(0.9, 0.75)) * 1000) == 1375
@@ -74,7 +117,12 @@ def test_rocketmq_broker_rule_delay_level_is_3_plus_reconsume_times():
 
 
 def test_rocketmq_exponential_and_fixed():
-    exp = policy("rocketmq", "o", "g", {"backoff": {"kind": "rocketmq_exponential", "initial": "1s", "multiplier": 2, "max": "1m"}})
+    exp = policy(
+        "rocketmq",
+        "o",
+        "g",
+        {"backoff": {"kind": "rocketmq_exponential", "initial": "1s", "multiplier": 2, "max": "1m"}},
+    )
     assert waits(exp, 8) == [1, 2, 4, 8, 16, 32, 60, 60]
     fixed = policy("rocketmq", "o", "g", {"backoff": {"kind": "fixed", "interval": "3s"}})
     assert waits(fixed, 3) == [3, 3, 3]
@@ -87,18 +135,26 @@ def test_custom_level_string_replaces_the_table():
 
 
 def test_schedule_lists_retries_until_the_wait_stops_changing():
-    p = policy("rocketmq", "o", "g", {"backoff": {"kind": "rocketmq_exponential", "initial": "10s", "multiplier": 2, "max": "2m"}})
+    p = policy(
+        "rocketmq",
+        "o",
+        "g",
+        {"backoff": {"kind": "rocketmq_exponential", "initial": "10s", "multiplier": 2, "max": "2m"}},
+    )
     delays, levels = p.schedule(ROUTING)
     assert delays == [10, 20, 40, 80, 120]
     assert levels == [1, 2, 3, 4, 4]  # routed to the first level at least as long
 
 
-@pytest.mark.parametrize("entry,max_times", [
-    ({"max_delivery_attempts": 3}, 2),      # Artemis counts deliveries: 3 deliveries = 2 retries
-    ({"max_delivery_attempts": -1}, -1),
-    ({"max_reconsume_times": 3}, 3),        # RocketMQ: max retries 3 means at most 4 deliveries
-    ({"max_reconsume_times": -1}, -1),
-])
+@pytest.mark.parametrize(
+    "entry,max_times",
+    [
+        ({"max_delivery_attempts": 3}, 2),  # Artemis counts deliveries: 3 deliveries = 2 retries
+        ({"max_delivery_attempts": -1}, -1),
+        ({"max_reconsume_times": 3}, 3),  # RocketMQ: max retries 3 means at most 4 deliveries
+        ({"max_reconsume_times": -1}, -1),
+    ],
+)
 def test_attempt_limits(entry, max_times):
     assert policy("rocketmq", "o", "g", entry).max_reconsume_times == max_times
 
@@ -114,8 +170,16 @@ def test_presets():
 
 
 def test_naming_styles():
-    assert policy("rocketmq", "o", "g", {"dead_letter": {"style": "artemis", "prefix": "", "suffix": ".DLQ"}}).dlq_name == "o.DLQ"
-    assert policy("rocketmq", "o", "g", {"dead_letter": {"style": "explicit", "name": "poison"}}).dlq_name == "poison"
+    assert (
+        policy(
+            "rocketmq", "o", "g", {"dead_letter": {"style": "artemis", "prefix": "", "suffix": ".DLQ"}}
+        ).dlq_name
+        == "o.DLQ"
+    )
+    assert (
+        policy("rocketmq", "o", "g", {"dead_letter": {"style": "explicit", "name": "poison"}}).dlq_name
+        == "poison"
+    )
     with pytest.raises(ValueError, match="63 bytes"):
         policy("pulsar", "t" * 40, "g" * 30)
 
@@ -123,20 +187,31 @@ def test_naming_styles():
 # ---- wildcards --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pattern,name,expected", [
-    ("news.europe.#", "news.europe", True), ("news.europe.#", "news.europe.sport", True),
-    ("news.europe.#", "news.europe.politics.regional", True), ("news.europe.#", "news.usa", False),
-    ("news.*", "news.europe", True), ("news.*", "news.europe.sport", False),
-    ("news.*.sport", "news.usa.sport", True), ("news.*.sport", "news.europe.politics", False),
-    ("#", "anything.at.all", True), ("orders", "orders", True), ("orders", "orders2", False),
-])
+@pytest.mark.parametrize(
+    "pattern,name,expected",
+    [
+        ("news.europe.#", "news.europe", True),
+        ("news.europe.#", "news.europe.sport", True),
+        ("news.europe.#", "news.europe.politics.regional", True),
+        ("news.europe.#", "news.usa", False),
+        ("news.*", "news.europe", True),
+        ("news.*", "news.europe.sport", False),
+        ("news.*.sport", "news.usa.sport", True),
+        ("news.*.sport", "news.europe.politics", False),
+        ("#", "anything.at.all", True),
+        ("orders", "orders", True),
+        ("orders", "orders2", False),
+    ],
+)
 def test_artemis_wildcards(pattern, name, expected):
     assert matches(pattern, name) is expected
 
 
 def test_artemis_specificity_order():
-    ordered = sorted(["#", "news.#", "news.europe.#", "news.*", "news.*.sport", "news.europe.sport"],
-                     key=__import__("functools").cmp_to_key(compare_specificity))
+    ordered = sorted(
+        ["#", "news.#", "news.europe.#", "news.*", "news.*.sport", "news.europe.sport"],
+        key=__import__("functools").cmp_to_key(compare_specificity),
+    )
     assert ordered == ["news.europe.sport", "news.*.sport", "news.*", "news.europe.#", "news.#", "#"]
 
 
@@ -165,181 +240,26 @@ def test_group_own_limit_wins_over_policies():
     assert p.max_reconsume_times == 7
 
 
-@pytest.mark.parametrize("entry,needle", [
-    ({"max_reconsume_times": 3, "max_delivery_attempts": 3}, "not both"),
-    ({"max_delivery_attempts": 0}, "at least 1"),
-    ({"topic": "orders.#x"}, "wildcard"),
-    ({"backoff": {"kind": "sometimes"}}, "kind"),
-    ({"backoff": {"kind": "exponential", "redelivery_collision_avoidance_factor": 1.5}}, "collision"),
-    ({"backoff": {"kind": "exponential", "redelivery_delay_multiplier": 0.5}}, "multiplier"),
-    ({"backoff": {"kind": "fixed", "interval": "soon"}}, "duration"),
-    ({"backoff": {"kind": "levels", "levels": "1s 1x"}}, "duration"),
-    ({"dead_letter": {"style": "explicit"}}, "explicit name"),
-    ({"dead_letter": {"style": "explicit", "name": "bad name"}}, "explicit name"),
-    ({"max_ready_backlog": 0}, "max_ready_backlog"),
-    ({"colour": "blue"}, "colour"),
-])
+@pytest.mark.parametrize(
+    "entry,needle",
+    [
+        ({"max_reconsume_times": 3, "max_delivery_attempts": 3}, "not both"),
+        ({"max_delivery_attempts": 0}, "at least 1"),
+        ({"topic": "orders.#x"}, "wildcard"),
+        ({"backoff": {"kind": "sometimes"}}, "kind"),
+        ({"backoff": {"kind": "exponential", "redelivery_collision_avoidance_factor": 1.5}}, "collision"),
+        ({"backoff": {"kind": "exponential", "redelivery_delay_multiplier": 0.5}}, "multiplier"),
+        ({"backoff": {"kind": "fixed", "interval": "soon"}}, "duration"),
+        ({"backoff": {"kind": "levels", "levels": "1s 1x"}}, "duration"),
+        ({"dead_letter": {"style": "explicit"}}, "explicit name"),
+        ({"dead_letter": {"style": "explicit", "name": "bad name"}}, "explicit name"),
+        ({"max_ready_backlog": 0}, "max_ready_backlog"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
 def test_bad_policy_is_a_clear_error(entry, needle):
     with pytest.raises(ValidationError) as caught:
-        RedeliveryConfig.model_validate({"tiers": [{"name": "all", "levels": list(range(1, 17)), "window": "10s"}],
-                                         "policies": [entry]})
+        RedeliveryConfig.model_validate(
+            {"tiers": [{"name": "all", "levels": list(range(1, 17)), "window": "10s"}], "policies": [entry]}
+        )
     assert needle in str(caught.value)
-
-
-# ---- acting on a real PostgreSQL -------------------------------------------------------------
-
-
-def configured(client, *entries, broker="rocketmq"):
-    client.config = RedeliveryConfig.model_validate({
-        "tiers": [t.model_dump() for t in client.config.tiers], "broker": broker, "policies": list(entries),
-        "producer": {"initial_backoff": 0.01, "max_backoff": 0.05, "attempts": 3}})
-    client._policies.clear()
-    client._caps.clear()
-    return client.config
-
-
-def due_and_level(client, mid):
-    return client.conn.execute("SELECT due_at, delay_level FROM deliveries WHERE message_id = %s", (mid,)).fetchone()
-
-
-def test_artemis_backoff_and_naming_on_nack(client, topic_group, database_url):
-    from redelivery.spark.tier_job import run_tier_window
-
-    config = configured(client, {"backoff": {"kind": "exponential", "redelivery_delay_ms": 5000,
-                                             "redelivery_delay_multiplier": 2, "max_redelivery_delay_ms": 15000},
-                                 "max_delivery_attempts": 3, "dead_letter": {"style": "artemis"},
-                                 "retry_naming": {"style": "artemis"}})
-    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
-    clock = 0
-    for expected in (5, 10):
-        [got] = client.receive("billing", "orders", 1, 30, at=at(clock))
-        client.nack("billing", got, error="nope", at=at(clock))
-        due, level = due_and_level(client, mid)
-        assert due == at(clock + expected) and level == 1
-        run_tier_window(tier="seconds", window_end=due, run_key=f"a{expected}", url=database_url, config=config)
-        clock += expected
-    [third] = client.receive("billing", "orders", 1, 30, at=at(clock))
-    assert third.delivery_count == 3 and third.properties["RETRY_TOPIC"] == "orders"
-    client.nack("billing", third, error="third", at=at(clock))  # max-delivery-attempts 3: dead
-    [dead] = client.dlq_list("billing")
-    assert dead["dead_letter_queue"] == "DLQ.orders" and dead["delivery_count"] == 3
-    assert client.conn.execute('SELECT count(*) FROM redelivery_dlq."DLQ.orders"').fetchone()[0] == 1
-
-
-def test_lease_expiry_follows_the_policy(client, topic_group, database_url):
-    from redelivery.spark.tier_job import run_tier_window
-
-    config = configured(client, {"backoff": {"kind": "fixed", "interval": "3s"}, "dead_letter": {"style": "pulsar"}})
-    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
-    client.receive("billing", "orders", 1, 20, at=at(0))
-    summary = run_tier_window(tier="seconds", window_end=at(20), run_key="lease-policy", url=database_url, config=config)
-    assert summary["retried_after_lease_expiry"] == 1
-    assert due_and_level(client, mid) == (at(23), 1)
-
-
-def test_negative_level_dead_letters_and_level_range_follows_the_table(client, topic_group):
-    configured(client, {"backoff": {"kind": "levels", "levels": "1s 5s 10s"}, "dead_letter": {"style": "pulsar"}})
-    client.publish("orders", [{"n": 1}, {"n": 2}], at=at(0))
-    a, b = client.receive("billing", "orders", 2, 30, at=at(0))
-    with pytest.raises(InvalidLevelError, match="levels 1..3"):
-        client.reconsume_later("billing", a, level=4)
-    with pytest.raises(InvalidLevelError, match="out of range"):
-        client.reconsume_later("billing", a, level=0)
-    client.reconsume_later("billing", a, level=3, at=at(0))
-    assert due_and_level(client, a.message_id) == (at(10), 1)
-    assert client.reconsume_later("billing", b, level=-1, error="poison", at=at(0)) == 1
-    [dead] = client.dlq_list("billing")
-    assert (dead["reason"], dead["dead_letter_queue"], dead["last_error"]) == ("NEGATIVE_LEVEL", "orders-billing-DLQ", "poison")
-    assert dead["attempts"][-1]["outcome"] == "negative_level"
-
-
-def test_attempt_history_is_bounded(client, topic_group):
-    client.create_group("billing", max_reconsume_times=-1)
-    [mid] = client.publish("orders", [{"n": 1}])
-    for n in range(1, 26):
-        [got] = client.receive("billing", "orders", 1, 30)
-        client.nack("billing", got, error=f"fail {n}")
-        client.conn.execute("UPDATE deliveries SET state = 'READY' WHERE message_id = %s", (mid,))
-    history = client.conn.execute("SELECT attempts FROM deliveries WHERE message_id = %s", (mid,)).fetchone()[0]
-    assert len(history) == 20 and history[0]["error"] == "fail 6" and history[-1]["error"] == "fail 25"
-    assert history[-1]["delivery"] == 25 and history[-1]["outcome"] == "nack"
-
-
-def test_policy_show_cli(clean_db):
-    import json
-    import subprocess
-
-    from test_cli import CLI
-
-    done = subprocess.run([CLI, "policy", "show", "--topic", "orders", "--group", "billing", "--json"],
-                          capture_output=True, text=True, env={**__import__("os").environ, "REDELIVERY_DATABASE_URL": clean_db})
-    assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
-    assert data["waits_seconds"][:3] == [10, 30, 60] and data["waits_seconds"][16:] == [7200] * 4
-    assert len(data["waits_seconds"]) == 20 and data["dead_letters_after_delivery"] == 17
-    assert data["dead_letter_queue"] == "%DLQ%billing"
-
-
-# ---- producer: backoff and flow control ------------------------------------------------------
-
-
-def test_send_backoff_follows_seed_002():
-    from redelivery.producer import SendBackoff
-
-    exact = SendBackoff(1.0, 1.6, 0.0, 120.0)
-    assert [round(exact.wait(k), 4) for k in range(1, 6)] == [1.0, 1.6, 2.56, 4.096, 6.5536]
-    assert exact.wait(20) == 120.0
-    jittered = SendBackoff(1.0, 1.6, 0.2, 120.0)
-    assert jittered.wait(1) == 1.0  # the first wait is INITIAL_BACKOFF
-    assert all(0.8 * 2.56 <= jittered.wait(3) <= 1.2 * 2.56 for _ in range(100))
-
-
-def test_publish_survives_a_killed_connection_and_publishes_once(client, topic_group, clean_db):
-    import psycopg
-
-    configured(client)
-    pid = client.conn.info.backend_pid
-    with psycopg.connect(clean_db, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    ids = client.publish("orders", [{"n": i} for i in range(10)])
-    assert len(ids) == 10 and client.publish_waits == [0.01]
-    assert client.conn.info.backend_pid != pid
-    assert client.stats()["orders"]["billing"]["READY"] == 10
-
-
-def test_publish_gives_up_after_the_configured_attempts(client, topic_group, clean_db):
-    import psycopg
-
-    configured(client)
-    with psycopg.connect(clean_db, autocommit=True) as locker:
-        locker.execute("BEGIN")
-        locker.execute("LOCK TABLE redelivery.messages IN ACCESS EXCLUSIVE MODE")
-        client.conn.execute("SET lock_timeout = '50ms'")
-        with pytest.raises(psycopg.errors.LockNotAvailable):
-            client.publish("orders", [{"n": 1}])
-        assert len(client.publish_waits) == 2  # 3 attempts, 2 waits
-        locker.execute("ROLLBACK")
-    assert client.stats()["orders"]["billing"]["READY"] == 0
-
-
-def test_flow_control_on_publish_and_promotion(client, topic_group, database_url):
-    from redelivery.errors import TooManyRequestsError
-    from redelivery.spark.tier_job import run_tier_window
-
-    config = configured(client, {"topic": "orders", "max_ready_backlog": 10})
-    client.publish("orders", [{"n": i} for i in range(8)], at=at(0))
-    with pytest.raises(TooManyRequestsError, match="530") as caught:
-        client.publish("orders", [{"n": i} for i in range(5)], at=at(0))
-    assert caught.value.code == 530 and len(client.publish_waits) == 2
-    assert client.stats()["orders"]["billing"]["READY"] == 8
-    # all 8 fail and wait; meanwhile 6 more are published: promotion may fill only 4 places
-    client.nack("billing", client.receive("billing", "orders", 8, 30, at=at(0)), at=at(0))
-    client.publish("orders", [{"n": i} for i in range(6)], at=at(1))
-    summary = run_tier_window(tier="seconds", window_end=at(10), run_key="cap-1", url=database_url, config=config)
-    assert summary["promoted"] == 4 and summary["held_back_by_backlog_cap"] == 4
-    stats = client.stats()["orders"]["billing"]
-    assert (stats["READY"], stats["WAITING_RETRY"]) == (10, 4)
-    client.ack("billing", client.receive("billing", "orders", 10, 30, at=at(10)))
-    summary = run_tier_window(tier="seconds", window_end=at(20), run_key="cap-2", url=database_url, config=config)
-    assert summary["promoted"] == 4 and summary["held_back_by_backlog_cap"] == 0
-    assert summary["lateness_seconds"]["max"] == 10.0  # held back one window, promoted late but never early

@@ -6,10 +6,10 @@ import threading
 import time
 
 import pytest
-from conftest import at, snapshot
 
-from redelivery.errors import RedeliveryError, UnknownGroupError, UnknownTopicError
+from helpers import at, snapshot
 from redelivery.dead_letters import DlqFilter, count, select, summary
+from redelivery.errors import RedeliveryError, UnknownGroupError, UnknownTopicError
 from redelivery.redrive import RedriveRequest, redrive
 
 
@@ -19,10 +19,20 @@ def dead(client, topic_group):
     client.create_topic("refunds")
     client.subscribe("billing", "refunds")
     client.publish("orders", [{"n": i} for i in range(30)], at=at(0))
-    client.reject("billing", client.receive("billing", "orders", 30, 30, at=at(0)), error="schema v2 missing field", at=at(1))
+    client.reject(
+        "billing",
+        client.receive("billing", "orders", 30, 30, at=at(0)),
+        error="schema v2 missing field",
+        at=at(1),
+    )
     client.create_group("billing", max_reconsume_times=0)
     client.publish("refunds", [{"r": i} for i in range(10)], at=at(0))
-    client.nack("billing", client.receive("billing", "refunds", 10, 30, at=at(0)), error="Timeout calling ERP", at=at(100))
+    client.nack(
+        "billing",
+        client.receive("billing", "refunds", 10, 30, at=at(0)),
+        error="Timeout calling ERP",
+        at=at(100),
+    )
     client.create_group("billing", max_reconsume_times=None)
     return client
 
@@ -47,96 +57,184 @@ def test_filters_are_values(dead):
     with pytest.raises(UnknownTopicError):
         count(conn, DlqFilter(group="billing", topic="nope"))
     [row] = select(conn, DlqFilter(group="billing", message_ids=[31]), with_body=True)
-    assert row["body"] == {"r": 0} and row["dead_letter_queue"] == "%DLQ%billing" and row["attempts"][-1]["outcome"] == "nack"
+    assert (
+        row["body"] == {"r": 0}
+        and row["dead_letter_queue"] == "%DLQ%billing"
+        and row["attempts"][-1]["outcome"] == "nack"
+    )
 
 
 def test_summary_per_group(dead):
     [item] = summary(dead.conn)
     assert item["group"] == "billing" and item["count"] == 40
-    assert item["top_reasons"] == [{"value": "REJECTED", "count": 30}, {"value": "MAX_DELIVERIES_EXCEEDED", "count": 10}]
+    assert item["top_reasons"] == [
+        {"value": "REJECTED", "count": 30},
+        {"value": "MAX_DELIVERIES_EXCEEDED", "count": 10},
+    ]
     assert item["top_errors"][0] == {"value": "schema v2 missing field", "count": 30}
 
 
 def test_dry_run_changes_nothing_and_samples(dead, database_url):
     before = snapshot(dead.conn)
-    result = redrive(RedriveRequest(group="billing", topic="refunds"), run_key="dry-1", url=database_url, log=lambda *_: None)
-    assert result["dry_run"] and result["selected"] == 10 and result["moved"] == 0 and len(result["sample"]) == 10
+    result = redrive(
+        RedriveRequest(group="billing", topic="refunds"),
+        run_key="dry-1",
+        url=database_url,
+        log=lambda *_: None,
+    )
+    assert (
+        result["dry_run"]
+        and result["selected"] == 10
+        and result["moved"] == 0
+        and len(result["sample"]) == 10
+    )
     assert snapshot(dead.conn) == before
-    audit = dead.conn.execute("SELECT dry_run, status, selected, moved FROM redrive_runs WHERE run_key = 'dry-1'").fetchone()
+    audit = dead.conn.execute(
+        "SELECT dry_run, status, selected, moved FROM redrive_runs WHERE run_key = 'dry-1'"
+    ).fetchone()
     assert audit == (True, "success", 10, 0)
 
 
 def test_real_run_moves_in_batches_resets_counts_and_audits(dead, database_url):
-    result = redrive(RedriveRequest(group="billing", reasons=["MAX_DELIVERIES_EXCEEDED"], dry_run=False),
-                     run_key="real-1", triggered_by="ops@example", url=database_url, log=lambda *_: None)
-    assert (result["status"], result["selected"], result["moved"], result["triggered_by"]) == ("success", 10, 10, "ops@example")
+    result = redrive(
+        RedriveRequest(group="billing", reasons=["MAX_DELIVERIES_EXCEEDED"], dry_run=False),
+        run_key="real-1",
+        triggered_by="ops@example",
+        url=database_url,
+        log=lambda *_: None,
+    )
+    assert (result["status"], result["selected"], result["moved"], result["triggered_by"]) == (
+        "success",
+        10,
+        10,
+        "ops@example",
+    )
     assert states(dead)["refunds"]["READY"] == 10 and states(dead)["refunds"]["DLQ"] == 0
     got = dead.receive("billing", "refunds", 20, 30)
     assert len(got) == 10 and {(m.delivery_count, m.reconsume_times) for m in got} == {(1, 0)}  # counts reset
-    moves = dead.conn.execute("SELECT count(*) FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id "
-                              "WHERE r.run_key = 'real-1'").fetchone()[0]
+    moves = dead.conn.execute(
+        "SELECT count(*) FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id "
+        "WHERE r.run_key = 'real-1'"
+    ).fetchone()[0]
     assert moves == 10
     # the same run again, or a new run with the same filter: nothing moves twice
-    assert redrive(RedriveRequest(group="billing", reasons=["MAX_DELIVERIES_EXCEEDED"], dry_run=False),
-                   run_key="real-1", url=database_url, log=lambda *_: None)["moved"] == 10
-    again = redrive(RedriveRequest(group="billing", reasons=["MAX_DELIVERIES_EXCEEDED"], dry_run=False),
-                    run_key="real-2", url=database_url, log=lambda *_: None)
+    assert (
+        redrive(
+            RedriveRequest(group="billing", reasons=["MAX_DELIVERIES_EXCEEDED"], dry_run=False),
+            run_key="real-1",
+            url=database_url,
+            log=lambda *_: None,
+        )["moved"]
+        == 10
+    )
+    again = redrive(
+        RedriveRequest(group="billing", reasons=["MAX_DELIVERIES_EXCEEDED"], dry_run=False),
+        run_key="real-2",
+        url=database_url,
+        log=lambda *_: None,
+    )
     assert (again["selected"], again["moved"]) == (0, 0)
 
 
 def test_keep_counts_max_messages_and_rate_limit(dead, database_url):
     started = time.monotonic()
-    result = redrive(RedriveRequest(group="billing", topic="orders", max_messages=12, rate_limit=10,
-                                    reset_counts=False, dry_run=False), run_key="rate", url=database_url, log=lambda *_: None)
+    result = redrive(
+        RedriveRequest(
+            group="billing", topic="orders", max_messages=12, rate_limit=10, reset_counts=False, dry_run=False
+        ),
+        run_key="rate",
+        url=database_url,
+        log=lambda *_: None,
+    )
     elapsed = time.monotonic() - started
-    assert result["moved"] == 12 and states(dead)["orders"]["READY"] == 12 and states(dead)["orders"]["DLQ"] == 18
+    assert (
+        result["moved"] == 12
+        and states(dead)["orders"]["READY"] == 12
+        and states(dead)["orders"]["DLQ"] == 18
+    )
     assert elapsed >= 1.0  # 12 messages at 10/s: a batch of 10 takes at least 1 s
-    assert {m.delivery_count for m in dead.receive("billing", "orders", 50, 30)} == {2}  # kept, +1 for this delivery
+    assert {m.delivery_count for m in dead.receive("billing", "orders", 50, 30)} == {
+        2
+    }  # kept, +1 for this delivery
 
 
 def test_stop_between_batches_leaves_every_message_in_one_place(dead, database_url):
     calls = []
-    result = redrive(RedriveRequest(group="billing", topic="orders", rate_limit=10, dry_run=False), run_key="stop",
-                     url=database_url, log=lambda *_: None, should_stop=lambda: calls.append(1) or True)
+    result = redrive(
+        RedriveRequest(group="billing", topic="orders", rate_limit=10, dry_run=False),
+        run_key="stop",
+        url=database_url,
+        log=lambda *_: None,
+        should_stop=lambda: calls.append(1) or True,
+    )
     assert result["moved"] == 10 and len(calls) == 1
     stats = states(dead)["orders"]
     assert stats["READY"] + stats["DLQ"] == 30 and stats["DLQ"] == 20
-    assert dead.conn.execute("SELECT count(*) FROM dlq_messages").fetchone()[0] == 30  # 20 orders + 10 refunds
+    assert (
+        dead.conn.execute("SELECT count(*) FROM dlq_messages").fetchone()[0] == 30
+    )  # 20 orders + 10 refunds
 
 
 def test_two_overlapping_runs_move_each_message_once(dead, database_url):
     results = []
-    threads = [threading.Thread(target=lambda k=k: results.append(redrive(
-        RedriveRequest(group="billing", rate_limit=None, dry_run=False), run_key=f"overlap-{k}", url=database_url,
-        log=lambda *_: None))) for k in range(2)]
+    threads = [
+        threading.Thread(
+            target=lambda k=k: results.append(
+                redrive(
+                    RedriveRequest(group="billing", rate_limit=None, dry_run=False),
+                    run_key=f"overlap-{k}",
+                    url=database_url,
+                    log=lambda *_: None,
+                )
+            )
+        )
+        for k in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert sum(r["moved"] for r in results) == 40
-    assert dead.conn.execute("SELECT count(DISTINCT (group_id, message_id)), count(*) FROM redrive_moves").fetchone() == (40, 40)
+    assert dead.conn.execute(
+        "SELECT count(DISTINCT (group_id, message_id)), count(*) FROM redrive_moves"
+    ).fetchone() == (40, 40)
 
 
 def test_redrive_to_another_topic_publishes_a_copy_and_closes_the_original(dead, database_url):
     dead.create_topic("orders-retry")
     dead.create_group("repair")
     dead.subscribe("repair", "orders-retry")
-    result = redrive(RedriveRequest(group="billing", topic="orders", destination_topic="orders-retry", max_messages=5,
-                                    dry_run=False), run_key="dest", url=database_url, log=lambda *_: None)
+    result = redrive(
+        RedriveRequest(
+            group="billing", topic="orders", destination_topic="orders-retry", max_messages=5, dry_run=False
+        ),
+        run_key="dest",
+        url=database_url,
+        log=lambda *_: None,
+    )
     assert result["moved"] == 5
     assert states(dead)["orders"]["COMMITTED"] == 5 and states(dead)["orders"]["DLQ"] == 25
     copies = dead.receive("repair", "orders-retry", 10, 30)
     assert len(copies) == 5 and {m.origin_message_id for m in copies} <= set(range(1, 31))
     dead.create_topic("nowhere")
     with pytest.raises(RedeliveryError, match="no subscribed group"):
-        redrive(RedriveRequest(group="billing", destination_topic="nowhere", dry_run=False), run_key="x",
-                url=database_url, log=lambda *_: None)
+        redrive(
+            RedriveRequest(group="billing", destination_topic="nowhere", dry_run=False),
+            run_key="x",
+            url=database_url,
+            log=lambda *_: None,
+        )
 
 
 def test_bad_requests_are_refused_before_anything_moves(dead, database_url):
     before = snapshot(dead.conn)
-    for bad in ({"group": ""}, {"group": "billing", "rate_limit": -1}, {"group": "billing", "max_messages": 0},
-                {"group": "billing", "reasons": ["SOMETIMES"]}, {"group": "billing", "colour": "red"}):
+    for bad in (
+        {"group": ""},
+        {"group": "billing", "rate_limit": -1},
+        {"group": "billing", "max_messages": 0},
+        {"group": "billing", "reasons": ["SOMETIMES"]},
+        {"group": "billing", "colour": "red"},
+    ):
         with pytest.raises(ValueError):
             RedriveRequest(**bad)
     with pytest.raises(UnknownGroupError):
@@ -150,8 +248,13 @@ def test_large_redrive_through_spark(client, topic_group, database_url, spark, m
     client.publish("orders", [{"n": i} for i in range(3000)])
     client.reject("billing", client.receive("billing", "orders", 3000, 30), error="bulk")
     monkeypatch.setattr(module, "SPARK_THRESHOLD", 1000)
-    result = redrive(RedriveRequest(group="billing", rate_limit=None, dry_run=False), run_key="spark",
-                     url=database_url, spark=spark, log=lambda *_: None)
+    result = redrive(
+        RedriveRequest(group="billing", rate_limit=None, dry_run=False),
+        run_key="spark",
+        url=database_url,
+        spark=spark,
+        log=lambda *_: None,
+    )
     assert result["moved"] == 3000 and client.stats()["orders"]["billing"]["READY"] == 3000
 
 
@@ -159,22 +262,49 @@ def test_cli_redrive_dry_run_by_default_then_execute(dead, clean_db):
     import os
     import subprocess
 
-    from test_cli import CLI
+    from helpers import CLI
 
     env = {**os.environ, "REDELIVERY_DATABASE_URL": clean_db}
-    dry = subprocess.run([CLI, "redrive", "--group", "billing", "--reason", "REJECTED", "--json"], capture_output=True,
-                         text=True, env=env)
+    dry = subprocess.run(
+        [CLI, "redrive", "--group", "billing", "--reason", "REJECTED", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["selected"] == 30 and states(dead)["orders"]["DLQ"] == 30
-    done = subprocess.run([CLI, "redrive", "--group", "billing", "--reason", "REJECTED", "--execute", "--rate-limit",
-                           "100000", "--json"], capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [
+            CLI,
+            "redrive",
+            "--group",
+            "billing",
+            "--reason",
+            "REJECTED",
+            "--execute",
+            "--rate-limit",
+            "100000",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert json.loads(done.stdout)["moved"] == 30 and states(dead)["orders"]["READY"] == 30
-    counted = subprocess.run([CLI, "dlq", "count", "--group", "billing", "--json"], capture_output=True, text=True, env=env)
+    counted = subprocess.run(
+        [CLI, "dlq", "count", "--group", "billing", "--json"], capture_output=True, text=True, env=env
+    )
     assert json.loads(counted.stdout) == {"group": "billing", "count": 10}
-    bad = subprocess.run([CLI, "redrive", "--group", "billing", "--reason", "SOMETIMES"], capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        [CLI, "redrive", "--group", "billing", "--reason", "SOMETIMES"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert bad.returncode == 2 and "reasons" in bad.stderr
 
 
+@pytest.mark.airflow
 def test_dlq_redrive_dag_dry_run_then_real(dead):
     from airflow.dag_processing.dagbag import DagBag
 
@@ -191,7 +321,9 @@ def test_dlq_redrive_dag_dry_run_then_real(dead):
     run = dag.test(run_conf={"group": "billing", "topic": "refunds", "dry_run": False, "rate_limit": 1000})
     assert str(run.state).endswith("success")
     assert states(dead)["refunds"]["READY"] == 10
-    rows = dead.conn.execute("SELECT dry_run, status, moved, filter->>'topic' FROM redrive_runs ORDER BY id").fetchall()
+    rows = dead.conn.execute(
+        "SELECT dry_run, status, moved, filter->>'topic' FROM redrive_runs ORDER BY id"
+    ).fetchall()
     assert rows == [(True, "success", 0, "refunds"), (False, "success", 10, "refunds")]
 
 
@@ -203,6 +335,8 @@ def test_binary_dead_letters_list_and_redrive(client, topic_group, database_url)
     [row] = client.dlq_list("billing")
     assert row["body"] == b"\xff\xfe\x00"
     assert jsonable([row])[0]["body"] == "fffe00"
-    result = redrive(RedriveRequest(group="billing", dry_run=False), run_key="bin", url=database_url, log=lambda *_: None)
+    result = redrive(
+        RedriveRequest(group="billing", dry_run=False), run_key="bin", url=database_url, log=lambda *_: None
+    )
     assert result["moved"] == 1 and result["sample"][0]["message_id"] == row["message_id"]
     assert client.receive("billing", "orders", 1, 30)[0].body == b"\xff\xfe\x00"

@@ -4,13 +4,14 @@ lease expiry, and a consumer process that really crashes."""
 import subprocess
 import sys
 import threading
+from datetime import UTC
 
 import pytest
-from conftest import T0, at
 
+from helpers import T0, at
+from redelivery.catalog import effective_policies, policy_table
 from redelivery.config import cached_config
 from redelivery.spark.tier_job import run_tier_window
-from redelivery.catalog import effective_policies, policy_table
 from redelivery.transitions import apply_window_range, plan_window
 
 
@@ -20,15 +21,16 @@ def states(client, group="billing"):
 
 def fail_all(client, n, clock=0, group="billing", **kwargs):
     got = client.receive(group, "orders", n, 30, at=at(clock))
-    client.nack(group, got, error="boom", at=at(clock), **kwargs) if not kwargs else \
-        client.reconsume_later(group, got, error="boom", at=at(clock), **kwargs)
+    client.nack(group, got, error="boom", at=at(clock), **kwargs) if not kwargs else client.reconsume_later(
+        group, got, error="boom", at=at(clock), **kwargs
+    )
     return got
 
 
 def test_promotes_what_is_due_by_window_end_and_nothing_early(client, topic_group, database_url):
     client.publish("orders", [{"n": i} for i in range(10)], at=at(0))
-    fail_all(client, 4, clock=0)            # due at 10 s
-    fail_all(client, 6, clock=5)            # due at 15 s
+    fail_all(client, 4, clock=0)  # due at 10 s
+    fail_all(client, 6, clock=5)  # due at 15 s
     summary = run_tier_window(tier="seconds", window_end=at(10), run_key="w1", url=database_url)
     assert summary["promoted"] == 4
     assert summary["by_group"]["billing"]["promoted"] == {"1": 4}
@@ -41,10 +43,14 @@ def test_promotes_what_is_due_by_window_end_and_nothing_early(client, topic_grou
 def test_a_tier_promotes_only_its_own_levels(client, topic_group, database_url):
     client.publish("orders", [{"n": i} for i in range(2)], at=at(0))
     a, b = client.receive("billing", "orders", 2, 30, at=at(0))
-    client.reconsume_later("billing", a, level=1, at=at(0))   # seconds tier
-    client.reconsume_later("billing", b, level=3, at=at(0))   # minutes tier
-    assert run_tier_window(tier="seconds", window_end=at(3600), run_key="s", url=database_url)["promoted"] == 1
-    assert run_tier_window(tier="minutes", window_end=at(3600), run_key="m", url=database_url)["promoted"] == 1
+    client.reconsume_later("billing", a, level=1, at=at(0))  # seconds tier
+    client.reconsume_later("billing", b, level=3, at=at(0))  # minutes tier
+    assert (
+        run_tier_window(tier="seconds", window_end=at(3600), run_key="s", url=database_url)["promoted"] == 1
+    )
+    assert (
+        run_tier_window(tier="minutes", window_end=at(3600), run_key="m", url=database_url)["promoted"] == 1
+    )
 
 
 def test_levels_subset(client, topic_group, database_url):
@@ -68,7 +74,9 @@ def test_rerunning_a_window_moves_nothing_twice(client, topic_group, database_ur
     second = run_tier_window(tier="seconds", window_end=at(10), run_key="again", url=database_url)
     assert (first["promoted"], second["promoted"]) == (50, 0)
     assert states(client)["READY"] == 30 and states(client)["INFLIGHT"] == 20
-    runs = client.conn.execute("SELECT status, summary->>'promoted' FROM tier_runs WHERE run_key = 'again'").fetchall()
+    runs = client.conn.execute(
+        "SELECT status, summary->>'promoted' FROM tier_runs WHERE run_key = 'again'"
+    ).fetchall()
     assert runs == [("success", "0")]  # a re-used run key records the latest run
 
 
@@ -76,15 +84,23 @@ def test_overlapping_runs_promote_and_dead_letter_each_message_once(client, topi
     client.create_group("strict", max_reconsume_times=0)
     client.subscribe("strict", "orders")
     client.publish("orders", [{"n": i} for i in range(3000)], at=at(0))
-    fail_all(client, 3000)                                              # billing: due at 10 s
-    client.receive("strict", "orders", 3000, 5, at=at(0))              # strict: leases end at 5 s
+    fail_all(client, 3000)  # billing: due at 10 s
+    client.receive("strict", "orders", 3000, 5, at=at(0))  # strict: leases end at 5 s
     config = cached_config()
     results, errors = [], []
 
     def run(name):
         try:
-            results.append(run_tier_window(tier="seconds", window_end=at(10), run_key=name, url=database_url,
-                                           config=config, max_partitions=4))
+            results.append(
+                run_tier_window(
+                    tier="seconds",
+                    window_end=at(10),
+                    run_key=name,
+                    url=database_url,
+                    config=config,
+                    max_partitions=4,
+                )
+            )
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -106,18 +122,22 @@ def test_ranges_split_candidates_evenly_and_cover_them(client, topic_group, data
     fail_all(client, 1000)
     ranges = plan_window(client.conn, [1, 2], at(10), 4)
     assert len(ranges) == 4 and ranges[0][0] == 1 and ranges[-1][1] == 1001
-    assert all(lo < hi for lo, hi in ranges) and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(lo < hi for lo, hi in ranges) and all(
+        a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)
+    )
     config = cached_config()
     policies = policy_table(client.conn, config, effective_policies(client.conn, config))
-    moved = [apply_window_range(client.conn, levels=[1, 2], policies=policies, window_end=at(10), low=lo, high=hi)
-             for lo, hi in ranges]
+    moved = [
+        apply_window_range(client.conn, levels=[1, 2], policies=policies, window_end=at(10), low=lo, high=hi)
+        for lo, hi in ranges
+    ]
     sizes = [sum(m.promoted.values()) for m in moved]
     assert sum(sizes) == 1000 and all(abs(n - 250) <= 1 for n in sizes)
     assert plan_window(client.conn, [1, 2], at(10), 4) == []
 
 
 def test_dry_run_changes_nothing(client, topic_group, database_url):
-    from conftest import snapshot
+    from helpers import snapshot
 
     client.create_group("strict", max_reconsume_times=0)
     client.subscribe("strict", "orders")
@@ -125,18 +145,29 @@ def test_dry_run_changes_nothing(client, topic_group, database_url):
     fail_all(client, 5)
     client.receive("strict", "orders", 5, 5, at=at(0))
     before = snapshot(client.conn)
-    summary = run_tier_window(tier="seconds", window_end=at(10), run_key="dry", dry_run=True, url=database_url)
+    summary = run_tier_window(
+        tier="seconds", window_end=at(10), run_key="dry", dry_run=True, url=database_url
+    )
     assert summary["dry_run"] and summary["promoted"] == 5 and summary["dead_lettered"] == 5
     assert snapshot(client.conn) == before
-    assert client.conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'redelivery_dlq'").fetchone()[0] == 0
+    assert (
+        client.conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'redelivery_dlq'").fetchone()[
+            0
+        ]
+        == 0
+    )
 
 
 def test_window_end_in_the_future_is_refused(client, topic_group, database_url):
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     with pytest.raises(ValueError, match="in the future"):
-        run_tier_window(tier="seconds", window_end=datetime.now(timezone.utc) + timedelta(hours=1), run_key="f",
-                        url=database_url)
+        run_tier_window(
+            tier="seconds",
+            window_end=datetime.now(UTC) + timedelta(hours=1),
+            run_key="f",
+            url=database_url,
+        )
 
 
 def test_lease_expiry_is_a_failed_delivery_until_the_dlq(client, database_url):
@@ -151,10 +182,14 @@ def test_lease_expiry_is_a_failed_delivery_until_the_dlq(client, database_url):
         [got] = client.receive("crashy", "orders", 1, 20, at=at(clock))  # then the consumer "dies"
         assert got.delivery_count == attempt
         lease_end = got.invisible_until
-        summary = run_tier_window(tier="seconds", window_end=lease_end, run_key=f"c{attempt}", url=database_url)
+        summary = run_tier_window(
+            tier="seconds", window_end=lease_end, run_key=f"c{attempt}", url=database_url
+        )
         if attempt < 4:
             assert summary["retried_after_lease_expiry"] == 1
-            due = client.conn.execute("SELECT due_at FROM deliveries WHERE message_id = %s", (mid,)).fetchone()[0]
+            due = client.conn.execute(
+                "SELECT due_at FROM deliveries WHERE message_id = %s", (mid,)
+            ).fetchone()[0]
             assert due == lease_end + __import__("datetime").timedelta(seconds=[10, 30, 60][attempt - 1])
             tier = "seconds" if attempt < 3 else "minutes"
             run_tier_window(tier=tier, window_end=due, run_key=f"p{attempt}", url=database_url)
@@ -191,11 +226,15 @@ def test_a_killed_consumer_never_under_counts_deliveries(client, topic_group, da
     ids = client.publish("orders", [{"n": i} for i in range(10)], at=at(0))
     clock = 0.0
     for attempt in range(1, 4):
-        done = subprocess.run([sys.executable, "-c", CRASHING_CONSUMER, database_url, at(clock).isoformat()],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", CRASHING_CONSUMER, database_url, at(clock).isoformat()],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == -9 and done.stdout.strip() == "10"
         counts = client.conn.execute(
-            "SELECT DISTINCT delivery_count FROM deliveries WHERE message_id = ANY(%s)", (ids,)).fetchall()
+            "SELECT DISTINCT delivery_count FROM deliveries WHERE message_id = ANY(%s)", (ids,)
+        ).fetchall()
         assert counts == [(attempt,)]
         run_tier_window(tier="seconds", window_end=at(clock + 30), run_key=f"k{attempt}a", url=database_url)
         due = client.conn.execute("SELECT max(due_at) FROM deliveries").fetchone()[0]

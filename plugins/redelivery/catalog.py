@@ -52,11 +52,14 @@ def ready_count(conn: psycopg.Connection, group_id: int, topic: int) -> int:
 # ---- policies -----------------------------------------------------------------------------------
 
 
-def effective_policies(conn: psycopg.Connection, config: RedeliveryConfig,
-                       pairs: list[tuple[int, int]] | None = None) -> dict[tuple[int, int], EffectivePolicy]:
+def effective_policies(
+    conn: psycopg.Connection, config: RedeliveryConfig, pairs: list[tuple[int, int]] | None = None
+) -> dict[tuple[int, int], EffectivePolicy]:
     """``{(topic_id, group_id): EffectivePolicy}`` for every subscription (or only ``pairs``)."""
-    rows = conn.execute(S.SUBSCRIPTIONS, {"all": pairs is None, "t": [p[0] for p in pairs or []],
-                                          "gs": [p[1] for p in pairs or []]}).fetchall()
+    rows = conn.execute(
+        S.SUBSCRIPTIONS,
+        {"all": pairs is None, "t": [p[0] for p in pairs or []], "gs": [p[1] for p in pairs or []]},
+    ).fetchall()
     return {(t, g): config.policy_for(topic, grp, own_max) for t, g, topic, grp, own_max in rows}
 
 
@@ -69,8 +72,9 @@ def policy_table(conn: psycopg.Connection, config: RedeliveryConfig, policies: d
     if names:
         conn.execute(S.REGISTER_DLQ_NAMES, {"names": names})
         ids = dict(conn.execute(S.DLQ_IDS, {"names": names}).fetchall())
-    table: dict[str, list] = {k: [] for k in ("p_topic", "p_group", "p_max", "p_delays", "p_levels", "p_jitter",
-                                              "p_dlq", "p_cap")}
+    table: dict[str, list] = {
+        k: [] for k in ("p_topic", "p_group", "p_max", "p_delays", "p_levels", "p_jitter", "p_dlq", "p_cap")
+    }
     routing = config.level_table
     for (topic, group_id), policy in policies.items():
         delays, levels = policy.schedule(routing)
@@ -101,9 +105,13 @@ def ensure_dlq_tables(conn: psycopg.Connection, dlq_ids: set[int]) -> list[str]:
             name, made = conn.execute(S.DLQ_TABLE_STATE, {"dlq_id": dlq_id}).fetchone()
             if made is not None:
                 continue
-            if not is_valid_queue_name(name):  # the CHECK constraint says the same; never build SQL from it unchecked
+            if not is_valid_queue_name(
+                name
+            ):  # the CHECK constraint says the same; never build SQL from it unchecked
                 raise ValueError(f"DLQ name {name!r} cannot name a table")
-            conn.execute(S.CREATE_DLQ_TABLE.format(table=sql.Identifier(DLQ_SCHEMA, name), dlq_id=sql.Literal(dlq_id)))
+            conn.execute(
+                S.CREATE_DLQ_TABLE.format(table=sql.Identifier(DLQ_SCHEMA, name), dlq_id=sql.Literal(dlq_id))
+            )
             conn.execute(S.MARK_DLQ_TABLE_CREATED, {"dlq_id": dlq_id})
             created.append(name)
     return created

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from .errors import RedeliveryError
 
-app = typer.Typer(help="Batch retry and dead-letter queues for data pipelines.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Batch retry and dead-letter queues for data pipelines.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 db_app = typer.Typer(help="The state store (PostgreSQL).", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead-letter queues.", no_args_is_help=True)
 tier_app = typer.Typer(help="Tier windows.", no_args_is_help=True)
@@ -100,7 +103,12 @@ def create_topic(name: str) -> None:
 
 
 @app.command("create-group")
-def create_group(name: str, max_reconsume_times: Annotated[Optional[int], typer.Option(help="-1: unlimited; default from config (16)")] = None) -> None:
+def create_group(
+    name: str,
+    max_reconsume_times: Annotated[
+        int | None, typer.Option(help="-1: unlimited; default from config (16)")
+    ] = None,
+) -> None:
     """Create a consumer group (updates its max reconsume times if it exists)."""
     _client().create_group(name, max_reconsume_times)
 
@@ -115,8 +123,12 @@ def subscribe(group: str, topic: str) -> None:
 def publish(
     topic: str,
     file: Annotated[Path, typer.Argument(help="JSON lines file, '-' for standard input")] = Path("-"),
-    envelope: Annotated[bool, typer.Option(help='lines are {"body": ..., "key": ..., "properties": {...}}')] = False,
-    batch_id: Annotated[Optional[str], typer.Option(help="publish this batch once, however often the command runs")] = None,
+    envelope: Annotated[
+        bool, typer.Option(help='lines are {"body": ..., "key": ..., "properties": {...}}')
+    ] = False,
+    batch_id: Annotated[
+        str | None, typer.Option(help="publish this batch once, however often the command runs")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Publish one message per line (each line a JSON body). Nothing is published if any line is bad."""
@@ -132,21 +144,40 @@ def publish(
         except json.JSONDecodeError as exc:
             raise RedeliveryError(f"line {number}: not JSON: {exc}") from None
         if envelope:
-            if not isinstance(value, dict) or "body" not in value or set(value) - {"body", "key", "properties"}:
-                raise RedeliveryError(f'line {number}: an envelope is an object with "body" and optional "key", "properties"')
-            messages.append(Message(body=value["body"], key=value.get("key"), properties=value.get("properties") or {}))
+            if (
+                not isinstance(value, dict)
+                or "body" not in value
+                or set(value) - {"body", "key", "properties"}
+            ):
+                raise RedeliveryError(
+                    f'line {number}: an envelope is an object with "body" and optional "key", "properties"'
+                )
+            messages.append(
+                Message(body=value["body"], key=value.get("key"), properties=value.get("properties") or {})
+            )
         else:
             messages.append(Message(body=value))
     ids = _client().publish(topic, messages, batch_id=batch_id)
-    _emit({"topic": topic, "published": len(ids), "first_id": ids[0] if ids else None, "last_id": ids[-1] if ids else None},
-          as_json, f"published {len(ids)} messages to {topic}")
+    _emit(
+        {
+            "topic": topic,
+            "published": len(ids),
+            "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None,
+        },
+        as_json,
+        f"published {len(ids)} messages to {topic}",
+    )
 
 
 @app.command("stats")
 def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Counts per topic, group and state."""
     data = _client().stats()
-    lines = [f"{'topic':<20} {'group':<24} " + " ".join(f"{s:>13}" for s in ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"))]
+    lines = [
+        f"{'topic':<20} {'group':<24} "
+        + " ".join(f"{s:>13}" for s in ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"))
+    ]
     for topic, groups in data.items():
         for group, counts in groups.items():
             lines.append(f"{topic:<20} {group:<24} " + " ".join(f"{n:>13}" for n in counts.values()))
@@ -157,8 +188,15 @@ def _filter(group, topic, since, before, reason, error_contains, message_id, **e
     from .dead_letters import DlqFilter
     from .redrive import RedriveRequest
 
-    values = dict(group=group, topic=topic, dead_lettered_from=since, dead_lettered_to=before,
-                  reasons=reason or [], error_contains=error_contains, message_ids=message_id or [])
+    values = dict(
+        group=group,
+        topic=topic,
+        dead_lettered_from=since,
+        dead_lettered_to=before,
+        reasons=reason or [],
+        error_contains=error_contains,
+        message_ids=message_id or [],
+    )
     try:
         return (RedriveRequest if extra else DlqFilter)(**values, **extra)
     except ValueError as exc:  # pydantic: name the bad option
@@ -166,19 +204,30 @@ def _filter(group, topic, since, before, reason, error_contains, message_id, **e
 
 
 GroupOpt = Annotated[str, typer.Option(help="consumer group")]
-TopicOpt = Annotated[Optional[str], typer.Option(help="only this topic")]
-SinceOpt = Annotated[Optional[datetime], typer.Option("--from", help="dead-lettered at or after (ISO time)")]
-BeforeOpt = Annotated[Optional[datetime], typer.Option("--to", help="dead-lettered before (ISO time)")]
-ReasonOpt = Annotated[Optional[list[str]], typer.Option(help="MAX_DELIVERIES_EXCEEDED, LEASE_EXPIRED, REJECTED, NEGATIVE_LEVEL; repeatable")]
-ErrorOpt = Annotated[Optional[str], typer.Option(help="last error contains this text (case-insensitive)")]
-IdOpt = Annotated[Optional[list[int]], typer.Option("--message-id", help="only these message ids; repeatable")]
+TopicOpt = Annotated[str | None, typer.Option(help="only this topic")]
+SinceOpt = Annotated[datetime | None, typer.Option("--from", help="dead-lettered at or after (ISO time)")]
+BeforeOpt = Annotated[datetime | None, typer.Option("--to", help="dead-lettered before (ISO time)")]
+ReasonOpt = Annotated[
+    list[str] | None,
+    typer.Option(help="MAX_DELIVERIES_EXCEEDED, LEASE_EXPIRED, REJECTED, NEGATIVE_LEVEL; repeatable"),
+]
+ErrorOpt = Annotated[str | None, typer.Option(help="last error contains this text (case-insensitive)")]
+IdOpt = Annotated[list[int] | None, typer.Option("--message-id", help="only these message ids; repeatable")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
 @dlq_app.command("list")
-def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, before: BeforeOpt = None,
-             reason: ReasonOpt = None, error_contains: ErrorOpt = None, message_id: IdOpt = None,
-             limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20, as_json: JsonOpt = False) -> None:
+def dlq_list(
+    group: GroupOpt,
+    topic: TopicOpt = None,
+    since: SinceOpt = None,
+    before: BeforeOpt = None,
+    reason: ReasonOpt = None,
+    error_contains: ErrorOpt = None,
+    message_id: IdOpt = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
+    as_json: JsonOpt = False,
+) -> None:
     """The oldest dead letters of a group that match the filters."""
     from .db import connect
     from .dead_letters import jsonable, select
@@ -187,8 +236,14 @@ def dlq_list(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, be
     _migrated()
     with connect() as conn:
         rows = jsonable(select(conn, request, limit=limit, with_body=True))
-    text = "\n".join(f"{r['message_id']:>10} {r['dead_letter_queue']:<24} {r['reason']:<24} "
-                     f"reconsumed {r['reconsume_times']:>2}x  {r['last_error'] or ''}" for r in rows) or "(no dead letters)"
+    text = (
+        "\n".join(
+            f"{r['message_id']:>10} {r['dead_letter_queue']:<24} {r['reason']:<24} "
+            f"reconsumed {r['reconsume_times']:>2}x  {r['last_error'] or ''}"
+            for r in rows
+        )
+        or "(no dead letters)"
+    )
     _emit(rows, as_json, text)
 
 
@@ -200,16 +255,25 @@ def dlq_show(message_id: int, group: GroupOpt, as_json: JsonOpt = False) -> None
 
     _migrated()
     with connect() as conn:
-        rows = jsonable(select(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1, with_body=True))
+        rows = jsonable(
+            select(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1, with_body=True)
+        )
     if not rows:
         raise RedeliveryError(f"no dead letter {message_id} in group {group!r}")
     _emit(rows[0], True)
 
 
 @dlq_app.command("count")
-def dlq_count(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, before: BeforeOpt = None,
-              reason: ReasonOpt = None, error_contains: ErrorOpt = None, message_id: IdOpt = None,
-              as_json: JsonOpt = False) -> None:
+def dlq_count(
+    group: GroupOpt,
+    topic: TopicOpt = None,
+    since: SinceOpt = None,
+    before: BeforeOpt = None,
+    reason: ReasonOpt = None,
+    error_contains: ErrorOpt = None,
+    message_id: IdOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
     """How many dead letters of a group match the filters."""
     from .db import connect
     from .dead_letters import count
@@ -221,8 +285,10 @@ def dlq_count(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, b
 
 
 @dlq_app.command("summary")
-def dlq_summary(group: Annotated[Optional[str], typer.Option(help="one group (default: all)")] = None,
-                as_json: JsonOpt = False) -> None:
+def dlq_summary(
+    group: Annotated[str | None, typer.Option(help="one group (default: all)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Per group: count, oldest, DLQs, top reasons and errors."""
     from .db import connect
     from .dead_letters import summary
@@ -230,34 +296,66 @@ def dlq_summary(group: Annotated[Optional[str], typer.Option(help="one group (de
     _migrated()
     with connect() as conn:
         data = summary(conn, group)
-    text = "\n".join(f"{g['group']}: {g['count']} dead letters since {g['oldest']}; "
-                     + ", ".join(f"{r['value']} {r['count']}" for r in g["top_reasons"]) for g in data) or "(no dead letters)"
+    text = (
+        "\n".join(
+            f"{g['group']}: {g['count']} dead letters since {g['oldest']}; "
+            + ", ".join(f"{r['value']} {r['count']}" for r in g["top_reasons"])
+            for g in data
+        )
+        or "(no dead letters)"
+    )
     _emit(data, as_json, text)
 
 
 @app.command("redrive")
-def redrive_command(group: GroupOpt, topic: TopicOpt = None, since: SinceOpt = None, before: BeforeOpt = None,
-                    reason: ReasonOpt = None, error_contains: ErrorOpt = None, message_id: IdOpt = None,
-                    max_messages: Annotated[Optional[int], typer.Option(min=1, help="move at most this many")] = None,
-                    rate_limit: Annotated[Optional[float], typer.Option(min=0.001, help="messages per second")] = 500.0,
-                    destination_topic: Annotated[Optional[str], typer.Option(help="default: the original topic")] = None,
-                    reset_counts: Annotated[bool, typer.Option("--reset-counts/--keep-counts")] = True,
-                    execute: Annotated[bool, typer.Option("--execute", help="really move (default: dry run)")] = False,
-                    as_json: JsonOpt = False) -> None:
+def redrive_command(
+    group: GroupOpt,
+    topic: TopicOpt = None,
+    since: SinceOpt = None,
+    before: BeforeOpt = None,
+    reason: ReasonOpt = None,
+    error_contains: ErrorOpt = None,
+    message_id: IdOpt = None,
+    max_messages: Annotated[int | None, typer.Option(min=1, help="move at most this many")] = None,
+    rate_limit: Annotated[float | None, typer.Option(min=0.001, help="messages per second")] = 500.0,
+    destination_topic: Annotated[str | None, typer.Option(help="default: the original topic")] = None,
+    reset_counts: Annotated[bool, typer.Option("--reset-counts/--keep-counts")] = True,
+    execute: Annotated[bool, typer.Option("--execute", help="really move (default: dry run)")] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Move dead letters back to READY: a dry run unless --execute."""
     import getpass
 
     from .redrive import redrive
 
-    request = _filter(group, topic, since, before, reason, error_contains, message_id, max_messages=max_messages,
-                      rate_limit=rate_limit, destination_topic=destination_topic, reset_counts=reset_counts,
-                      dry_run=not execute)
+    request = _filter(
+        group,
+        topic,
+        since,
+        before,
+        reason,
+        error_contains,
+        message_id,
+        max_messages=max_messages,
+        rate_limit=rate_limit,
+        destination_topic=destination_topic,
+        reset_counts=reset_counts,
+        dry_run=not execute,
+    )
     _migrated()
-    result = redrive(request, run_key=f"cli/{datetime.now(timezone.utc).isoformat()}", triggered_by=getpass.getuser(),
-                     log=lambda line: typer.echo(line, err=True))
+    result = redrive(
+        request,
+        run_key=f"cli/{datetime.now(UTC).isoformat()}",
+        triggered_by=getpass.getuser(),
+        log=lambda line: typer.echo(line, err=True),
+    )
     verb = "would move" if request.dry_run else "moved"
-    _emit(result, as_json, f"{verb} {result['selected'] if request.dry_run else result['moved']} dead letters "
-                           f"of group {group} (audit run {result['run_key']})")
+    _emit(
+        result,
+        as_json,
+        f"{verb} {result['selected'] if request.dry_run else result['moved']} dead letters "
+        f"of group {group} (audit run {result['run_key']})",
+    )
 
 
 @policy_app.command("show")
@@ -285,12 +383,17 @@ def policy_show(
     policy = config.policy_for(topic, group, own_max)
     data = policy.describe(config.level_table, retries)
     after = data["dead_letters_after_delivery"]
-    text = "\n".join([
-        f"topic {topic}, group {group}: {data['backoff']['kind']} backoff, "
-        f"max reconsume times {data['max_reconsume_times']}, DLQ {data['dead_letter_queue']}, retry {data['retry_topic']}",
-        "waits (s): " + " ".join(f"{w:g}" for w in data["waits_seconds"]),
-        f"dead-letters when delivery {after} fails" if after else "never dead-letters (unlimited reconsume times)",
-    ])
+    text = "\n".join(
+        [
+            f"topic {topic}, group {group}: {data['backoff']['kind']} backoff, "
+            f"max reconsume times {data['max_reconsume_times']}, DLQ {data['dead_letter_queue']}, "
+            f"retry {data['retry_topic']}",
+            "waits (s): " + " ".join(f"{w:g}" for w in data["waits_seconds"]),
+            f"dead-letters when delivery {after} fails"
+            if after
+            else "never dead-letters (unlimited reconsume times)",
+        ]
+    )
     _emit(data, as_json, text)
 
 
@@ -309,20 +412,29 @@ def tier_list() -> None:
 @tier_app.command("run")
 def tier_run(
     tier: str,
-    window_end: Annotated[Optional[datetime], typer.Option(help="ISO time (UTC if no zone); default now",
-                                                           formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])] = None,
-    levels: Annotated[Optional[str], typer.Option(help="comma-separated subset of the tier's levels")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="report what would move, change nothing")] = False,
-    spark: Annotated[bool, typer.Option("--spark/--no-spark", help="run the ranges as a local Spark job")] = True,
+    window_end: Annotated[
+        datetime | None,
+        typer.Option(
+            help="ISO time (UTC if no zone); default now",
+            formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"],
+        ),
+    ] = None,
+    levels: Annotated[str | None, typer.Option(help="comma-separated subset of the tier's levels")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="report what would move, change nothing")
+    ] = False,
+    spark: Annotated[
+        bool, typer.Option("--spark/--no-spark", help="run the ranges as a local Spark job")
+    ] = True,
 ) -> None:
     """Run one tier window outside Airflow and print its summary as JSON."""
     from .db import migrate
     from .spark.tier_job import run_tier_window
 
     migrate()
-    end = window_end or datetime.now(timezone.utc)
+    end = window_end or datetime.now(UTC)
     if end.tzinfo is None:
-        end = end.replace(tzinfo=timezone.utc)
+        end = end.replace(tzinfo=UTC)
     chosen = [int(x) for x in levels.split(",")] if levels else None
     session = None
     if spark:
@@ -330,8 +442,14 @@ def tier_run(
 
         session = get_spark(f"redelivery-tier-{tier}")
     try:
-        summary = run_tier_window(tier=tier, window_end=end, run_key=f"cli/{tier}/{datetime.now(timezone.utc).isoformat()}",
-                                  levels=chosen, dry_run=dry_run, spark=session)
+        summary = run_tier_window(
+            tier=tier,
+            window_end=end,
+            run_key=f"cli/{tier}/{datetime.now(UTC).isoformat()}",
+            levels=chosen,
+            dry_run=dry_run,
+            spark=session,
+        )
     finally:
         if session is not None:
             session.stop()

@@ -79,7 +79,7 @@ class Client:
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -102,7 +102,9 @@ class Client:
         limit = max_reconsume_times
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < -1):
             raise ValueError(f"max_reconsume_times must be an integer >= -1 or None, got {limit!r}")
-        group_id = self.conn.execute(S.CREATE_GROUP, {"name": name, "max_reconsume_times": limit}).fetchone()[0]
+        group_id = self.conn.execute(S.CREATE_GROUP, {"name": name, "max_reconsume_times": limit}).fetchone()[
+            0
+        ]
         self._groups.pop(name, None)
         self._policies.clear()
         self._caps.clear()
@@ -154,8 +156,15 @@ class Client:
 
     # ---- producer -----------------------------------------------------------------------------
 
-    def publish(self, topic: str, messages: Iterable[Message | Any], *, batch_id: str | None = None,
-                at: datetime | None = None, retry: bool = True) -> list[int]:
+    def publish(
+        self,
+        topic: str,
+        messages: Iterable[Message | Any],
+        *,
+        batch_id: str | None = None,
+        at: datetime | None = None,
+        retry: bool = True,
+    ) -> list[int]:
         """Publish ``messages`` to ``topic`` in one transaction; return their ids in order.
 
         Each item is a ``Message`` or a bare body. The rows go to PostgreSQL with a binary COPY. A
@@ -175,7 +184,9 @@ class Client:
             return self._publish_once(topic_id, topic, rows, batch_id, at)
         batch_id = batch_id or f"auto-{uuid.uuid4()}"
         self.publish_waits = []
-        for attempt_ in retrying(self.config.producer, before_retry=self._before_publish_retry, sleep=self._sleep):
+        for attempt_ in retrying(
+            self.config.producer, before_retry=self._before_publish_retry, sleep=self._sleep
+        ):
             with attempt_:
                 return self._publish_once(topic_id, topic, rows, batch_id, at)
         raise AssertionError("unreachable: tenacity re-raises the last error")
@@ -189,8 +200,9 @@ class Client:
         staging = batch_id or f"call-{uuid.uuid4()}"
         with self.conn.transaction():
             if batch_id is not None:
-                fresh = self.conn.execute(S.CLAIM_PUBLISH_BATCH, {"batch": batch_id, "topic_id": topic_id,
-                                                                  "count": len(rows)}).fetchone()
+                fresh = self.conn.execute(
+                    S.CLAIM_PUBLISH_BATCH, {"batch": batch_id, "topic_id": topic_id, "count": len(rows)}
+                ).fetchone()
                 if fresh is None:
                     return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
             self._check_backlog(topic_id, topic, len(rows))
@@ -198,8 +210,12 @@ class Client:
                 copy.set_types(STAGING_TYPES)
                 for seq, (key, body, ctype, props) in enumerate(rows):
                     copy.write_row((staging, seq, key, body, ctype, props))
-            ids = [r[0] for r in self.conn.execute(S.FAN_OUT, {"topic_id": topic_id, "batch": batch_id,
-                                                               "staging": staging, "at": at})]
+            ids = [
+                r[0]
+                for r in self.conn.execute(
+                    S.FAN_OUT, {"topic_id": topic_id, "batch": batch_id, "staging": staging, "at": at}
+                )
+            ]
             self.conn.execute(S.DELETE_STAGED, {"staging": staging})
         return ids
 
@@ -209,9 +225,11 @@ class Client:
         publishers and with tier runs by an advisory lock."""
         if topic_id not in self._caps:  # resolved once per topic, like the other policy lookups
             pairs = [(topic_id, g) for g in catalog.subscribed_groups(self.conn, topic_id)]
-            self._caps[topic_id] = {k: p.max_ready_backlog for k, p in
-                                    catalog.effective_policies(self.conn, self.config, pairs).items()
-                                    if p.max_ready_backlog is not None}
+            self._caps[topic_id] = {
+                k: p.max_ready_backlog
+                for k, p in catalog.effective_policies(self.conn, self.config, pairs).items()
+                if p.max_ready_backlog is not None
+            }
         capped = self._caps[topic_id]
         if not capped:
             return
@@ -220,13 +238,21 @@ class Client:
             ready = catalog.ready_count(self.conn, group_id, topic_id)
             if ready + adding > cap:
                 raise TooManyRequestsError(
-                    f"530 TOO_MANY_REQUESTS: topic {topic!r} has {ready} ready messages for group id {group_id}; "
-                    f"{adding} more would pass its max_ready_backlog of {cap}")
+                    f"530 TOO_MANY_REQUESTS: topic {topic!r} has {ready} ready messages "
+                    f"for group id {group_id}; "
+                    f"{adding} more would pass its max_ready_backlog of {cap}"
+                )
 
     # ---- consumer -----------------------------------------------------------------------------
 
-    def receive(self, group: str, topic: str, max_messages: int = 32, invisible_duration: int = 60,
-                at: datetime | None = None) -> list[ReceivedMessage]:
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_messages: int = 32,
+        invisible_duration: int = 60,
+        at: datetime | None = None,
+    ) -> list[ReceivedMessage]:
         """Claim up to ``max_messages`` READY messages of ``topic`` for ``group``, oldest first.
 
         ``invisible_duration``: the lease in seconds (1..43200); unacknowledged past it, a message
@@ -237,19 +263,54 @@ class Client:
         topic_id = self._topic(topic)
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise ValueError(f"max_messages must be a positive integer, got {max_messages!r}")
-        if not (isinstance(invisible_duration, (int, float)) and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS):
-            raise ValueError(f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, got {invisible_duration!r}")
+        if not (
+            isinstance(invisible_duration, (int, float))
+            and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS
+        ):
+            raise ValueError(
+                f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, "
+                f"got {invisible_duration!r}"
+            )
         retry_topic = self._policy(topic_id, group_id, topic, group)[0].retry_name  # NotSubscribedError
         with self.conn.transaction():
-            rows = self.conn.execute(S.RECEIVE, {"g": group_id, "topic_id": topic_id, "n": max_messages,
-                                                 "lease": float(invisible_duration), "at": at}).fetchall()
+            rows = self.conn.execute(
+                S.RECEIVE,
+                {
+                    "g": group_id,
+                    "topic_id": topic_id,
+                    "n": max_messages,
+                    "lease": float(invisible_duration),
+                    "at": at,
+                },
+            ).fetchall()
         out = []
-        for (mid, key, body, ctype, props, published, count, reconsumed, level, until, origin, error) in rows:
+        for mid, key, body, ctype, props, published, count, reconsumed, level, until, origin, error in rows:
             props = json.loads(props) if props != "{}" else {}  # most messages carry none
-            props = retry_properties(props, topic=topic, origin_message_id=origin, retry_topic=retry_topic,
-                                     reconsume_times=reconsumed)
-            out.append(ReceivedMessage(mid, group, topic, key, decode(body, ctype), ctype, props, published,
-                                       count, reconsumed, level, until, origin, error))
+            props = retry_properties(
+                props,
+                topic=topic,
+                origin_message_id=origin,
+                retry_topic=retry_topic,
+                reconsume_times=reconsumed,
+            )
+            out.append(
+                ReceivedMessage(
+                    mid,
+                    group,
+                    topic,
+                    key,
+                    decode(body, ctype),
+                    ctype,
+                    props,
+                    published,
+                    count,
+                    reconsumed,
+                    level,
+                    until,
+                    origin,
+                    error,
+                )
+            )
         return out
 
     def ack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> int:
@@ -262,20 +323,38 @@ class Client:
         items = _receipts(messages)
         if not items:
             return 0
-        return self.conn.execute(S.ACK, {"g": group_id, "ids": [m.message_id for m in items],
-                                         "counts": [m.delivery_count for m in items]}).fetchone()[0]
+        return self.conn.execute(
+            S.ACK,
+            {
+                "g": group_id,
+                "ids": [m.message_id for m in items],
+                "counts": [m.delivery_count for m in items],
+            },
+        ).fetchone()[0]
 
-    def nack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage],
-             error: str | Sequence[str] | None = None, at: datetime | None = None) -> int:
+    def nack(
+        self,
+        group: str,
+        messages: ReceivedMessage | Iterable[ReceivedMessage],
+        error: str | Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> int:
         """Report failed deliveries; each retry waits as the group's policy says for its retry
         number (default: RocketMQ 5 table, seeds/001), and a message whose reconsume times are used
         up is dead-lettered. Returns how many were retried or dead-lettered (stale receipts are
         ignored). ``error``: one text, or one per message."""
         return self._fail(group, messages, error, at, mode="next")
 
-    def reconsume_later(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage], *,
-                        delay: int | None = None, level: int | None = None,
-                        error: str | Sequence[str] | None = None, at: datetime | None = None) -> int:
+    def reconsume_later(
+        self,
+        group: str,
+        messages: ReceivedMessage | Iterable[ReceivedMessage],
+        *,
+        delay: int | None = None,
+        level: int | None = None,
+        error: str | Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> int:
         """Retry later (Pulsar ``reconsumeLater``, seeds/000): after ``delay`` whole seconds
         (1..864000), at delay ``level`` of the policy's level table (1..its length; a negative level
         dead-letters at once, RocketMQ ``delayLevel < 0``), or with neither at the next level (the
@@ -291,16 +370,24 @@ class Client:
             return self._fail(group, messages, error, at, mode="level", level=level)
         return self._fail(group, messages, error, at, mode="next")
 
-    def reject(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage],
-               error: str | Sequence[str] | None = None, at: datetime | None = None) -> int:
+    def reject(
+        self,
+        group: str,
+        messages: ReceivedMessage | Iterable[ReceivedMessage],
+        error: str | Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> int:
         """Dead-letter received messages at once (reason REJECTED), whatever their attempts."""
         return self._fail(group, messages, error, at, mode="reject")
 
     #: mode -> (outcome in the attempt history, dead-letter reason, dead-letter without a retry)
-    _MODES = {"next": ("nack", "MAX_DELIVERIES_EXCEEDED", False),
-              "level": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED", False),
-              "delay": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED", False),
-              "reject": ("rejected", "REJECTED", True), "negative": ("negative_level", "NEGATIVE_LEVEL", True)}
+    _MODES = {
+        "next": ("nack", "MAX_DELIVERIES_EXCEEDED", False),
+        "level": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED", False),
+        "delay": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED", False),
+        "reject": ("rejected", "REJECTED", True),
+        "negative": ("negative_level", "NEGATIVE_LEVEL", True),
+    }
 
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
         group_id, _ = self._group(group)
@@ -313,10 +400,20 @@ class Client:
         plans = []
         for topic, indexes in by_topic.items():  # everything is checked before anything changes
             policy, table = self._policy(self._topic(topic), group_id, topic, group)
-            params = {**table, "g": group_id, "at": at, "dead_lettered_at": at, "outcome": outcome, "reason": reason,
-                      "force_dead_letter": forced, "level": None, "delay": None,
-                      "ids": [items[i].message_id for i in indexes], "counts": [items[i].delivery_count for i in indexes],
-                      "errors": [errors[i] for i in indexes]}
+            params = {
+                **table,
+                "g": group_id,
+                "at": at,
+                "dead_lettered_at": at,
+                "outcome": outcome,
+                "reason": reason,
+                "force_dead_letter": forced,
+                "level": None,
+                "delay": None,
+                "ids": [items[i].message_id for i in indexes],
+                "counts": [items[i].delivery_count for i in indexes],
+                "errors": [errors[i] for i in indexes],
+            }
             if mode == "level":
                 explicit = policy.explicit_levels(self.levels)
                 try:

@@ -71,7 +71,9 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
             ctype = BINARY if isinstance(body, (bytes, bytearray, memoryview)) else JSON
         if ctype == BINARY:
             if not isinstance(body, (bytes, bytearray, memoryview)):
-                raise MalformedMessageError(f"{where}: an {BINARY} body must be bytes, got {type(body).__name__}")
+                raise MalformedMessageError(
+                    f"{where}: an {BINARY} body must be bytes, got {type(body).__name__}"
+                )
             raw = bytes(body)
         elif ctype == TEXT:
             if not isinstance(body, str):
@@ -84,7 +86,9 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
             else:
                 raw = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode()
         else:
-            raise MalformedMessageError(f"{where}: unknown content type {ctype!r}; use {JSON}, {BINARY} or {TEXT}")
+            raise MalformedMessageError(
+                f"{where}: unknown content type {ctype!r}; use {JSON}, {BINARY} or {TEXT}"
+            )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, MalformedMessageError):
             raise
@@ -109,11 +113,17 @@ def decode(body: bytes, content_type: str) -> Any:
     return bytes(body)
 
 
-def retry_properties(properties: dict, *, topic: str, origin_message_id: int, retry_topic: str,
-                     reconsume_times: int) -> dict:
+def retry_properties(
+    properties: dict, *, topic: str, origin_message_id: int, retry_topic: str, reconsume_times: int
+) -> dict:
     """A message's properties as a consumer sees them: a redelivered one (reconsume times > 0)
     also carries REAL_TOPIC, ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (Pulsar, seeds/000)."""
     if reconsume_times <= 0:
         return properties
-    return {**properties, "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": str(origin_message_id),
-            "RETRY_TOPIC": retry_topic, "RECONSUMETIMES": str(reconsume_times)}
+    return {
+        **properties,
+        "REAL_TOPIC": topic,
+        "ORIGIN_MESSAGE_ID": str(origin_message_id),
+        "RETRY_TOPIC": retry_topic,
+        "RECONSUMETIMES": str(reconsume_times),
+    }

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-
-import yaml
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 from .levels import ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
@@ -57,13 +64,25 @@ class ProducerConfig(BaseModel):
     attempts: int = Field(default=5, ge=1)
 
 
+def default_tiers() -> list[TierConfig]:
+    """One tier per band of the RocketMQ 5 table: seconds (10s, 30s) every 10 s, minutes (1m..10m)
+    every minute, half hours (20m, 30m) every 5 minutes, hours (1h, 2h) every 10 minutes."""
+    return [
+        TierConfig(name="seconds", levels=[1, 2], window="10s"),
+        TierConfig(name="minutes", levels=list(range(3, 13)), window="1m"),
+        TierConfig(name="half_hours", levels=[13, 14], window="5m"),
+        TierConfig(name="hours", levels=[15, 16], window="10m"),
+    ]
+
+
 class RedeliveryConfig(BaseModel):
-    """The whole file. ``broker`` picks the defaults of the policies (RocketMQ 5 unless set)."""
+    """The whole file; every key has a default (``config/redelivery.yaml`` spells them out).
+    ``broker`` picks the defaults of the policies (RocketMQ 5 unless set)."""
 
     model_config = ConfigDict(extra="forbid")
 
     delay_levels: str = ROCKETMQ_RETRY_LEVELS
-    tiers: list[TierConfig] = Field(min_length=1)
+    tiers: list[TierConfig] = Field(default_factory=default_tiers, min_length=1)
     broker: Literal["rocketmq", "pulsar", "artemis"] = "rocketmq"
     policies: list[PolicyConfig] = Field(default_factory=list)
     producer: ProducerConfig = Field(default_factory=ProducerConfig)
@@ -76,7 +95,7 @@ class RedeliveryConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _tiers_cover_every_level_once(self) -> "RedeliveryConfig":
+    def _tiers_cover_every_level_once(self) -> RedeliveryConfig:
         count = len(self.level_table)
         seen: dict[int, str] = {}
         names = set()
@@ -86,20 +105,26 @@ class RedeliveryConfig(BaseModel):
             names.add(tier.name)
             for level in tier.levels:
                 if not 1 <= level <= count:
-                    raise ValueError(f"tier {tier.name!r} lists level {level}, but the table has levels 1..{count}")
+                    raise ValueError(
+                        f"tier {tier.name!r} lists level {level}, but the table has levels 1..{count}"
+                    )
                 if level in seen:
                     raise ValueError(f"level {level} is in both tier {seen[level]!r} and tier {tier.name!r}")
                 seen[level] = tier.name
         missing = sorted(set(range(1, count + 1)) - set(seen))
         if missing:
-            raise ValueError(f"levels {missing} belong to no tier: messages waiting at them would never be promoted")
+            raise ValueError(
+                f"levels {missing} belong to no tier: messages waiting at them would never be promoted"
+            )
         return self
 
     @property
     def level_table(self) -> LevelTable:
         return LevelTable.parse(self.delay_levels)
 
-    def policy_for(self, topic: str, group: str, group_max_reconsume_times: int | None = None) -> EffectivePolicy:
+    def policy_for(
+        self, topic: str, group: str, group_max_reconsume_times: int | None = None
+    ) -> EffectivePolicy:
         """The effective policy of ``topic`` and ``group`` (see ``redelivery.policies.resolve``).
         Raises ``ConfigError`` if its DLQ or retry name cannot name a table."""
         key = (topic, group, group_max_reconsume_times)
@@ -128,10 +153,13 @@ def _describe(error: ValidationError, path: Path) -> str:
 
 
 def load_config(path: Path | str | None = None) -> RedeliveryConfig:
-    """Read and validate the configuration file (default: ``REDELIVERY_CONFIG``, see settings).
+    """Read and validate the configuration file (default: ``REDELIVERY_CONFIG``, see settings; with
+    no file at all, the defaults).
 
     Raises ``ConfigError`` when the file is missing, is not YAML, or fails validation."""
     path = Path(path) if path is not None else get_settings().config_path
+    if path is None:
+        return RedeliveryConfig()
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -139,7 +167,9 @@ def load_config(path: Path | str | None = None) -> RedeliveryConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ConfigError(f"configuration file {path} must be a mapping with a 'tiers' key, got {type(raw).__name__}")
+        raise ConfigError(
+            f"configuration file {path} must be a mapping of settings, got {type(raw).__name__}"
+        )
     try:
         return RedeliveryConfig.model_validate(raw)
     except ValidationError as exc:

@@ -28,7 +28,7 @@ def sqlalchemy_url(url: str) -> str:
     """The same URL for SQLAlchemy with the psycopg 3 driver."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 

@@ -4,7 +4,7 @@ read through here."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 import psycopg
@@ -36,7 +36,7 @@ class DlqFilter(BaseModel):
     @field_validator("dead_lettered_from", "dead_lettered_to")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
-        return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
     @field_validator("topic", "error_contains")
     @classmethod
@@ -46,10 +46,15 @@ class DlqFilter(BaseModel):
 
 def filter_params(conn: psycopg.Connection, request: DlqFilter) -> dict:
     """The parameters of ``statements.DLQ_FILTER``; raises UnknownGroupError / UnknownTopicError."""
-    return {"g": group(conn, request.group)[0], "topic_id": topic_id(conn, request.topic) if request.topic else None,
-            "from": request.dead_lettered_from, "to": request.dead_lettered_to,
-            "reasons": list(request.reasons) or None, "error": request.error_contains,
-            "ids": list(request.message_ids) or None}
+    return {
+        "g": group(conn, request.group)[0],
+        "topic_id": topic_id(conn, request.topic) if request.topic else None,
+        "from": request.dead_lettered_from,
+        "to": request.dead_lettered_to,
+        "reasons": list(request.reasons) or None,
+        "error": request.error_contains,
+        "ids": list(request.message_ids) or None,
+    }
 
 
 def count(conn: psycopg.Connection, request: DlqFilter) -> int:
@@ -57,7 +62,9 @@ def count(conn: psycopg.Connection, request: DlqFilter) -> int:
     return conn.execute(S.DLQ_COUNT, filter_params(conn, request)).fetchone()[0]
 
 
-def select(conn: psycopg.Connection, request: DlqFilter, limit: int = 100, with_body: bool = False) -> list[dict]:
+def select(
+    conn: psycopg.Connection, request: DlqFilter, limit: int = 100, with_body: bool = False
+) -> list[dict]:
     """The matching dead letters, oldest first (``limit`` at most), as dicts of native values
     (datetimes; with ``with_body`` the body decoded by content type, the properties and the attempt
     history). ``jsonable`` turns them into JSON-ready values."""
@@ -65,7 +72,7 @@ def select(conn: psycopg.Connection, request: DlqFilter, limit: int = 100, with_
     names = [c.name for c in cur.description]
     rows = []
     for values in cur.fetchall():
-        row = dict(zip(names, values))
+        row = dict(zip(names, values, strict=True))
         body, content_type = row.pop("body"), row.pop("content_type")
         if with_body:
             row["body"] = decode(body, content_type)
@@ -77,6 +84,7 @@ def select(conn: psycopg.Connection, request: DlqFilter, limit: int = 100, with_
 
 def jsonable(rows: list[dict]) -> list[dict]:
     """``select`` rows with times as ISO strings and binary bodies as hex."""
+
     def value(v):
         if isinstance(v, datetime):
             return v.isoformat()
@@ -91,10 +99,23 @@ def summary(conn: psycopg.Connection, group_name: str | None = None) -> list[dic
     """Per group with dead letters: count, oldest and newest dead-lettering time, counts per DLQ
     (20 at most), the top reasons and the top last errors (5 each)."""
     out = []
-    for group_id, name, total, oldest, newest in conn.execute(S.DLQ_SUMMARY_GROUPS, {"group": group_name}).fetchall():
-        def top(statement, limit=5):
-            return [{"value": v, "count": n} for v, n in conn.execute(statement, {"g": group_id, "limit": limit})]
-        out.append({"group": name, "count": total, "oldest": oldest.isoformat(), "newest": newest.isoformat(),
-                    "queues": top(S.DLQ_TOP_QUEUES, 20), "top_reasons": top(S.DLQ_TOP_REASONS),
-                    "top_errors": top(S.DLQ_TOP_ERRORS)})
+    for group_id, name, total, oldest, newest in conn.execute(
+        S.DLQ_SUMMARY_GROUPS, {"group": group_name}
+    ).fetchall():
+
+        def top(statement, limit=5, group_id=group_id):
+            params = {"g": group_id, "limit": limit}
+            return [{"value": v, "count": n} for v, n in conn.execute(statement, params)]
+
+        out.append(
+            {
+                "group": name,
+                "count": total,
+                "oldest": oldest.isoformat(),
+                "newest": newest.isoformat(),
+                "queues": top(S.DLQ_TOP_QUEUES, 20),
+                "top_reasons": top(S.DLQ_TOP_REASONS),
+                "top_errors": top(S.DLQ_TOP_ERRORS),
+            }
+        )
     return out

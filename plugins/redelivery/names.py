@@ -35,7 +35,8 @@ def check_name(kind: str, name: object) -> str:
     if not is_valid_name(name):
         raise InvalidNameError(
             f"{kind} name {name!r} is invalid: use 1 to {NAME_MAX_LENGTH} letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit")
+            "starting with a letter or digit"
+        )
     return name  # type: ignore[return-value]
 
 

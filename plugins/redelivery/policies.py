@@ -18,15 +18,15 @@ import functools
 import random
 import re
 from dataclasses import dataclass
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .levels import ROCKETMQ_BROKER_LEVELS, ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
+from .names import is_valid_queue_name
 
 #: Characters allowed in a DLQ or retry name: it becomes a (quoted) table name, at most 63 bytes.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.%-]{1,63}$")
-_WORD = re.compile(r"^(#|\*|[A-Za-z0-9_%-]+)$")
+_WORD = re.compile(r"#|\*|[A-Za-z0-9_%-]+")
 
 
 # ---- wildcards ----------------------------------------------------------------------------------
@@ -35,8 +35,11 @@ _WORD = re.compile(r"^(#|\*|[A-Za-z0-9_%-]+)$")
 def check_pattern(pattern: str) -> str:
     """Return ``pattern`` if every ``.``-separated word is ``#``, ``*`` or a literal word; else
     raise ``ValueError``."""
-    if not pattern or not all(_WORD.match(word) for word in pattern.split(".")):
-        raise ValueError(f"not an Artemis wildcard pattern: {pattern!r} (words separated by '.', '#' or '*' as whole words)")
+    if not pattern or not all(_WORD.fullmatch(word) for word in pattern.split(".")):
+        raise ValueError(
+            f"not an Artemis wildcard pattern: {pattern!r} "
+            "(words separated by '.', '#' or '*' as whole words)"
+        )
     return pattern
 
 
@@ -44,7 +47,7 @@ def matches(pattern: str, name: str) -> bool:
     """Artemis wildcard match: ``orders.#`` matches ``orders``, ``orders.eu``, ``orders.eu.fr``;
     ``orders.*`` matches ``orders.eu`` only."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def match(p: int, n: int) -> bool:
         if p == len(want):
             return n == len(have)
@@ -133,7 +136,11 @@ class ArtemisBackoff(_Strict):
     redelivery_collision_avoidance_factor: float = Field(default=0.0, ge=0.0, le=1.0)
 
     def base_delay(self, retry: int) -> float:
-        cap = self.max_redelivery_delay_ms if self.max_redelivery_delay_ms is not None else self.redelivery_delay_ms * 10
+        cap = (
+            self.max_redelivery_delay_ms
+            if self.max_redelivery_delay_ms is not None
+            else self.redelivery_delay_ms * 10
+        )
         delay = self.redelivery_delay_ms * self.redelivery_delay_multiplier ** (retry - 1)
         return min(delay, cap) / 1000.0
 
@@ -154,7 +161,9 @@ class RocketMQExponentialBackoff(_Strict):
         return value
 
     def base_delay(self, retry: int) -> float:
-        return float(min(parse_duration(self.initial) * self.multiplier ** (retry - 1), parse_duration(self.max)))
+        return float(
+            min(parse_duration(self.initial) * self.multiplier ** (retry - 1), parse_duration(self.max))
+        )
 
 
 class FixedBackoff(_Strict):
@@ -174,8 +183,10 @@ class FixedBackoff(_Strict):
         return float(parse_duration(self.interval))
 
 
-Backoff = Annotated[Union[LevelsBackoff, BrokerLevelsBackoff, ArtemisBackoff, RocketMQExponentialBackoff, FixedBackoff],
-                    Field(discriminator="kind")]
+Backoff = Annotated[
+    LevelsBackoff | BrokerLevelsBackoff | ArtemisBackoff | RocketMQExponentialBackoff | FixedBackoff,
+    Field(discriminator="kind"),
+]
 
 
 # ---- names --------------------------------------------------------------------------------------
@@ -192,10 +203,12 @@ class Naming(_Strict):
     name: str | None = None
 
     @model_validator(mode="after")
-    def _explicit_needs_name(self) -> "Naming":
+    def _explicit_needs_name(self) -> Naming:
         if self.style == "explicit":
-            if not self.name or not NAME_PATTERN.match(self.name):
-                raise ValueError(f"an explicit name must be 1-63 letters, digits, '_', '.', '%' or '-', got {self.name!r}")
+            if not is_valid_queue_name(self.name):
+                raise ValueError(
+                    f"an explicit name must be 1-63 letters, digits, '_', '.', '%' or '-', got {self.name!r}"
+                )
         elif self.name is not None:
             raise ValueError("'name' is only for style 'explicit'")
         return self
@@ -209,11 +222,17 @@ class Naming(_Strict):
         return self._render(topic, group, "RETRY", self.prefix or "")
 
     def _render(self, topic: str, group: str, kind: str, prefix: str) -> str:
-        name = {"rocketmq": f"%{kind}%{group}", "pulsar": f"{topic}-{group}-{kind}",
-                "artemis": f"{prefix}{topic}{self.suffix}", "explicit": self.name}[self.style]
-        if not NAME_PATTERN.match(name):
-            raise ValueError(f"{kind} name {name!r} for topic {topic!r} and group {group!r} is longer than 63 bytes "
-                             f"or has characters a table name cannot; use an explicit name")
+        name = {
+            "rocketmq": f"%{kind}%{group}",
+            "pulsar": f"{topic}-{group}-{kind}",
+            "artemis": f"{prefix}{topic}{self.suffix}",
+            "explicit": self.name,
+        }[self.style]
+        if not is_valid_queue_name(name):
+            raise ValueError(
+                f"{kind} name {name!r} for topic {topic!r} and group {group!r} is longer than 63 bytes "
+                f"or has characters a table name cannot; use an explicit name"
+            )
         return name
 
 
@@ -238,9 +257,11 @@ class PolicyConfig(_Strict):
         return check_pattern(value)
 
     @model_validator(mode="after")
-    def _one_attempt_limit(self) -> "PolicyConfig":
+    def _one_attempt_limit(self) -> PolicyConfig:
         if self.max_reconsume_times is not None and self.max_delivery_attempts is not None:
-            raise ValueError("set max_reconsume_times (RocketMQ) or max_delivery_attempts (Artemis), not both")
+            raise ValueError(
+                "set max_reconsume_times (RocketMQ) or max_delivery_attempts (Artemis), not both"
+            )
         if self.max_delivery_attempts == 0:
             raise ValueError("max_delivery_attempts must be -1 (unlimited) or at least 1")
         return self
@@ -249,14 +270,26 @@ class PolicyConfig(_Strict):
 #: Defaults of each broker preset (``broker:`` in the config file).
 PRESETS: dict[str, dict] = {
     # RocketMQ 5 (seeds/001): 16-step table, 16 reconsume times, %DLQ%group, %RETRY%group
-    "rocketmq": {"backoff": LevelsBackoff(kind="levels"), "max_reconsume_times": 16,
-                 "dead_letter": Naming(style="rocketmq"), "retry_naming": Naming(style="rocketmq")},
+    "rocketmq": {
+        "backoff": LevelsBackoff(kind="levels"),
+        "max_reconsume_times": 16,
+        "dead_letter": Naming(style="rocketmq"),
+        "retry_naming": Naming(style="rocketmq"),
+    },
     # TDMQ Pulsar (seeds/000): levels 1s 5s 10s ... 2h by increment, 16 retries, <topic>-<sub>-DLQ/-RETRY
-    "pulsar": {"backoff": LevelsBackoff(kind="levels", levels=ROCKETMQ_BROKER_LEVELS), "max_reconsume_times": 16,
-               "dead_letter": Naming(style="pulsar"), "retry_naming": Naming(style="pulsar")},
+    "pulsar": {
+        "backoff": LevelsBackoff(kind="levels", levels=ROCKETMQ_BROKER_LEVELS),
+        "max_reconsume_times": 16,
+        "dead_letter": Naming(style="pulsar"),
+        "retry_naming": Naming(style="pulsar"),
+    },
     # Artemis (seeds/004): redelivery-delay 0, multiplier 1.0, max-delivery-attempts 10, DLQ.<address>
-    "artemis": {"backoff": ArtemisBackoff(kind="exponential"), "max_delivery_attempts": 10,
-                "dead_letter": Naming(style="artemis"), "retry_naming": Naming(style="artemis")},
+    "artemis": {
+        "backoff": ArtemisBackoff(kind="exponential"),
+        "max_delivery_attempts": 10,
+        "dead_letter": Naming(style="artemis"),
+        "retry_naming": Naming(style="artemis"),
+    },
 }
 
 
@@ -322,27 +355,44 @@ class EffectivePolicy:
         """JSON-ready: the policy, its waits (seconds) for the first ``retries`` retries, and when it
         dead-letters."""
         return {
-            "topic": self.topic, "group": self.group, "matched_policies": list(self.matched),
-            "backoff": self.backoff.model_dump(), "max_reconsume_times": self.max_reconsume_times,
-            "dead_letter_queue": self.dlq_name, "retry_topic": self.retry_name,
+            "topic": self.topic,
+            "group": self.group,
+            "matched_policies": list(self.matched),
+            "backoff": self.backoff.model_dump(),
+            "max_reconsume_times": self.max_reconsume_times,
+            "dead_letter_queue": self.dlq_name,
+            "retry_topic": self.retry_name,
             "max_ready_backlog": self.max_ready_backlog,
             "waits_seconds": [round(self.base_delay(n), 3) for n in range(1, retries + 1)],
-            "collision_avoidance": ({"factor": self.jitter, "range": "each wait is moved by up to factor x wait, up or down"}
-                                    if self.jitter else None),
-            "routing_levels": [routing.level_for_delay(max(1, round(self.base_delay(n)))) for n in range(1, retries + 1)],
+            "collision_avoidance": (
+                {"factor": self.jitter, "range": "each wait is moved by up to factor x wait, up or down"}
+                if self.jitter
+                else None
+            ),
+            "routing_levels": [
+                routing.level_for_delay(max(1, round(self.base_delay(n)))) for n in range(1, retries + 1)
+            ],
             "dead_letters_after_delivery": self.dead_letters_after(),
         }
 
 
-def resolve(policies: list[PolicyConfig], broker: str, topic: str, group: str,
-            group_max_reconsume_times: int | None = None) -> EffectivePolicy:
+def resolve(
+    policies: list[PolicyConfig],
+    broker: str,
+    topic: str,
+    group: str,
+    group_max_reconsume_times: int | None = None,
+) -> EffectivePolicy:
     """The effective policy of ``topic`` and ``group``: matching policies merged, most specific
     last, over the ``broker`` preset. A group's own max reconsume times (set when it was created,
     RocketMQ's group metadata) wins over the policies'. Raises ``ValueError`` for a DLQ or retry
     name that cannot name a table."""
     found = [p for p in policies if matches(p.topic, topic) and matches(p.group, group)]
-    found.sort(key=functools.cmp_to_key(
-        lambda a, b: compare_specificity(b.topic, a.topic) or compare_specificity(b.group, a.group)))
+    found.sort(
+        key=functools.cmp_to_key(
+            lambda a, b: compare_specificity(b.topic, a.topic) or compare_specificity(b.group, a.group)
+        )
+    )
     merged = dict(PRESETS[broker])
     for policy in found:  # least specific first: later (more specific) fields win
         fields = policy.model_dump(exclude_unset=True, exclude={"topic", "group"})
@@ -359,8 +409,12 @@ def resolve(policies: list[PolicyConfig], broker: str, topic: str, group: str,
     if group_max_reconsume_times is not None:
         max_times = group_max_reconsume_times
     return EffectivePolicy(
-        topic=topic, group=group, backoff=merged["backoff"], max_reconsume_times=max_times,
-        dlq_name=merged["dead_letter"].dlq(topic, group), retry_name=merged["retry_naming"].retry(topic, group),
+        topic=topic,
+        group=group,
+        backoff=merged["backoff"],
+        max_reconsume_times=max_times,
+        dlq_name=merged["dead_letter"].dlq(topic, group),
+        retry_name=merged["retry_naming"].retry(topic, group),
         max_ready_backlog=merged.get("max_ready_backlog"),
         matched=tuple(f"topic={p.topic} group={p.group}" for p in reversed(found)),
     )

@@ -26,7 +26,14 @@ def is_transient(exc: BaseException) -> bool:
 class SendBackoff(wait_base):
     """Seconds to wait before retry ``k`` (1-based) of a send, as seeds/002 computes it."""
 
-    def __init__(self, initial: float, multiplier: float, jitter: float, maximum: float, rng: random.Random | None = None):
+    def __init__(
+        self,
+        initial: float,
+        multiplier: float,
+        jitter: float,
+        maximum: float,
+        rng: random.Random | None = None,
+    ):
         self.initial, self.multiplier, self.jitter, self.maximum = initial, multiplier, jitter, maximum
         self.rng = rng or random.Random()
 
@@ -48,6 +55,11 @@ def retrying(producer_config, before_retry=None, sleep=time.sleep) -> Retrying:
     tries, transient errors only, the last error re-raised. ``before_retry(retry_state)`` runs
     before each wait (the client reconnects there)."""
     cfg = producer_config
-    return Retrying(stop=stop_after_attempt(cfg.attempts),
-                    wait=SendBackoff(cfg.initial_backoff, cfg.multiplier, cfg.jitter, cfg.max_backoff),
-                    retry=retry_if_exception(is_transient), reraise=True, before_sleep=before_retry, sleep=sleep)
+    return Retrying(
+        stop=stop_after_attempt(cfg.attempts),
+        wait=SendBackoff(cfg.initial_backoff, cfg.multiplier, cfg.jitter, cfg.max_backoff),
+        retry=retry_if_exception(is_transient),
+        reraise=True,
+        before_sleep=before_retry,
+        sleep=sleep,
+    )

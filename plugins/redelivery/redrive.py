@@ -53,34 +53,63 @@ def _moving_params(conn: psycopg.Connection, request: RedriveRequest) -> dict:
     if request.destination_topic:
         dest = catalog.topic_id(conn, request.destination_topic, what="destination topic")
         if not catalog.subscribed_groups(conn, dest):
-            raise RedeliveryError(f"destination topic {request.destination_topic!r} has no subscribed group: "
-                                  "redriven messages would reach no consumer")
+            raise RedeliveryError(
+                f"destination topic {request.destination_topic!r} has no subscribed group: "
+                "redriven messages would reach no consumer"
+            )
         params.update(dest=dest, dest_name=request.destination_topic)
     return params
 
 
 def _move_batch(conn: psycopg.Connection, params: dict, run_id: int, size: int, bounds=None) -> int:
     """Move up to ``size`` selected dead letters in one transaction; return how many moved."""
-    params = {**params, "n": size, "run": run_id, "lo": bounds[0] if bounds else None,
-              "hi": bounds[1] if bounds else None}
+    params = {
+        **params,
+        "n": size,
+        "run": run_id,
+        "lo": bounds[0] if bounds else None,
+        "hi": bounds[1] if bounds else None,
+    }
     with conn.transaction():
         removed, revived = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
         if removed != revived:  # a DLQ row whose delivery is not in DLQ: roll back, touch nothing
-            raise RedeliveryError(f"redrive batch found {removed} dead letters but {revived} deliveries in DLQ state")
+            raise RedeliveryError(
+                f"redrive batch found {removed} dead letters but {revived} deliveries in DLQ state"
+            )
     return revived
 
 
-def _finish(conn: psycopg.Connection, run_id: int, status: str, selected: int | None = None,
-            sample: list | None = None) -> dict:
-    cur = conn.execute(S.REDRIVE_RUN_FINISH, {"run": run_id, "status": status, "selected": selected,
-                                              "sample": Jsonb(sample) if sample is not None else None})
-    out = dict(zip([c.name for c in cur.description], cur.fetchone()))
+def _finish(
+    conn: psycopg.Connection,
+    run_id: int,
+    status: str,
+    selected: int | None = None,
+    sample: list | None = None,
+) -> dict:
+    cur = conn.execute(
+        S.REDRIVE_RUN_FINISH,
+        {
+            "run": run_id,
+            "status": status,
+            "selected": selected,
+            "sample": Jsonb(sample) if sample is not None else None,
+        },
+    )
+    out = dict(zip([c.name for c in cur.description], cur.fetchone(), strict=True))
     out["started_at"], out["finished_at"] = out["started_at"].isoformat(), out["finished_at"].isoformat()
     return out
 
 
-def redrive(request: RedriveRequest, *, run_key: str, triggered_by: str | None = None, url: str | None = None,
-            log=print, should_stop=lambda: False, spark=None) -> dict:
+def redrive(
+    request: RedriveRequest,
+    *,
+    run_key: str,
+    triggered_by: str | None = None,
+    url: str | None = None,
+    log=print,
+    should_stop=lambda: False,
+    spark=None,
+) -> dict:
     """Redrive the dead letters ``request`` selects and return the audit record as a dict:
     ``{"run_key", "triggered_by", "filter", "dry_run", "status", "selected", "moved", "sample",
     "started_at", "finished_at"}``. A dry run moves nothing and reports the count and a sample.
@@ -93,14 +122,23 @@ def redrive(request: RedriveRequest, *, run_key: str, triggered_by: str | None =
     url = url or db.database_url()
     with db.connect(url, autocommit=True) as conn:
         params = _moving_params(conn, request)
-        run_id, already, status = conn.execute(S.REDRIVE_RUN_START, {
-            "run_key": run_key, "triggered_by": triggered_by, "g": params["g"],
-            "filter": Jsonb(request.model_dump(mode="json")), "dry_run": request.dry_run}).fetchone()
+        run_id, already, status = conn.execute(
+            S.REDRIVE_RUN_START,
+            {
+                "run_key": run_key,
+                "triggered_by": triggered_by,
+                "g": params["g"],
+                "filter": Jsonb(request.model_dump(mode="json")),
+                "dry_run": request.dry_run,
+            },
+        ).fetchone()
         try:
             selected = conn.execute(S.DLQ_COUNT, params).fetchone()[0]
             sample = jsonable(select(conn, request, limit=SAMPLE_SIZE))
-            log(f"redrive {run_key}: {selected} dead letters of group {request.group!r} match; "
-                f"{'dry run' if request.dry_run else 'moving'}; already moved by this run: {already}")
+            log(
+                f"redrive {run_key}: {selected} dead letters of group {request.group!r} match; "
+                f"{'dry run' if request.dry_run else 'moving'}; already moved by this run: {already}"
+            )
             if request.dry_run or status == "success":
                 return _finish(conn, run_id, "success", selected=selected, sample=sample)
             budget = None if request.max_messages is None else max(request.max_messages - already, 0)
@@ -149,5 +187,8 @@ def _redrive_spark(spark, url, params, run_id, rate, conn) -> int:
     if not ranges:
         return 0
     share = rate / len(ranges) if rate else None
-    return sum(spark.sparkContext.parallelize(ranges, len(ranges)).map(
-        lambda b: _partition(url, params, run_id, share, b)).collect())
+    return sum(
+        spark.sparkContext.parallelize(ranges, len(ranges))
+        .map(lambda b: _partition(url, params, run_id, share, b))
+        .collect()
+    )

@@ -7,8 +7,8 @@ REDELIVERY_DATABASE_URL  PostgreSQL URL (``postgresql://user:pw@host:port/db``).
                          embedded PostgreSQL under ``REDELIVERY_HOME`` is used (and started).
 REDELIVERY_HOME          project-local state folder (embedded data directory, Airflow home,
                          demo output). Default: ``<repository>/.redelivery``.
-REDELIVERY_CONFIG        YAML file with tiers and groups. Default: ``<repository>/config/redelivery.yaml``
-                         if it exists, else the defaults shipped in the package.
+REDELIVERY_CONFIG        YAML file with tiers and policies. Default: ``<repository>/config/redelivery.yaml``
+                         if it exists, else the defaults of ``redelivery.config.RedeliveryConfig``.
 REDELIVERY_PG_PORT       TCP port of the embedded PostgreSQL on 127.0.0.1. Default 54329.
 REDELIVERY_JDBC_JAR      PostgreSQL JDBC driver for Spark. Default ``/usr/share/java/postgresql.jar``
                          (Debian's ``libpostgresql-jdbc-java``).
@@ -35,11 +35,13 @@ class Settings(BaseSettings):
     jdbc_jar: Path = Path("/usr/share/java/postgresql.jar")
 
     @property
-    def config_path(self) -> Path:
+    def config_path(self) -> Path | None:
+        """``REDELIVERY_CONFIG``, else ``config/redelivery.yaml`` of the repository when it exists,
+        else None (the defaults of ``redelivery.config.RedeliveryConfig``)."""
         if self.config is not None:
             return self.config
         repo_config = REPO_ROOT / "config" / "redelivery.yaml"
-        return repo_config if repo_config.exists() else Path(__file__).with_name("defaults.yaml")
+        return repo_config if repo_config.exists() else None
 
 
 @lru_cache(maxsize=1)

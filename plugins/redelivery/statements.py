@@ -12,23 +12,8 @@ in ``pg_stat_activity`` and in the server log; ``ALL`` maps each name to its tex
 Parameters are psycopg named placeholders. Times: ``at`` is a timezone-aware ``datetime`` that
 replaces the database clock (``None``: ``now()``); durations are float8 seconds.
 
-State changes (the table in docs/ARCHITECTURE.md says the same):
-
-=========================  ============================================================================
-statement                  state change
-=========================  ============================================================================
-FAN_OUT                    staged rows -> messages, one READY delivery per subscribed group
-RECEIVE                    READY -> INFLIGHT, delivery count + 1, lease until at + invisible duration
-ACK                        INFLIGHT (this delivery) -> COMMITTED
-FAIL_RETRY                 INFLIGHT (this delivery) -> WAITING_RETRY, reconsume times + 1
-FAIL_DEAD_LETTER           INFLIGHT (this delivery) -> DLQ, copied into its DLQ table
-EXPIRE_LEASES_RETRY        INFLIGHT, lease ended by the window end -> WAITING_RETRY
-EXPIRE_LEASES_DEAD_LETTER  INFLIGHT, lease ended, retries used up -> DLQ (LEASE_EXPIRED)
-PROMOTE                    WAITING_RETRY at the tier's levels, due by the window end -> READY
-PROMOTE_CAPPED             the same, oldest due first, up to a ready-backlog cap
-DEAD_LETTER_OVER_MAX       WAITING_RETRY due, past a lowered max reconsume times -> DLQ
-REDRIVE_MOVE_BATCH         DLQ -> READY (or COMMITTED and a copy published to another topic)
-=========================  ============================================================================
+``STATE_CHANGES`` names the statements that move a delivery from one state to another; the table in
+docs/ARCHITECTURE.md ("State changes") lists the same, with the guard of each.
 """
 
 from __future__ import annotations
@@ -36,6 +21,9 @@ from __future__ import annotations
 from textwrap import dedent
 
 from psycopg import sql
+
+# The statements keep the layout of SQL, not of Python.
+# fmt: off
 
 
 def _named(name: str, text: str) -> str:
@@ -80,16 +68,16 @@ def _attempt(at: str, outcome: str, error: str) -> str:
 
 
 # What an UPDATE that dead-letters returns, for _DLQ_COPY (the CTE must be called "moved").
-_MOVED_RETURNING = """RETURNING d.message_id, d.group_id, d.topic_id, p.dlq_id, d.delivery_count, d.reconsume_times,
-              d.first_failure_at, d.last_failure_at, d.last_error, d.attempts"""
+_MOVED_RETURNING = """RETURNING d.message_id, d.group_id, d.topic_id, p.dlq_id, d.delivery_count,
+              d.reconsume_times, d.first_failure_at, d.last_failure_at, d.last_error, d.attempts"""
 # Copies the rows of the CTE "moved" into dlq_messages inside the database (payloads never leave it);
 # the statement returns (group_id, reason, count).
 _DLQ_COPY = """inserted AS (
-    INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body, content_type,
-                              properties, published_at, reason, last_error, delivery_count, reconsume_times,
-                              first_failure_at, last_failure_at, dead_lettered_at, attempts)
-    SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, m.id), m.key, m.body,
-           m.content_type, m.properties, m.published_at, %(reason)s::dlq_reason, mv.last_error,
+    INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
+                              content_type, properties, published_at, reason, last_error, delivery_count,
+                              reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts)
+    SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, m.id), m.key,
+           m.body, m.content_type, m.properties, m.published_at, %(reason)s::dlq_reason, mv.last_error,
            mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
            coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts
     FROM moved mv JOIN messages m ON m.id = mv.message_id
@@ -97,7 +85,8 @@ _DLQ_COPY = """inserted AS (
 SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2"""
 
 #: A tier window's candidates: due retries of its levels, and leases ended by the window end.
-_DUE = "d.state = 'WAITING_RETRY' AND d.delay_level = ANY(%(levels)s::smallint[]) AND d.due_at <= %(window_end)s"
+_DUE = """d.state = 'WAITING_RETRY' AND d.delay_level = ANY(%(levels)s::smallint[])
+          AND d.due_at <= %(window_end)s"""
 _EXPIRED = "d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s"
 _IN_RANGE = f"d.message_id >= %(low)s AND d.message_id < %(high)s AND {POLICY_JOIN}"
 _LEASE_FAILED = _attempt("d.invisible_until", "'lease_expired'", "%(lease_error)s::text")
@@ -121,7 +110,8 @@ _DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_
 # ---- topology -------------------------------------------------------------------------------------
 
 TOPIC_ID = _named("TOPIC_ID", "SELECT id FROM topics WHERE name = %(name)s")
-GROUP_BY_NAME = _named("GROUP_BY_NAME", "SELECT id, max_reconsume_times FROM consumer_groups WHERE name = %(name)s")
+GROUP_BY_NAME = _named("GROUP_BY_NAME", """
+    SELECT id, max_reconsume_times FROM consumer_groups WHERE name = %(name)s""")
 CREATE_TOPIC = _named("CREATE_TOPIC", """
     INSERT INTO topics (name) VALUES (%(name)s) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
     RETURNING id""")
@@ -130,7 +120,8 @@ CREATE_GROUP = _named("CREATE_GROUP", """
     ON CONFLICT (name) DO UPDATE SET max_reconsume_times = EXCLUDED.max_reconsume_times RETURNING id""")
 SUBSCRIBE = _named("SUBSCRIBE", """
     INSERT INTO subscriptions (topic_id, group_id) VALUES (%(topic_id)s, %(g)s) ON CONFLICT DO NOTHING""")
-DELETE_TOPIC_DEAD_LETTERS = _named("DELETE_TOPIC_DEAD_LETTERS", "DELETE FROM dlq_messages WHERE topic_id = %(topic_id)s")
+DELETE_TOPIC_DEAD_LETTERS = _named("DELETE_TOPIC_DEAD_LETTERS", """
+    DELETE FROM dlq_messages WHERE topic_id = %(topic_id)s""")
 DELETE_TOPIC = _named("DELETE_TOPIC", "DELETE FROM topics WHERE id = %(topic_id)s")
 #: Subscriptions with their names and the group's own max reconsume times: all (``all``) or the
 #: (topic id, group id) pairs given.
@@ -138,10 +129,15 @@ SUBSCRIPTIONS = _named("SUBSCRIPTIONS", """
     SELECT s.topic_id, s.group_id, t.name, g.name, g.max_reconsume_times
     FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
     WHERE %(all)s OR (s.topic_id, s.group_id) IN (SELECT * FROM unnest(%(t)s::int[], %(gs)s::int[]))""")
-SUBSCRIBED_GROUPS = _named("SUBSCRIBED_GROUPS", "SELECT group_id FROM subscriptions WHERE topic_id = %(topic_id)s")
+SUBSCRIBED_GROUPS = _named("SUBSCRIBED_GROUPS", """
+    SELECT group_id FROM subscriptions WHERE topic_id = %(topic_id)s""")
 SUBSCRIPTION_NAMES = _named("SUBSCRIPTION_NAMES", """
     SELECT t.name, g.name FROM subscriptions s JOIN topics t ON t.id = s.topic_id
     JOIN consumer_groups g ON g.id = s.group_id ORDER BY 1, 2""")
+#: The embedded server's own checks (``embedded.ensure_running``).
+DATA_DIRECTORY = _named("DATA_DIRECTORY", "SHOW data_directory")
+DATABASE_EXISTS = _named("DATABASE_EXISTS", "SELECT 1 FROM pg_database WHERE datname = %(name)s")
+CREATE_DATABASE = sql.SQL("/* redelivery:CREATE_DATABASE */ CREATE DATABASE {name}")
 GROUP_NAMES = _named("GROUP_NAMES", "SELECT id, name FROM consumer_groups")
 DB_NOW = _named("DB_NOW", "SELECT now()")
 
@@ -150,13 +146,16 @@ DB_NOW = _named("DB_NOW", "SELECT now()")
 REGISTER_DLQ_NAMES = _named("REGISTER_DLQ_NAMES", """
     INSERT INTO dead_letter_queues (name) SELECT unnest(%(names)s::text[]) ON CONFLICT (name) DO NOTHING""")
 DLQ_IDS = _named("DLQ_IDS", "SELECT name, id FROM dead_letter_queues WHERE name = ANY(%(names)s::text[])")
-DLQ_TABLE_STATE = _named("DLQ_TABLE_STATE", "SELECT name, table_created_at FROM dead_letter_queues WHERE id = %(dlq_id)s")
-DLQS_WITHOUT_TABLE = _named("DLQS_WITHOUT_TABLE", "SELECT id FROM dead_letter_queues WHERE table_created_at IS NULL")
-MARK_DLQ_TABLE_CREATED = _named("MARK_DLQ_TABLE_CREATED",
-                                "UPDATE dead_letter_queues SET table_created_at = now() WHERE id = %(dlq_id)s")
+DLQ_TABLE_STATE = _named("DLQ_TABLE_STATE", """
+    SELECT name, table_created_at FROM dead_letter_queues WHERE id = %(dlq_id)s""")
+DLQS_WITHOUT_TABLE = _named("DLQS_WITHOUT_TABLE", """
+    SELECT id FROM dead_letter_queues WHERE table_created_at IS NULL""")
+MARK_DLQ_TABLE_CREATED = _named("MARK_DLQ_TABLE_CREATED", """
+    UPDATE dead_letter_queues SET table_created_at = now() WHERE id = %(dlq_id)s""")
 #: A DLQ's table: a partition of dlq_messages named after the DLQ (the name is validated first).
-CREATE_DLQ_TABLE = sql.SQL("/* redelivery:CREATE_DLQ_TABLE */ "
-                           "CREATE TABLE IF NOT EXISTS {table} PARTITION OF dlq_messages FOR VALUES IN ({dlq_id})")
+CREATE_DLQ_TABLE = sql.SQL(
+    "/* redelivery:CREATE_DLQ_TABLE */ "
+    "CREATE TABLE IF NOT EXISTS {table} PARTITION OF dlq_messages FOR VALUES IN ({dlq_id})")
 #: Transaction-scoped advisory locks: (namespace, key).
 ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(%(namespace)s, %(key)s)")
 
@@ -166,14 +165,16 @@ ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(
 COPY_STAGING = _named("COPY_STAGING", """
     COPY publish_staging (batch_id, seq, key, body, content_type, properties) FROM STDIN (FORMAT BINARY)""")
 CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", """
-    INSERT INTO publish_batches (batch_id, topic_id, message_count) VALUES (%(batch)s, %(topic_id)s, %(count)s)
+    INSERT INTO publish_batches (batch_id, topic_id, message_count)
+    VALUES (%(batch)s, %(topic_id)s, %(count)s)
     ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id""")
 CLAIM_STAGED_PUBLISH_BATCH = _named("CLAIM_STAGED_PUBLISH_BATCH", """
     INSERT INTO publish_batches (batch_id, topic_id, message_count)
     SELECT %(batch)s, %(topic_id)s, count(*) FROM publish_staging WHERE batch_id = %(staging)s
     ON CONFLICT (batch_id) DO NOTHING RETURNING message_count""")
 PUBLISHED_IDS = _named("PUBLISHED_IDS", "SELECT id FROM messages WHERE publish_batch = %(batch)s ORDER BY id")
-PUBLISHED_COUNT = _named("PUBLISHED_COUNT", "SELECT message_count FROM publish_batches WHERE batch_id = %(batch)s")
+PUBLISHED_COUNT = _named("PUBLISHED_COUNT", """
+    SELECT message_count FROM publish_batches WHERE batch_id = %(batch)s""")
 #: Staged rows -> messages of topic ``topic_id`` in staging order, and a READY delivery per
 #: subscribed group; returns the new ids in order. JSON bodies are parsed by PostgreSQL on the way
 #: in, so one malformed body fails the whole statement.
@@ -209,7 +210,8 @@ RECEIVE = _named("RECEIVE", f"""
       UPDATE deliveries d SET state = 'INFLIGHT', delivery_count = d.delivery_count + 1,
           invisible_until = {AT} + make_interval(secs => %(lease)s), updated_at = now()
       WHERE d.message_id = ANY(ARRAY(SELECT message_id FROM claimed)) AND d.group_id = %(g)s
-      RETURNING d.message_id, d.delivery_count, d.reconsume_times, d.delay_level, d.invisible_until, d.last_error)
+      RETURNING d.message_id, d.delivery_count, d.reconsume_times, d.delay_level, d.invisible_until,
+                d.last_error)
     SELECT l.message_id, m.key, m.body, m.content_type, m.properties::text, m.published_at,
            l.delivery_count, l.reconsume_times, l.delay_level, l.invisible_until,
            coalesce(m.origin_message_id, m.id), l.last_error
@@ -342,7 +344,8 @@ TIER_RUN_START = _named("TIER_RUN_START", """
 TIER_RUN_FINISH = _named("TIER_RUN_FINISH", """
     UPDATE tier_runs SET status = %(status)s, finished_at = now(), summary = %(summary)s::jsonb
     WHERE run_key = %(run_key)s""")
-TIER_RUN_RESULT = _named("TIER_RUN_RESULT", "SELECT status, summary FROM tier_runs WHERE run_key = %(run_key)s")
+TIER_RUN_RESULT = _named("TIER_RUN_RESULT", """
+    SELECT status, summary FROM tier_runs WHERE run_key = %(run_key)s""")
 LATEST_TIER_RUNS = _named("LATEST_TIER_RUNS", """
     SELECT DISTINCT ON (tier) tier, window_end, status, summary->>'promoted', summary->>'dead_lettered',
            summary->'lateness_seconds'->>'p99'
@@ -353,8 +356,9 @@ LATEST_TIER_RUNS = _named("LATEST_TIER_RUNS", """
 DLQ_COUNT = _named("DLQ_COUNT", f"SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER}")
 #: The matching dead letters, oldest first, at most ``limit``.
 DLQ_SELECT = _named("DLQ_SELECT", f"""
-    SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason, q.last_error,
-           q.delivery_count, q.reconsume_times, q.dead_lettered_at, q.first_failure_at, q.last_failure_at,
+    SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
+           q.last_error, q.delivery_count, q.reconsume_times, q.dead_lettered_at, q.first_failure_at,
+           q.last_failure_at,
            q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
     ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
@@ -365,9 +369,11 @@ DLQ_SUMMARY_GROUPS = _named("DLQ_SUMMARY_GROUPS", """
     WHERE %(group)s::text IS NULL OR g.name = %(group)s::text
     GROUP BY 1, 2 ORDER BY 3 DESC, 2""")
 DLQ_TOP_QUEUES = _named("DLQ_TOP_QUEUES", f"""
-    SELECT dq.name, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+    SELECT dq.name, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s
+    GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
 DLQ_TOP_REASONS = _named("DLQ_TOP_REASONS", f"""
-    SELECT q.reason::text, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+    SELECT q.reason::text, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s
+    GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
 DLQ_TOP_ERRORS = _named("DLQ_TOP_ERRORS", f"""
     SELECT coalesce(q.last_error, '(none)'), count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(g)s
     GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
@@ -433,13 +439,19 @@ REDRIVE_RUN_FINISH = _named("REDRIVE_RUN_FINISH", """
     UPDATE redrive_runs SET status = %(status)s, finished_at = now(),
         selected = coalesce(%(selected)s::bigint, selected), sample = coalesce(%(sample)s::jsonb, sample)
     WHERE id = %(run)s
-    RETURNING run_key, triggered_by, filter, dry_run, status, selected, moved, sample, started_at, finished_at""")
+    RETURNING run_key, triggered_by, filter, dry_run, status, selected, moved, sample, started_at,
+              finished_at""")
 REDRIVE_RUN_RESULT = _named("REDRIVE_RUN_RESULT",
                             "SELECT status, moved, selected FROM redrive_runs WHERE run_key = %(run_key)s")
 LATEST_REDRIVES = _named("LATEST_REDRIVES", """
     SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.selected, r.moved, r.started_at
     FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DESC LIMIT 10""")
 
+#: The statements that move deliveries between states (docs/ARCHITECTURE.md, "State changes").
+STATE_CHANGES = ("FAN_OUT", "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",
+                 "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
+                 "REDRIVE_MOVE_BATCH")
 #: Every statement by name (psycopg.sql compositions excepted): the EXPLAIN test runs them all.
 ALL: dict[str, str] = {name: value for name, value in dict(globals()).items()
                        if isinstance(value, str) and value.startswith("/* redelivery:")}
+# fmt: on

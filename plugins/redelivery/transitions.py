@@ -40,9 +40,13 @@ class WindowResult:
     lateness: dict = field(default_factory=dict)
     held_back: dict = field(default_factory=dict)
 
-    def merge(self, other: "WindowResult") -> "WindowResult":
-        for mine, theirs in ((self.promoted, other.promoted), (self.retried, other.retried),
-                             (self.dead_lettered, other.dead_lettered), (self.held_back, other.held_back)):
+    def merge(self, other: WindowResult) -> WindowResult:
+        for mine, theirs in (
+            (self.promoted, other.promoted),
+            (self.retried, other.retried),
+            (self.dead_lettered, other.dead_lettered),
+            (self.held_back, other.held_back),
+        ):
             for key, n in theirs.items():
                 mine[key] = mine.get(key, 0) + n
         for bucket, (n, top) in other.lateness.items():
@@ -61,7 +65,9 @@ class WindowResult:
             self.dead_lettered[(group_id, reason)] = self.dead_lettered.get((group_id, reason), 0) + n
 
 
-def plan_ranges(conn: psycopg.Connection, statement: str, params: dict, partitions: int) -> list[tuple[int, int]]:
+def plan_ranges(
+    conn: psycopg.Connection, statement: str, params: dict, partitions: int
+) -> list[tuple[int, int]]:
     """Split the message ids a job will touch into at most ``partitions`` ranges ``[lo, hi)`` of
     about equal size. ``statement`` (PLAN_WINDOW_RANGES or PLAN_REDRIVE_RANGES) returns the min,
     the max and the quantile cut points of those ids. Empty list when there are none."""
@@ -70,27 +76,39 @@ def plan_ranges(conn: psycopg.Connection, statement: str, params: dict, partitio
     if low is None:
         return []
     bounds = sorted({low, *(cuts or []), high + 1})
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def window_params(policies: dict, levels: list[int], window_end: datetime) -> dict:
     """The parameters every window statement shares."""
-    return {**policies, "levels": levels, "window_end": window_end, "dead_lettered_at": window_end,
-            "lease_error": LEASE_EXPIRED_ERROR, "bucket_ms": LATENESS_BUCKET_MS}
+    return {
+        **policies,
+        "levels": levels,
+        "window_end": window_end,
+        "dead_lettered_at": window_end,
+        "lease_error": LEASE_EXPIRED_ERROR,
+        "bucket_ms": LATENESS_BUCKET_MS,
+    }
 
 
-def plan_window(conn: psycopg.Connection, levels: list[int], window_end: datetime, partitions: int) -> list[tuple[int, int]]:
+def plan_window(
+    conn: psycopg.Connection, levels: list[int], window_end: datetime, partitions: int
+) -> list[tuple[int, int]]:
     """Message-id ranges of about equal size over the window's candidates."""
     return plan_ranges(conn, S.PLAN_WINDOW_RANGES, {"levels": levels, "window_end": window_end}, partitions)
 
 
-def dlq_tables_needed(conn: psycopg.Connection, levels: list[int], window_end: datetime, policies: dict) -> set[int]:
+def dlq_tables_needed(
+    conn: psycopg.Connection, levels: list[int], window_end: datetime, policies: dict
+) -> set[int]:
     """DLQs without a table that this window would dead-letter into (usually none)."""
     missing = missing_dlq_tables(conn)
     if not missing:
         return set()
-    rows = conn.execute(S.WINDOW_DLQS_NEEDED, {**policies, "missing": list(missing), "levels": levels,
-                                               "window_end": window_end}).fetchall()
+    rows = conn.execute(
+        S.WINDOW_DLQS_NEEDED,
+        {**policies, "missing": list(missing), "levels": levels, "window_end": window_end},
+    ).fetchall()
     return {r[0] for r in rows}
 
 
@@ -120,19 +138,29 @@ def apply_window_range(
     with conn.transaction(force_rollback=dry_run):
         for group_id, n in conn.execute(S.EXPIRE_LEASES_RETRY, params):
             result.retried[group_id] = n
-        result.add_dead_lettered(conn.execute(S.EXPIRE_LEASES_DEAD_LETTER, {**params, "reason": "LEASE_EXPIRED"}))
+        result.add_dead_lettered(
+            conn.execute(S.EXPIRE_LEASES_DEAD_LETTER, {**params, "reason": "LEASE_EXPIRED"})
+        )
         result.add_promoted(conn.execute(S.PROMOTE, params))
-        result.add_dead_lettered(conn.execute(S.DEAD_LETTER_OVER_MAX, {**params, "reason": "MAX_DELIVERIES_EXCEEDED"}))
+        result.add_dead_lettered(
+            conn.execute(S.DEAD_LETTER_OVER_MAX, {**params, "reason": "MAX_DELIVERIES_EXCEEDED"})
+        )
     return result
 
 
-def promote_capped(conn: psycopg.Connection, *, levels: list[int], policies: dict, window_end: datetime,
-                   dry_run: bool = False) -> WindowResult:
+def promote_capped(
+    conn: psycopg.Connection,
+    *,
+    levels: list[int],
+    policies: dict,
+    window_end: datetime,
+    dry_run: bool = False,
+) -> WindowResult:
     """Promote the due messages of subscriptions with a ready-backlog cap, oldest due first, up to
     the room under the cap; the rest stay WAITING_RETRY for a later window (nothing lost, nothing
     early). One transaction per subscription, serialised with publishers by an advisory lock."""
     result = WindowResult()
-    for topic, group_id, cap in zip(policies["p_topic"], policies["p_group"], policies["p_cap"]):
+    for topic, group_id, cap in zip(policies["p_topic"], policies["p_group"], policies["p_cap"], strict=True):
         if cap is None:
             continue
         params = {**window_params(policies, levels, window_end), "topic_id": topic, "g": group_id}

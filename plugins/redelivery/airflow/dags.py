@@ -9,7 +9,7 @@ a subset of the tier's levels, dry run.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, DeltaDataIntervalTimetable, Param
 
@@ -17,7 +17,7 @@ from ..config import RedeliveryConfig, TierConfig, cached_config
 from ..levels import format_duration
 from .operators import TierWindowOperator
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def dag_id(tier: TierConfig) -> str:
@@ -46,12 +46,28 @@ level, and lateness from due time to window end (p50, p99, max).
         tags=["redelivery", "tier"],
         doc_md=doc,
         params={
-            "window_end": Param(None, type=["null", "string"], format="date-time", title="Window end",
-                                description="ISO 8601 time with zone. Empty: the run's data interval end (now for a manual run)."),
-            "levels": Param([], type="array", items={"type": "integer", "enum": list(tier.levels)}, uniqueItems=True,
-                            title="Levels", description=f"Subset of this tier's levels {tier.levels}. Empty: all."),
-            "dry_run": Param(False, type="boolean", title="Dry run",
-                             description="Report what would move and change nothing."),
+            "window_end": Param(
+                None,
+                type=["null", "string"],
+                format="date-time",
+                title="Window end",
+                description="ISO 8601 time with zone. Empty: the run's data interval end "
+                "(now for a manual run).",
+            ),
+            "levels": Param(
+                [],
+                type="array",
+                items={"type": "integer", "enum": list(tier.levels)},
+                uniqueItems=True,
+                title="Levels",
+                description=f"Subset of this tier's levels {tier.levels}. Empty: all.",
+            ),
+            "dry_run": Param(
+                False,
+                type="boolean",
+                title="Dry run",
+                description="Report what would move and change nothing.",
+            ),
         },
         default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     ) as dag:

@@ -44,8 +44,14 @@ class RedeliveryHook(BaseHook):
             return db.database_url()
         keywords = _libpq_keywords()
         extra = {k: str(v) for k, v in (conn.extra_dejson or {}).items() if k in keywords}
-        return make_conninfo(host=conn.host, port=conn.port or 5432, user=conn.login, password=conn.password or None,
-                             dbname=conn.schema or "redelivery", **extra)
+        return make_conninfo(
+            host=conn.host,
+            port=conn.port or 5432,
+            user=conn.login,
+            password=conn.password or None,
+            dbname=conn.schema or "redelivery",
+            **extra,
+        )
 
     def get_conn(self) -> psycopg.Connection:
         """A psycopg connection with ``search_path`` set to the ``redelivery`` schema."""

@@ -28,7 +28,8 @@ def spark_master(conn_id: str = SPARK_CONN_ID) -> str:
     except AirflowNotFoundException as exc:
         raise RuntimeError(
             f"Airflow connection {conn_id!r} is missing: define the Spark master, e.g. "
-            f"AIRFLOW_CONN_{conn_id.upper()}='{{\"conn_type\": \"spark\", \"host\": \"local[2]\"}}'") from exc
+            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "spark", "host": "local[2]"}}\''
+        ) from exc
     return conn.host or "yarn"
 
 
@@ -38,12 +39,18 @@ class TierWindowOperator(SparkSubmitOperator):
 
     def __init__(self, *, tier: str, **kwargs):
         args = [
-            "--tier", tier,
-            "--window-end", "{{ params.window_end or data_interval_end.isoformat() }}",
-            "--window-start", "{{ '' if params.window_end else data_interval_start.isoformat() }}",
-            "--run-key", "{{ dag.dag_id }}/{{ run_id }}/{{ ti.try_number }}",
-            "--levels", "{{ (params.levels or []) | join(',') }}",
-            "--dry-run", "{{ params.dry_run }}",
+            "--tier",
+            tier,
+            "--window-end",
+            "{{ params.window_end or data_interval_end.isoformat() }}",
+            "--window-start",
+            "{{ '' if params.window_end else data_interval_start.isoformat() }}",
+            "--run-key",
+            "{{ dag.dag_id }}/{{ run_id }}/{{ ti.try_number }}",
+            "--levels",
+            "{{ (params.levels or []) | join(',') }}",
+            "--dry-run",
+            "{{ params.dry_run }}",
         ]
         kwargs.setdefault("conn_id", SPARK_CONN_ID)
         kwargs.setdefault("name", f"redelivery-tier-{tier}")
@@ -61,10 +68,19 @@ class TierWindowOperator(SparkSubmitOperator):
         with hook.get_conn() as conn:
             row = conn.execute(S.TIER_RUN_RESULT, {"run_key": run_key}).fetchone()
         if row is None or row[0] != "success":
-            raise RuntimeError(f"tier run {run_key!r} did not record a successful summary (status: {row and row[0]})")
+            raise RuntimeError(
+                f"tier run {run_key!r} did not record a successful summary (status: {row and row[0]})"
+            )
         summary = row[1]
-        self.log.info("tier %s window ending %s moved: %s", self.tier, summary["window_end"], json.dumps(summary))
+        self.log.info(
+            "tier %s window ending %s moved: %s", self.tier, summary["window_end"], json.dumps(summary)
+        )
         for group, moved in summary["by_group"].items():
-            self.log.info("group %s: promoted per level %s, lease expired -> retry %s, dead-lettered %s", group,
-                          moved["promoted"], moved["retried_after_lease_expiry"], moved["dead_lettered"])
+            self.log.info(
+                "group %s: promoted per level %s, lease expired -> retry %s, dead-lettered %s",
+                group,
+                moved["promoted"],
+                moved["retried_after_lease_expiry"],
+                moved["dead_lettered"],
+            )
         return summary

@@ -7,6 +7,7 @@ record. Large selections go to a Spark job through the Spark provider."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 from airflow.sdk import DAG, Param, get_current_context, task
 
@@ -36,8 +37,18 @@ message twice; marking the task failed stops it between batches, every message i
 
 def request_from(params: dict) -> RedriveRequest:
     """The redrive the Params ask for (pydantic validates them once more)."""
-    keys = ("group", "topic", "dead_lettered_from", "dead_lettered_to", "error_contains", "max_messages",
-            "rate_limit", "destination_topic", "reset_counts", "dry_run")
+    keys = (
+        "group",
+        "topic",
+        "dead_lettered_from",
+        "dead_lettered_to",
+        "error_contains",
+        "max_messages",
+        "rate_limit",
+        "destination_topic",
+        "reset_counts",
+        "dry_run",
+    )
     values = {k: params.get(k) for k in keys}
     values["reasons"] = params.get("reasons") or []
     values["message_ids"] = params.get("message_ids") or []
@@ -52,33 +63,92 @@ def redrive_dag() -> DAG:
         catchup=False,
         max_active_runs=1,
         tags=["redelivery", "dlq"],
+        # a retried redrive resumes its run key: it never moves a message twice
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
         doc_md=DOC,
         params={
-            "group": Param(type="string", pattern=f"^{NAME_REGEX}$", title="Consumer group",
-                           description="Required. The group whose dead letters move."),
-            "topic": Param(None, type=["null", "string"], title="Topic",
-                           description="Only dead letters from this topic. Empty: every topic of the group."),
-            "dead_lettered_from": Param(None, type=["null", "string"], format="date-time", title="Dead-lettered from",
-                                        description="ISO 8601 time, inclusive. Empty: no lower bound."),
-            "dead_lettered_to": Param(None, type=["null", "string"], format="date-time", title="Dead-lettered before",
-                                      description="ISO 8601 time, exclusive. Empty: no upper bound."),
-            "reasons": Param([], type="array", items={"type": "string", "enum": list(REASONS)}, uniqueItems=True,
-                             title="Reasons", description="Only these dead-letter reasons. Empty: all."),
-            "error_contains": Param(None, type=["null", "string"], maxLength=1000, title="Error text contains",
-                                    description="Case-insensitive text of the last error. Empty: any."),
-            "message_ids": Param([], type="array", items={"type": "integer", "minimum": 1}, title="Message ids",
-                                 description="Only these message ids. Empty: any."),
-            "max_messages": Param(None, type=["null", "integer"], minimum=1, title="Max messages",
-                                  description="Move at most this many. Empty: all that match."),
-            "rate_limit": Param(500, type=["null", "number"], exclusiveMinimum=0, maximum=1000000,
-                                title="Rate limit (messages per second)", description="Empty: no limit."),
-            "destination_topic": Param(None, type=["null", "string"], title="Destination topic",
-                                       description="Empty: back to the original topic. Otherwise a copy is "
-                                                   "published there and the dead letter is closed."),
-            "reset_counts": Param(True, type="boolean", title="Reset delivery count and reconsume times",
-                                  description="On: a redriven message starts its retries afresh."),
-            "dry_run": Param(True, type="boolean", title="Dry run",
-                             description="On: only count and sample what would move."),
+            "group": Param(
+                type="string",
+                pattern=f"^{NAME_REGEX}$",
+                title="Consumer group",
+                description="Required. The group whose dead letters move.",
+            ),
+            "topic": Param(
+                None,
+                type=["null", "string"],
+                title="Topic",
+                description="Only dead letters from this topic. Empty: every topic of the group.",
+            ),
+            "dead_lettered_from": Param(
+                None,
+                type=["null", "string"],
+                format="date-time",
+                title="Dead-lettered from",
+                description="ISO 8601 time, inclusive. Empty: no lower bound.",
+            ),
+            "dead_lettered_to": Param(
+                None,
+                type=["null", "string"],
+                format="date-time",
+                title="Dead-lettered before",
+                description="ISO 8601 time, exclusive. Empty: no upper bound.",
+            ),
+            "reasons": Param(
+                [],
+                type="array",
+                items={"type": "string", "enum": list(REASONS)},
+                uniqueItems=True,
+                title="Reasons",
+                description="Only these dead-letter reasons. Empty: all.",
+            ),
+            "error_contains": Param(
+                None,
+                type=["null", "string"],
+                maxLength=1000,
+                title="Error text contains",
+                description="Case-insensitive text of the last error. Empty: any.",
+            ),
+            "message_ids": Param(
+                [],
+                type="array",
+                items={"type": "integer", "minimum": 1},
+                title="Message ids",
+                description="Only these message ids. Empty: any.",
+            ),
+            "max_messages": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                title="Max messages",
+                description="Move at most this many. Empty: all that match.",
+            ),
+            "rate_limit": Param(
+                500,
+                type=["null", "number"],
+                exclusiveMinimum=0,
+                maximum=1000000,
+                title="Rate limit (messages per second)",
+                description="Empty: no limit.",
+            ),
+            "destination_topic": Param(
+                None,
+                type=["null", "string"],
+                title="Destination topic",
+                description="Empty: back to the original topic. Otherwise a copy is "
+                "published there and the dead letter is closed.",
+            ),
+            "reset_counts": Param(
+                True,
+                type="boolean",
+                title="Reset delivery count and reconsume times",
+                description="On: a redriven message starts its retries afresh.",
+            ),
+            "dry_run": Param(
+                True,
+                type="boolean",
+                title="Dry run",
+                description="On: only count and sample what would move.",
+            ),
         },
     ) as dag:
 
@@ -91,7 +161,7 @@ def redrive_dag() -> DAG:
                 print(f"DLQ summary: {json.dumps(item)}")
             return found
 
-        @task(task_id="redrive", retries=2)
+        @task(task_id="redrive")
         def run_redrive() -> dict:
             context = get_current_context()
             request = request_from(context["params"])
@@ -115,9 +185,20 @@ def _redrive_with_spark(request: RedriveRequest, run_key: str, who: str | None, 
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     env_vars, conf = submit_environment(spark_master(SPARK_CONN_ID), url)
-    SparkSubmitHook(conn_id=SPARK_CONN_ID, conf=conf, name="redelivery-dlq-redrive", env_vars=env_vars,
-                    application_args=["--run-key", run_key, "--triggered-by", who or "",
-                                      "--request", request.model_dump_json()]).submit(REDRIVE_APPLICATION)
+    SparkSubmitHook(
+        conn_id=SPARK_CONN_ID,
+        conf=conf,
+        name="redelivery-dlq-redrive",
+        env_vars=env_vars,
+        application_args=[
+            "--run-key",
+            run_key,
+            "--triggered-by",
+            who or "",
+            "--request",
+            request.model_dump_json(),
+        ],
+    ).submit(REDRIVE_APPLICATION)
     with RedeliveryHook().get_conn() as conn:
         row = conn.execute(S.REDRIVE_RUN_RESULT, {"run_key": run_key}).fetchone()
     if row is None or row[0] != "success":

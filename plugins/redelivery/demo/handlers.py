@@ -21,10 +21,13 @@ class HttpDelivery:
         session = _sessions.setdefault(self.url, requests.Session())
         outcomes: list[tuple[str, str | None]] = []
         for start in range(0, len(messages), self.chunk):
-            part = messages[start:start + self.chunk]
+            part = messages[start : start + self.chunk]
             try:
-                reply = session.post(self.url, json=[{"id": m.message_id, "flight": m.body} for m in part],
-                                     timeout=self.timeout)
+                reply = session.post(
+                    self.url,
+                    json=[{"id": m.message_id, "flight": m.body} for m in part],
+                    timeout=self.timeout,
+                )
             except requests.RequestException as exc:
                 outcomes += [("retry", f"receiver unreachable: {type(exc).__name__}")] * len(part)
                 continue
@@ -34,8 +37,11 @@ class HttpDelivery:
             by_id = {r["id"]: r for r in reply.json()["results"]}
             for m in part:
                 result = by_id.get(m.message_id, {"status": 500, "error": "missing from the reply"})
-                outcomes.append(("ack", None) if result["status"] == 201
-                                else ("retry", f"HTTP {result['status']}: {result.get('error')}"))
+                outcomes.append(
+                    ("ack", None)
+                    if result["status"] == 201
+                    else ("retry", f"HTTP {result['status']}: {result.get('error')}")
+                )
         return outcomes
 
 

@@ -70,7 +70,7 @@ class FlightReceiver:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/flights"
 
-    def start(self) -> "FlightReceiver":
+    def start(self) -> FlightReceiver:
         self._thread.start()
         return self
 

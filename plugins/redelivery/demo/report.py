@@ -15,7 +15,9 @@ def summary_table(stats: dict) -> str:
     return "\n".join(lines)
 
 
-def check(client, stats, *, total, cancelled_keys, receiver, http_group, stats_group, max_reconsume_times) -> list[str]:
+def check(
+    client, stats, *, total, cancelled_keys, receiver, http_group, stats_group, max_reconsume_times
+) -> list[str]:
     """The demo's promise, checked against the database and the receiver. Returns failures.
 
     Every flight ends exactly once per group. In ``http_group`` every cancelled flight (its key in
@@ -32,23 +34,53 @@ def check(client, stats, *, total, cancelled_keys, receiver, http_group, stats_g
 
     for group in (http_group, stats_group):
         counts = stats[group]
-        expect(f"{group}: messages in READY/INFLIGHT/WAITING_RETRY", counts["READY"] + counts["INFLIGHT"] + counts["WAITING_RETRY"], 0)
+        expect(
+            f"{group}: messages in READY/INFLIGHT/WAITING_RETRY",
+            counts["READY"] + counts["INFLIGHT"] + counts["WAITING_RETRY"],
+            0,
+        )
         expect(f"{group}: deliveries (one per flight)", sum(counts.values()), total)
     expect(f"{stats_group}: COMMITTED", stats[stats_group]["COMMITTED"], total)
     dead = conn.execute(
         """SELECT q.message_id, m.key, q.reason::text, q.reconsume_times, q.delivery_count, q.last_error
-           FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id JOIN messages m ON m.id = q.message_id
-           WHERE g.name = %s""", (http_group,)).fetchall()
+           FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id
+           JOIN messages m ON m.id = q.message_id
+           WHERE g.name = %s""",
+        (http_group,),
+    ).fetchall()
     expect(f"{http_group}: DLQ table rows = DLQ state", len(dead), stats[http_group]["DLQ"])
-    expect(f"{http_group}: cancelled flights missing from the DLQ", len(set(cancelled_keys) - {r[1] for r in dead}), 0)
-    wrong = [r for r in dead if (r[2], r[3], r[4]) != ("MAX_DELIVERIES_EXCEEDED", max_reconsume_times, max_reconsume_times + 1)]
-    expect(f"{http_group}: dead letters without {max_reconsume_times} reconsume times and one more delivery", len(wrong), 0)
+    expect(
+        f"{http_group}: cancelled flights missing from the DLQ",
+        len(set(cancelled_keys) - {r[1] for r in dead}),
+        0,
+    )
+    wrong = [
+        r
+        for r in dead
+        if (r[2], r[3], r[4]) != ("MAX_DELIVERIES_EXCEEDED", max_reconsume_times, max_reconsume_times + 1)
+    ]
+    expect(
+        f"{http_group}: dead letters without {max_reconsume_times} reconsume times and one more delivery",
+        len(wrong),
+        0,
+    )
     mismatched = [r for r in dead if receiver.last_answer.get(r[0]) != r[5]]
-    expect(f"{http_group}: dead letters whose last error is not the receiver's last answer", len(mismatched), 0)
-    committed = {r[0] for r in conn.execute(
-        """SELECT d.message_id FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
-           WHERE g.name = %s AND d.state = 'COMMITTED'""", (http_group,))}
-    expect("flights the receiver accepted that are not COMMITTED (or the reverse)", len(committed ^ receiver.accepted), 0)
+    expect(
+        f"{http_group}: dead letters whose last error is not the receiver's last answer", len(mismatched), 0
+    )
+    committed = {
+        r[0]
+        for r in conn.execute(
+            """SELECT d.message_id FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
+           WHERE g.name = %s AND d.state = 'COMMITTED'""",
+            (http_group,),
+        )
+    }
+    expect(
+        "flights the receiver accepted that are not COMMITTED (or the reverse)",
+        len(committed ^ receiver.accepted),
+        0,
+    )
     expect("flights the receiver accepted twice", receiver.duplicates, 0)
     return failures
 

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 TOPIC = "flights"
@@ -29,15 +29,33 @@ HTTP_GROUP, STATS_GROUP = "flights-http", "flights-stats"
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m redelivery.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--month", type=int, default=None, choices=range(1, 13), metavar="1..12",
-                        help="publish one month only (1: 27,004 flights, 521 cancelled); default: all 336,776")
-    parser.add_argument("--limit", type=int, default=None, help="publish only the first N flights of the slice")
-    parser.add_argument("--max-reconsume-times", type=int, default=16,
-                        help="max reconsume times of both groups (default 16, RocketMQ)")
-    parser.add_argument("--transient-share", type=float, default=0.05,
-                        help="share of HTTP requests answered 429/503 (default 0.05)")
+    parser.add_argument(
+        "--month",
+        type=int,
+        default=None,
+        choices=range(1, 13),
+        metavar="1..12",
+        help="publish one month only (1: 27,004 flights, 521 cancelled); default: all 336,776",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="publish only the first N flights of the slice"
+    )
+    parser.add_argument(
+        "--max-reconsume-times",
+        type=int,
+        default=16,
+        help="max reconsume times of both groups (default 16, RocketMQ)",
+    )
+    parser.add_argument(
+        "--transient-share",
+        type=float,
+        default=0.05,
+        help="share of HTTP requests answered 429/503 (default 0.05)",
+    )
     parser.add_argument("--consumers", type=int, default=2, help="Spark tasks per consumer group (default 2)")
-    parser.add_argument("--out", type=Path, default=Path("demo-output"), help="folder for the chart and summary")
+    parser.add_argument(
+        "--out", type=Path, default=Path("demo-output"), help="folder for the chart and summary"
+    )
     return parser.parse_args(argv)
 
 
@@ -50,14 +68,24 @@ def load_flights(spark, month: int | None, limit: int | None = None):
     if limit is not None:
         frame = frame.head(limit)
     df = spark.createDataFrame(frame.reset_index(drop=True))
-    cols = [F.when(F.isnan(F.col(c)), F.lit(None)).otherwise(F.col(c)).alias(c) if t == "double" else F.col(c)
-            for c, t in df.dtypes]
+    cols = [
+        F.when(F.isnan(F.col(c)), F.lit(None)).otherwise(F.col(c)).alias(c) if t == "double" else F.col(c)
+        for c, t in df.dtypes
+    ]
     df = df.select(*cols)
     key = F.concat_ws("-", "year", "month", "day", "carrier", "flight", "origin", "sched_dep_time")
     cancelled = frame[frame.dep_time.isna()]
-    cancelled_keys = {"-".join(str(v) for v in row) for row in cancelled[
-        ["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time"]].itertuples(index=False)}
-    return df.select(key.alias("key"), F.to_json(F.struct(*df.columns)).alias("body")), len(frame), cancelled_keys
+    cancelled_keys = {
+        "-".join(str(v) for v in row)
+        for row in cancelled[
+            ["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time"]
+        ].itertuples(index=False)
+    }
+    return (
+        df.select(key.alias("key"), F.to_json(F.struct(*df.columns)).alias("body")),
+        len(frame),
+        cancelled_keys,
+    )
 
 
 def align_up(moment: datetime, window: int, origin: datetime) -> datetime:
@@ -69,7 +97,11 @@ def align_up(moment: datetime, window: int, origin: datetime) -> datetime:
 
 def next_windows(conn, config, origin) -> dict[str, datetime]:
     """For each tier with something due: the end of the first window that promotes it."""
-    due = dict(conn.execute("SELECT delay_level, min(due_at) FROM deliveries WHERE state = 'WAITING_RETRY' GROUP BY 1"))
+    due = dict(
+        conn.execute(
+            "SELECT delay_level, min(due_at) FROM deliveries WHERE state = 'WAITING_RETRY' GROUP BY 1"
+        )
+    )
     lease = conn.execute("SELECT min(invisible_until) FROM deliveries WHERE state = 'INFLIGHT'").fetchone()[0]
     ends = {}
     for tier in config.tiers:
@@ -109,7 +141,7 @@ def main(argv=None) -> int:
     spark = get_spark("redelivery-demo")
     spark.sparkContext.setLogLevel("ERROR")
     dags = tier_dags(config)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     clock = now.replace(minute=0, second=0, microsecond=0) - timedelta(days=1)
     try:
         df, total, cancelled_keys = load_flights(spark, args.month, args.limit)
@@ -117,7 +149,10 @@ def main(argv=None) -> int:
         scope = "all of 2013" if args.month is None else f"month {args.month} of 2013"
         if args.limit is not None:
             scope += f", first {args.limit}"
-        print(f"publishing {total:,} flights ({scope}, {cancelled:,} cancelled) to topic {TOPIC!r} at {clock:%Y-%m-%d %H:%M} UTC")
+        print(
+            f"publishing {total:,} flights ({scope}, {cancelled:,} cancelled) to topic {TOPIC!r} "
+            f"at {clock:%Y-%m-%d %H:%M} UTC"
+        )
         t0 = time.perf_counter()
         publish_dataframe(df, TOPIC, batch_id=f"demo-{clock.isoformat()}-{scope}", at=clock)
         print(f"  published in {time.perf_counter() - t0:.1f} s")
@@ -126,10 +161,15 @@ def main(argv=None) -> int:
         while True:
             for group, handler in handlers.items():
                 t1 = time.perf_counter()
-                counts = consume(spark, group=group, topic=TOPIC, handler=handler, consumers=args.consumers, at=clock)
+                counts = consume(
+                    spark, group=group, topic=TOPIC, handler=handler, consumers=args.consumers, at=clock
+                )
                 if counts["received"]:
-                    print(f"  {clock:%H:%M:%S} {group:<14} received {counts['received']:>7,}  acked {counts['acked']:>7,}  "
-                          f"retried {counts['retried']:>6,}  rejected {counts['rejected']:>3,}  ({time.perf_counter() - t1:.1f} s)")
+                    print(
+                        f"  {clock:%H:%M:%S} {group:<14} received {counts['received']:>7,}  "
+                        f"acked {counts['acked']:>7,}  retried {counts['retried']:>6,}  "
+                        f"rejected {counts['rejected']:>3,}  ({time.perf_counter() - t1:.1f} s)"
+                    )
             timeline.append((clock, client.stats()[TOPIC]))
             ends = next_windows(client.conn, config, START)
             if not ends:
@@ -141,26 +181,52 @@ def main(argv=None) -> int:
                 if str(run.state) not in ("success", "DagRunState.SUCCESS"):
                     raise RuntimeError(f"{dag_id(tier)} run for window ending {clock} ended {run.state}")
                 summary = client.conn.execute(
-                    "SELECT summary FROM tier_runs WHERE tier = %s AND window_end = %s AND status = 'success' "
-                    "ORDER BY finished_at DESC LIMIT 1", (tier.name, clock)).fetchone()[0]
+                    "SELECT summary FROM tier_runs WHERE tier = %s AND window_end = %s "
+                    "AND status = 'success' ORDER BY finished_at DESC LIMIT 1",
+                    (tier.name, clock),
+                ).fetchone()[0]
                 runs.append(summary)
-                print(f"  {clock:%H:%M:%S} tier {tier.name:<10} promoted {summary['promoted']:>6,}  dead-lettered "
-                      f"{summary['dead_lettered']:>5,}  lateness p99 {summary['lateness_seconds']['p99']} s  "
-                      f"(DAG run {time.perf_counter() - t1:.1f} s)")
+                print(
+                    f"  {clock:%H:%M:%S} tier {tier.name:<10} promoted {summary['promoted']:>6,}  "
+                    f"dead-lettered {summary['dead_lettered']:>5,}  "
+                    f"lateness p99 {summary['lateness_seconds']['p99']} s  "
+                    f"(DAG run {time.perf_counter() - t1:.1f} s)"
+                )
         stats = client.stats()[TOPIC]
         print()
         print(summary_table(stats))
-        failures = check(client, stats, total=total, cancelled_keys=cancelled_keys, receiver=receiver,
-                         http_group=HTTP_GROUP, stats_group=STATS_GROUP, max_reconsume_times=args.max_reconsume_times)
+        failures = check(
+            client,
+            stats,
+            total=total,
+            cancelled_keys=cancelled_keys,
+            receiver=receiver,
+            http_group=HTTP_GROUP,
+            stats_group=STATS_GROUP,
+            max_reconsume_times=args.max_reconsume_times,
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         chart = write_chart(args.out / "redelivery-demo.png", timeline, runs, HTTP_GROUP)
-        (args.out / "summary.json").write_text(json.dumps(
-            {"flights": total, "cancelled": cancelled, "stats": stats,
-             "dead_lettered_after_transient_failures_only": stats[HTTP_GROUP]["DLQ"] - cancelled, "tier_runs": len(runs),
-             "simulated_seconds": (clock - timeline[0][0]).total_seconds(),
-             "wall_seconds": round(time.perf_counter() - started, 1), "failures": failures}, indent=2, default=str))
-        print(f"\nsimulated {clock - timeline[0][0]} in {len(runs)} tier DAG runs; wall time "
-              f"{time.perf_counter() - started:.0f} s; chart: {chart}")
+        (args.out / "summary.json").write_text(
+            json.dumps(
+                {
+                    "flights": total,
+                    "cancelled": cancelled,
+                    "stats": stats,
+                    "dead_lettered_after_transient_failures_only": stats[HTTP_GROUP]["DLQ"] - cancelled,
+                    "tier_runs": len(runs),
+                    "simulated_seconds": (clock - timeline[0][0]).total_seconds(),
+                    "wall_seconds": round(time.perf_counter() - started, 1),
+                    "failures": failures,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+        print(
+            f"\nsimulated {clock - timeline[0][0]} in {len(runs)} tier DAG runs; wall time "
+            f"{time.perf_counter() - started:.0f} s; chart: {chart}"
+        )
         if failures:
             print("FAILED checks:\n  " + "\n  ".join(failures))
             return 1

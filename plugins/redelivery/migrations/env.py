@@ -14,7 +14,9 @@ def run_migrations_online() -> None:
         connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
         connection.commit()
         try:
-            context.configure(connection=connection, version_table_schema=SCHEMA, transaction_per_migration=True)
+            context.configure(
+                connection=connection, version_table_schema=SCHEMA, transaction_per_migration=True
+            )
             with context.begin_transaction():
                 context.run_migrations()
             connection.commit()

@@ -16,8 +16,15 @@ from ..client import Client, ReceivedMessage
 Handler = Callable[[list[ReceivedMessage]], list[tuple[str, str | None]]]
 
 
-def consume_partition(url: str, group: str, topic: str, handler: Handler, batch_size: int,
-                      invisible_duration: int, at: datetime | None) -> Counter:
+def consume_partition(
+    url: str,
+    group: str,
+    topic: str,
+    handler: Handler,
+    batch_size: int,
+    invisible_duration: int,
+    at: datetime | None,
+) -> Counter:
     """One consumer loop; returns counts of received, acked, retried and rejected messages."""
     counts: Counter = Counter()
     with Client(url) as client:
@@ -29,30 +36,45 @@ def consume_partition(url: str, group: str, topic: str, handler: Handler, batch_
             if len(outcomes) != len(batch):
                 raise ValueError(f"handler returned {len(outcomes)} outcomes for {len(batch)} messages")
             split: dict[str, list] = {"ack": [], "retry": [], "reject": []}
-            for message, (outcome, error) in zip(batch, outcomes):
+            for message, (outcome, error) in zip(batch, outcomes, strict=True):
                 if outcome not in split:
                     raise ValueError(f"unknown outcome {outcome!r}: use 'ack', 'retry' or 'reject'")
                 split[outcome].append((message, error))
             counts["received"] += len(batch)
             counts["acked"] += client.ack(group, [m for m, _ in split["ack"]])
             if split["retry"]:
-                counts["retried"] += client.nack(group, [m for m, _ in split["retry"]],
-                                                 error=[e for _, e in split["retry"]], at=at)
+                counts["retried"] += client.nack(
+                    group, [m for m, _ in split["retry"]], error=[e for _, e in split["retry"]], at=at
+                )
             if split["reject"]:
-                counts["rejected"] += client.reject(group, [m for m, _ in split["reject"]],
-                                                    error=[e for _, e in split["reject"]], at=at)
+                counts["rejected"] += client.reject(
+                    group, [m for m, _ in split["reject"]], error=[e for _, e in split["reject"]], at=at
+                )
 
 
-def consume(spark, *, group: str, topic: str, handler: Handler, consumers: int = 2, batch_size: int = 500,
-            invisible_duration: int = 300, at: datetime | None = None, url: str | None = None) -> dict:
+def consume(
+    spark,
+    *,
+    group: str,
+    topic: str,
+    handler: Handler,
+    consumers: int = 2,
+    batch_size: int = 500,
+    invisible_duration: int = 300,
+    at: datetime | None = None,
+    url: str | None = None,
+) -> dict:
     """Run ``consumers`` Spark tasks consuming ``topic`` for ``group`` until nothing is READY.
 
     ``invisible_duration``: the lease per batch in seconds. Returns summed counts
     ``{"received", "acked", "retried", "rejected"}`` (retried includes dead-lettered on exhaustion)."""
     url = url or db.database_url()
     args = (url, group, topic, handler, batch_size, invisible_duration, at)
-    parts = spark.sparkContext.parallelize(range(consumers), consumers).map(
-        lambda _: consume_partition(*args)).collect()
+    parts = (
+        spark.sparkContext.parallelize(range(consumers), consumers)
+        .map(lambda _: consume_partition(*args))
+        .collect()
+    )
     total: Counter = Counter()
     for part in parts:
         total.update(part)

@@ -17,8 +17,9 @@ def jdbc_options(url: str) -> dict:
     text columns land in jsonb and enums)."""
     info = conninfo_to_dict(url)
     options = {
-        "url": f"jdbc:postgresql://{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{info.get('dbname', 'postgres')}"
-               "?stringtype=unspecified",
+        "url": f"jdbc:postgresql://{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/"
+        f"{info.get('dbname', 'postgres')}"
+        "?stringtype=unspecified",
         "driver": "org.postgresql.Driver",
         "user": info.get("user", "postgres"),
     }
@@ -52,14 +53,22 @@ def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, 
             F.lit(JSON).alias("content_type"),
             (F.col("properties") if "properties" in df.columns else F.lit("{}")).alias("properties"),
         )
-        (staged.write.format("jdbc").options(**jdbc_options(url), dbtable=f"{db.SCHEMA}.publish_staging",
-                                             batchsize="10000").mode("append").save())
+        (
+            staged.write.format("jdbc")
+            .options(**jdbc_options(url), dbtable=f"{db.SCHEMA}.publish_staging", batchsize="10000")
+            .mode("append")
+            .save()
+        )
         try:
             with conn.transaction():
-                fresh = conn.execute(S.CLAIM_STAGED_PUBLISH_BATCH, {"batch": batch_id, "topic_id": topic_id,
-                                                                    "staging": batch_id}).fetchone()
+                fresh = conn.execute(
+                    S.CLAIM_STAGED_PUBLISH_BATCH,
+                    {"batch": batch_id, "topic_id": topic_id, "staging": batch_id},
+                ).fetchone()
                 if fresh is not None:
-                    conn.execute(S.FAN_OUT, {"topic_id": topic_id, "batch": batch_id, "staging": batch_id, "at": at})
+                    conn.execute(
+                        S.FAN_OUT, {"topic_id": topic_id, "batch": batch_id, "staging": batch_id, "at": at}
+                    )
                 conn.execute(S.DELETE_STAGED, {"staging": batch_id})
         except Exception as exc:
             if getattr(exc, "sqlstate", None) in ("22P02", "22021"):  # invalid JSON / bad encoding

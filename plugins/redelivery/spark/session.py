@@ -24,7 +24,9 @@ def cds_archive() -> Path:
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.split('"')
     version = java[1] if len(java) > 1 else "unknown"
-    return get_settings().home.resolve() / f"spark-{pyspark.__version__}-java-{version}-{platform.machine()}.jsa"
+    return (
+        get_settings().home.resolve() / f"spark-{pyspark.__version__}-java-{version}-{platform.machine()}.jsa"
+    )
 
 
 def driver_java_options() -> str:
@@ -70,9 +72,19 @@ def build_cds_archive(force: bool = False) -> Path:
     archive.unlink(missing_ok=True)
     env_vars, _ = submit_environment("local[2]")
     env = {**os.environ, **env_vars}
-    done = subprocess.run(["spark-submit", "--master", "local[2]", "--driver-java-options",
-                           f"-XX:ArchiveClassesAtExit={archive}", str(REPO_ROOT / "spark_jobs" / "cds_warmup.py")],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "spark-submit",
+            "--master",
+            "local[2]",
+            "--driver-java-options",
+            f"-XX:ArchiveClassesAtExit={archive}",
+            str(REPO_ROOT / "spark_jobs" / "cds_warmup.py"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         archive.unlink(missing_ok=True)
         raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
@@ -94,8 +106,10 @@ def get_spark(app_name: str, master: str | None = None):
     jar = get_settings().jdbc_jar
     if jar.exists():
         builder = builder.config("spark.jars", str(jar))
-    builder = (builder.config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"]))
+    builder = (
+        builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+    )
     return builder.getOrCreate()

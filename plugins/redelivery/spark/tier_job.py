@@ -8,7 +8,7 @@ payloads never leave the database. The run and its summary are recorded in ``tie
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from psycopg.types.json import Jsonb
 
@@ -38,9 +38,18 @@ def _apply(url: str, levels: list[int], policies: dict, window_end: datetime, dr
         if dry_run:  # DLQ tables a dry run would need are made and rolled back with it
             with conn.transaction(force_rollback=True):
                 ensure_dlq_tables(conn, dlq_tables_needed(conn, levels, window_end, policies))
-                return apply_window_range(conn, levels=levels, policies=policies, window_end=window_end,
-                                          low=low, high=high, dry_run=True)
-        return apply_window_range(conn, levels=levels, policies=policies, window_end=window_end, low=low, high=high)
+                return apply_window_range(
+                    conn,
+                    levels=levels,
+                    policies=policies,
+                    window_end=window_end,
+                    low=low,
+                    high=high,
+                    dry_run=True,
+                )
+        return apply_window_range(
+            conn, levels=levels, policies=policies, window_end=window_end, low=low, high=high
+        )
 
 
 def run_tier_window(
@@ -85,10 +94,21 @@ def run_tier_window(
     with db.connect(url, autocommit=True) as conn:
         now = conn.execute(S.DB_NOW).fetchone()[0]
         if window_end > now + FUTURE_TOLERANCE:
-            raise ValueError(f"window end {window_end.isoformat()} is in the future (database time "
-                             f"{now.isoformat()}): promoting now would deliver retries early")
-        conn.execute(S.TIER_RUN_START, {"run_key": run_key, "tier": tier, "levels": chosen, "window_start": window_start,
-                                        "window_end": window_end, "dry_run": dry_run})
+            raise ValueError(
+                f"window end {window_end.isoformat()} is in the future (database time "
+                f"{now.isoformat()}): promoting now would deliver retries early"
+            )
+        conn.execute(
+            S.TIER_RUN_START,
+            {
+                "run_key": run_key,
+                "tier": tier,
+                "levels": chosen,
+                "window_start": window_start,
+                "window_end": window_end,
+                "dry_run": dry_run,
+            },
+        )
         try:
             policies = policy_table(conn, config, effective_policies(conn, config))
             if not dry_run:
@@ -101,29 +121,54 @@ def run_tier_window(
             total = WindowResult()
             if spark is not None and ranges:
                 args = (url, chosen, policies, window_end, dry_run)
-                parts = spark.sparkContext.parallelize(ranges, len(ranges)).map(lambda b: _apply(*args, b)).collect()
+                parts = (
+                    spark.sparkContext.parallelize(ranges, len(ranges))
+                    .map(lambda b: _apply(*args, b))
+                    .collect()
+                )
             else:
                 parts = [_apply(url, chosen, policies, window_end, dry_run, b) for b in ranges]
-            parts.append(promote_capped(conn, levels=chosen, policies=policies, window_end=window_end, dry_run=dry_run))
+            parts.append(
+                promote_capped(conn, levels=chosen, policies=policies, window_end=window_end, dry_run=dry_run)
+            )
             for part in parts:
                 total.merge(part)
-            summary = _summary(conn, total, tier, chosen, window_start, window_end, dry_run, len(ranges),
-                               time.perf_counter() - started)
-            conn.execute(S.TIER_RUN_FINISH, {"status": "success", "summary": Jsonb(summary), "run_key": run_key})
+            summary = _summary(
+                conn,
+                total,
+                tier,
+                chosen,
+                window_start,
+                window_end,
+                dry_run,
+                len(ranges),
+                time.perf_counter() - started,
+            )
+            conn.execute(
+                S.TIER_RUN_FINISH, {"status": "success", "summary": Jsonb(summary), "run_key": run_key}
+            )
             return summary
         except BaseException:
             conn.execute(S.TIER_RUN_FINISH, {"status": "failed", "summary": None, "run_key": run_key})
             raise
 
 
-def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, dry_run, partitions, seconds) -> dict:
+def _summary(
+    conn, total: WindowResult, tier, levels, window_start, window_end, dry_run, partitions, seconds
+) -> dict:
     names = dict(conn.execute(S.GROUP_NAMES).fetchall())
     by_group: dict = {}
 
     def entry(group_id):
-        return by_group.setdefault(names.get(group_id, str(group_id)),
-                                   {"promoted": {}, "retried_after_lease_expiry": 0, "dead_lettered": {},
-                                    "held_back_by_backlog_cap": 0})
+        return by_group.setdefault(
+            names.get(group_id, str(group_id)),
+            {
+                "promoted": {},
+                "retried_after_lease_expiry": 0,
+                "dead_lettered": {},
+                "held_back_by_backlog_cap": 0,
+            },
+        )
 
     for (group_id, level), n in sorted(total.promoted.items()):
         entry(group_id)["promoted"][str(level)] = n
@@ -133,9 +178,12 @@ def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, 
         entry(group_id)["dead_lettered"][reason] = n
     for group_id, n in total.held_back.items():
         entry(group_id)["held_back_by_backlog_cap"] = n
-    iso = lambda t: t.astimezone(timezone.utc).isoformat() if t else None  # noqa: E731
+    iso = lambda t: t.astimezone(UTC).isoformat() if t else None  # noqa: E731
     return {
-        "tier": tier, "levels": levels, "window_start": iso(window_start), "window_end": iso(window_end),
+        "tier": tier,
+        "levels": levels,
+        "window_start": iso(window_start),
+        "window_end": iso(window_end),
         "dry_run": dry_run,
         "promoted": sum(total.promoted.values()),
         "retried_after_lease_expiry": sum(total.retried.values()),
@@ -143,8 +191,10 @@ def _summary(conn, total: WindowResult, tier, levels, window_start, window_end, 
         "held_back_by_backlog_cap": sum(total.held_back.values()),
         "by_group": by_group,
         "lateness_seconds": lateness_percentiles(total.lateness),
-        "lateness_histogram": {"bucket_ms": LATENESS_BUCKET_MS,
-                               "counts": {str(b * LATENESS_BUCKET_MS): n for b, (n, _) in sorted(total.lateness.items())}},
+        "lateness_histogram": {
+            "bucket_ms": LATENESS_BUCKET_MS,
+            "counts": {str(b * LATENESS_BUCKET_MS): n for b, (n, _) in sorted(total.lateness.items())},
+        },
         "partitions": partitions,
         "duration_seconds": round(seconds, 3),
     }

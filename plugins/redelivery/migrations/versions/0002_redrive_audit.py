@@ -16,7 +16,8 @@ def upgrade() -> None:
 
     CREATE TABLE redrive_runs (
         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        run_key text NOT NULL UNIQUE,              -- e.g. dlq_redrive/<Airflow run id>: a retried task resumes it
+        -- e.g. dlq_redrive/<Airflow run id>: a retried task resumes it
+        run_key text NOT NULL UNIQUE,
         triggered_by text,
         group_id integer NOT NULL REFERENCES consumer_groups (id) ON DELETE CASCADE,
         filter jsonb NOT NULL,

@@ -1,0 +1,74 @@
+"""Helpers shared by the tests (tests never import each other or conftest)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from datetime import UTC, datetime, timedelta
+
+#: A fixed past instant: tests drive the clock explicitly (``at=``) and windows must not be in the future.
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+#: The installed ``redelivery`` command.
+CLI = shutil.which("redelivery") or os.path.join(os.path.dirname(os.sys.executable), "redelivery")
+
+
+def configured(client, *entries, broker="rocketmq"):
+    """``client`` with a config of these policy entries and a fast producer retry."""
+    from redelivery.config import RedeliveryConfig
+
+    client.config = RedeliveryConfig.model_validate(
+        {
+            "tiers": [t.model_dump() for t in client.config.tiers],
+            "broker": broker,
+            "policies": list(entries),
+            "producer": {"initial_backoff": 0.01, "max_backoff": 0.05, "attempts": 3},
+        }
+    )
+    client._policies.clear()
+    client._caps.clear()
+    return client.config
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def reset(conn) -> None:
+    """Empty every table of the state store and drop the DLQ tables."""
+    from psycopg import sql
+
+    for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
+    conn.execute(
+        "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
+        "dead_letter_queues, tier_runs, publish_batches, publish_staging, redrive_runs, redrive_moves "
+        "RESTART IDENTITY CASCADE"
+    )
+
+
+def snapshot(conn) -> list:
+    """Every delivery and dead letter, to assert that a failed call changed nothing."""
+    deliveries = conn.execute("SELECT * FROM deliveries ORDER BY message_id, group_id").fetchall()
+    dead = conn.execute("SELECT group_id, message_id, reason FROM dlq_messages ORDER BY 1, 2").fetchall()
+    messages = conn.execute("SELECT count(*) FROM messages").fetchone()
+    return [deliveries, dead, messages]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def run_cli(
+    *args: str, database_url: str, stdin: str | None = None, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """The ``redelivery`` command as a user runs it, against ``database_url``."""
+    return subprocess.run(
+        [CLI, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "REDELIVERY_DATABASE_URL": database_url, **(env or {})},
+    )
