@@ -95,7 +95,7 @@ def test_dry_run_changes_nothing_and_samples(dead, database_url):
     assert audit == (True, "success", 10, 0)
 
 
-def test_real_run_moves_in_batches_resets_counts_and_audits(dead, database_url):
+def test_real_run_moves_in_batches_restores_the_retry_budget_and_audits(dead, database_url):
     result = redrive(
         RedriveRequest(group="billing", reasons=["MAX_DELIVERIES_EXCEEDED"], dry_run=False),
         run_key="real-1",
@@ -111,7 +111,10 @@ def test_real_run_moves_in_batches_resets_counts_and_audits(dead, database_url):
     )
     assert states(dead)["refunds"]["READY"] == 10 and states(dead)["refunds"]["DLQ"] == 0
     got = dead.receive("billing", "refunds", 20, 30)
-    assert len(got) == 10 and {(m.delivery_count, m.reconsume_times) for m in got} == {(1, 0)}  # counts reset
+    # the retry budget is back (reconsume times 0); the delivery count goes on from 1, never reset
+    assert len(got) == 10 and {(m.delivery_count, m.reconsume_times, m.redrive_count) for m in got} == {
+        (2, 0, 1)
+    }
     moves = dead.conn.execute(
         "SELECT count(*) FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id "
         "WHERE r.run_key = 'real-1'"
@@ -140,7 +143,12 @@ def test_keep_counts_max_messages_and_rate_limit(dead, database_url):
     started = time.monotonic()
     result = redrive(
         RedriveRequest(
-            group="billing", topic="orders", max_messages=12, rate_limit=10, reset_counts=False, dry_run=False
+            group="billing",
+            topic="orders",
+            max_messages=12,
+            rate_limit=10,
+            reset_reconsume_times=False,
+            dry_run=False,
         ),
         run_key="rate",
         url=database_url,
@@ -165,9 +173,9 @@ def test_stop_between_batches_leaves_every_message_in_one_place(dead, database_u
         run_key="stop",
         url=database_url,
         log=lambda *_: None,
-        should_stop=lambda: calls.append(1) or True,
+        should_stop=lambda: calls.append(1) or len(calls) > 1,  # stop after the first batch
     )
-    assert result["moved"] == 10 and len(calls) == 1
+    assert (result["status"], result["moved"], len(calls)) == ("stopped", 10, 2)
     stats = states(dead)["orders"]
     assert stats["READY"] + stats["DLQ"] == 30 and stats["DLQ"] == 20
     assert (

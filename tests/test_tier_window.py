@@ -11,6 +11,7 @@ import pytest
 from helpers import T0, at
 from redelivery.catalog import effective_policies, policy_table
 from redelivery.config import cached_config
+from redelivery.errors import InvalidWindowError
 from redelivery.spark.tier_job import run_tier_window
 from redelivery.transitions import apply_window_range, plan_window
 
@@ -43,8 +44,8 @@ def test_promotes_what_is_due_by_window_end_and_nothing_early(client, topic_grou
 def test_a_tier_promotes_only_its_own_levels(client, topic_group, database_url):
     client.publish("orders", [{"n": i} for i in range(2)], at=at(0))
     a, b = client.receive("billing", "orders", 2, 30, at=at(0))
-    client.reconsume_later("billing", a, level=1, at=at(0))  # seconds tier
-    client.reconsume_later("billing", b, level=3, at=at(0))  # minutes tier
+    client.reconsume_later("billing", a, delay=10, at=at(0))  # level 1: seconds tier
+    client.reconsume_later("billing", b, delay=60, at=at(0))  # level 3: minutes tier
     assert (
         run_tier_window(tier="seconds", window_end=at(3600), run_key="s", url=database_url)["promoted"] == 1
     )
@@ -56,8 +57,8 @@ def test_a_tier_promotes_only_its_own_levels(client, topic_group, database_url):
 def test_levels_subset(client, topic_group, database_url):
     client.publish("orders", [{"n": i} for i in range(2)], at=at(0))
     a, b = client.receive("billing", "orders", 2, 30, at=at(0))
-    client.reconsume_later("billing", a, level=1, at=at(0))
-    client.reconsume_later("billing", b, level=2, at=at(0))
+    client.reconsume_later("billing", a, delay=10, at=at(0))  # level 1
+    client.reconsume_later("billing", b, delay=30, at=at(0))  # level 2
     summary = run_tier_window(tier="seconds", window_end=at(60), run_key="sub", levels=[2], url=database_url)
     assert summary["promoted"] == 1 and summary["by_group"]["billing"]["promoted"] == {"2": 1}
     from redelivery.errors import InvalidLevelError
@@ -161,7 +162,7 @@ def test_dry_run_changes_nothing(client, topic_group, database_url):
 def test_window_end_in_the_future_is_refused(client, topic_group, database_url):
     from datetime import datetime, timedelta
 
-    with pytest.raises(ValueError, match="in the future"):
+    with pytest.raises(InvalidWindowError, match="after the database's clock"):
         run_tier_window(
             tier="seconds",
             window_end=datetime.now(UTC) + timedelta(hours=1),

@@ -9,7 +9,7 @@ from psycopg import sql
 
 from . import statements as S
 from .config import RedeliveryConfig
-from .errors import UnknownGroupError, UnknownTopicError
+from .errors import ConfigError, UnknownGroupError, UnknownTopicError
 from .names import is_valid_queue_name
 from .policies import EffectivePolicy
 
@@ -53,14 +53,40 @@ def ready_count(conn: psycopg.Connection, group_id: int, topic: int) -> int:
 
 
 def effective_policies(
-    conn: psycopg.Connection, config: RedeliveryConfig, pairs: list[tuple[int, int]] | None = None
+    conn: psycopg.Connection,
+    config: RedeliveryConfig,
+    pairs: list[tuple[int, int]] | None = None,
+    problems: dict | None = None,
 ) -> dict[tuple[int, int], EffectivePolicy]:
-    """``{(topic_id, group_id): EffectivePolicy}`` for every subscription (or only ``pairs``)."""
-    rows = conn.execute(
-        S.SUBSCRIPTIONS,
-        {"all": pairs is None, "t": [p[0] for p in pairs or []], "gs": [p[1] for p in pairs or []]},
-    ).fetchall()
-    return {(t, g): config.policy_for(topic, grp, own_max) for t, g, topic, grp, own_max in rows}
+    """``{(topic_id, group_id): EffectivePolicy}`` for every subscription (or only ``pairs``).
+
+    A subscription whose policy cannot be resolved (a DLQ or retry name too long for a table, after
+    a config change) raises ``ConfigError``; with ``problems`` given, it is left out instead and
+    reported there as ``{(topic name, group name): error text}``, so one bad subscription never
+    stops the others."""
+    params = {"all": pairs is None, "t": [p[0] for p in pairs or []], "gs": [p[1] for p in pairs or []]}
+    found = {}
+    for t, g, topic, grp, own_max in conn.execute(S.SUBSCRIPTIONS, params).fetchall():
+        try:
+            found[(t, g)] = config.policy_for(topic, grp, own_max)
+        except ConfigError as exc:
+            if problems is None:
+                raise
+            problems[(topic, grp)] = str(exc)
+    return found
+
+
+def check_level_table(conn: psycopg.Connection, config: RedeliveryConfig) -> None:
+    """Raise ``ConfigError`` if messages wait at delay levels the config's level table no longer
+    has: no tier would ever promote them."""
+    beyond = conn.execute(S.WAITING_BEYOND_LEVELS, {"level_count": len(config.level_table)}).fetchall()
+    if beyond:
+        waiting = ", ".join(f"{n:,} at level {level}" for level, n in beyond)
+        raise ConfigError(
+            f"the configured level table has {len(config.level_table)} levels, but messages wait at "
+            f"levels beyond it ({waiting}): no tier would promote them; keep those levels until they "
+            "are promoted, or redrive them"
+        )
 
 
 def policy_table(conn: psycopg.Connection, config: RedeliveryConfig, policies: dict) -> dict:

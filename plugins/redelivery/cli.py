@@ -319,7 +319,13 @@ def redrive_command(
     max_messages: Annotated[int | None, typer.Option(min=1, help="move at most this many")] = None,
     rate_limit: Annotated[float | None, typer.Option(min=0.001, help="messages per second")] = 500.0,
     destination_topic: Annotated[str | None, typer.Option(help="default: the original topic")] = None,
-    reset_counts: Annotated[bool, typer.Option("--reset-counts/--keep-counts")] = True,
+    reset_reconsume_times: Annotated[
+        bool,
+        typer.Option(
+            "--reset-reconsume-times/--keep-reconsume-times",
+            help="restore the retry budget (the delivery count is never reset)",
+        ),
+    ] = True,
     execute: Annotated[bool, typer.Option("--execute", help="really move (default: dry run)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -339,7 +345,7 @@ def redrive_command(
         max_messages=max_messages,
         rate_limit=rate_limit,
         destination_topic=destination_topic,
-        reset_counts=reset_counts,
+        reset_reconsume_times=reset_reconsume_times,
         dry_run=not execute,
     )
     _migrated()

@@ -3,14 +3,16 @@
 Semantics (RocketMQ 5 PushConsumer state machine, seeds/001):
 
 - ``publish`` stores each message once and gives every group subscribed to its topic its own
-  delivery row in READY.
+  delivery row in READY. A batch id publishes one batch once.
 - ``receive`` claims READY rows (``FOR UPDATE SKIP LOCKED``), sets them INFLIGHT with a lease of
   ``invisible_duration`` seconds and increments the delivery count; the transaction commits before
   any message is returned (Artemis ``persist-delivery-count-before-delivery``, seeds/004), so a
-  crash can never under-count a delivery.
+  crash can never under-count a delivery. The delivery count never decreases.
 - ``ack`` commits; ``nack`` / ``reconsume_later`` schedule a retry (WAITING_RETRY, reconsume times
   + 1) or, once the group's max reconsume times are used up, dead-letter the message; ``reject``
   dead-letters it at once. A consumer that goes silent past its lease is handled by the tier job.
+- A receipt, (group, message id, delivery count), answers exactly one delivery: a late or repeated
+  answer changes nothing and is counted as stale; an answer for another group is refused.
 
 Every call is one transaction and raises before changing anything on bad input. Times passed as
 ``at`` (timezone-aware ``datetime``) replace the database clock; ``None`` uses ``now()``.
@@ -27,29 +29,74 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
 from . import catalog, db
 from . import statements as S
-from .codec import STATES, Message, ReceivedMessage, decode, encode, retry_properties
+from .codec import STATES, Message, ReceivedMessage, batch_fingerprint, decode, encode, retry_properties
 from .config import RedeliveryConfig, cached_config
 from .dead_letters import DlqFilter, select
-from .errors import InvalidLevelError, NotSubscribedError, TooManyRequestsError
+from .errors import (
+    BatchConflictError,
+    BatchTooLargeError,
+    ConfigError,
+    ForeignReceiptError,
+    InvalidBatchIdError,
+    InvalidLevelError,
+    InvalidNameError,
+    NotSubscribedError,
+    TooManyRequestsError,
+)
 from .levels import check_delay
 from .names import check_name
-from .policies import EffectivePolicy
+from .policies import MAX_INT, EffectivePolicy
 from .producer import MIN_CONNECT_TIMEOUT, retrying
 
-#: Lease bounds in seconds (RocketMQ SimpleConsumer invisible duration: 10 s .. 12 h).
+#: Lease bounds in seconds (ours; RocketMQ's SimpleConsumer takes an invisible duration per receive).
 MIN_INVISIBLE_SECONDS, MAX_INVISIBLE_SECONDS = 1, 43_200
 #: Column types of a binary COPY into publish_staging (statements.COPY_STAGING).
-STAGING_TYPES = ["text", "int8", "text", "bytea", "text", "jsonb"]
+STAGING_TYPES = ["text", "text", "int4", "int8", "text", "bytea", "text", "jsonb"]
+#: The staging run of API publishes (a Spark publish job stages under a run id of its own).
+API_STAGING_RUN = "api"
+MAX_BATCH_ID_LENGTH = 200
+MAX_LIST_LIMIT = 10_000
+UNDECODABLE_OUTCOME = "undecodable"
 
 
-def _receipts(messages: ReceivedMessage | Iterable[ReceivedMessage]) -> list[ReceivedMessage]:
+def check_batch_id(batch_id: object) -> str:
+    """Return ``batch_id`` if it is a non-empty str of at most 200 characters; else raise
+    ``InvalidBatchIdError``."""
+    if not isinstance(batch_id, str) or not 0 < len(batch_id) <= MAX_BATCH_ID_LENGTH or "\x00" in batch_id:
+        raise InvalidBatchIdError(
+            f"batch id {batch_id!r} is invalid: use a str of 1 to {MAX_BATCH_ID_LENGTH} characters"
+        )
+    return batch_id
+
+
+def check_max_reconsume_times(limit: object) -> int | None:
+    """Return ``limit`` if it is None or an int from -1 (unlimited) to 2**31 - 1; else ``ValueError``."""
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not -1 <= limit <= MAX_INT
+    ):
+        raise ValueError(
+            f"max_reconsume_times must be an integer from -1 (unlimited) to {MAX_INT}, or None; got {limit!r}"
+        )
+    return limit
+
+
+def _receipts(group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> list[ReceivedMessage]:
+    """The receipts, checked (``TypeError``, ``ForeignReceiptError``) and in message-id order: every
+    statement then locks rows in the order the tier job's range scans do."""
     items = [messages] if isinstance(messages, ReceivedMessage) else list(messages)
     for item in items:
         if not isinstance(item, ReceivedMessage):
             raise TypeError(f"expected ReceivedMessage objects (from receive), got {type(item).__name__}")
-    return items
+        if item.group != group:
+            raise ForeignReceiptError(
+                f"message {item.message_id} was received by group {item.group!r}: "
+                f"group {group!r} cannot answer for it"
+            )
+    return sorted(items, key=lambda m: (m.message_id, m.delivery_count))
 
 
 def _errors(error: str | Sequence[str] | None, count: int) -> list[str | None]:
@@ -61,18 +108,29 @@ def _errors(error: str | Sequence[str] | None, count: int) -> list[str | None]:
     return errors
 
 
+class _NeedDlqTable(Exception):
+    """Rolls a receive back when an undecodable body must be dead-lettered into a DLQ without a table."""
+
+
 class Client:
-    """A connection to the state store. ``url``: libpq URL (default: ``database_url()``)."""
+    """A connection to the state store. ``url``: libpq URL (default: ``database_url()``).
+
+    Raises ``ConfigError`` when messages wait at delay levels the config's level table lacks."""
 
     def __init__(self, url: str | None = None, config: RedeliveryConfig | None = None):
         self.url = url or db.database_url()
         self.config = config or cached_config()
         self.levels = self.config.level_table
         self.conn = db.connect(self.url, autocommit=True)
+        try:
+            catalog.check_level_table(self.conn, self.config)
+        except BaseException:
+            self.conn.close()
+            raise
         self._groups: dict[str, tuple[int, int | None]] = {}
         self._topics: dict[str, int] = {}
         self._policies: dict[tuple[int, int], tuple[EffectivePolicy, dict]] = {}
-        self._caps: dict[int, dict] = {}  # topic id -> {(topic id, group id): max ready backlog}
+        self._caps: dict[int, dict] = {}  # topic id -> {group id: policy with a ready-backlog cap}
         self._sleep = time.sleep  # the producer retry's sleep (tests replace it)
         self.publish_waits: list[float] = []  # the waits of the last publish's retries, seconds
 
@@ -87,32 +145,47 @@ class Client:
 
     # ---- topology -----------------------------------------------------------------------------
 
+    def _get_or_create(self, statement: str, params: dict) -> int:
+        for _ in range(2):  # a creator that lost a race finds the winner's row the second time
+            row = self.conn.execute(statement, params).fetchone()
+            if row is not None:
+                return row[0]
+        raise AssertionError(f"{statement.splitlines()[0]} returned no id twice")
+
     def create_topic(self, name: str) -> int:
         """Create topic ``name`` if it does not exist; return its id. ``InvalidNameError`` on a bad name."""
         check_name("topic", name)
-        return self.conn.execute(S.CREATE_TOPIC, {"name": name}).fetchone()[0]
+        return self._get_or_create(S.CREATE_TOPIC, {"name": name})
 
     def create_group(self, name: str, max_reconsume_times: int | None = None) -> int:
         """Create consumer group ``name`` if it does not exist; return its id.
 
         ``max_reconsume_times``: the group's own limit (RocketMQ group metadata), which wins over
-        the policies; -1 = unlimited; ``None`` = the matching policy decides (RocketMQ default 16).
-        On an existing group it replaces the limit. Raises ``InvalidNameError``, ``ValueError``."""
+        the policies; -1 = unlimited. ``None`` keeps an existing group's limit (a new group then has
+        none: the matching policy decides, RocketMQ default 16); ``update_group`` clears it. Raises
+        ``InvalidNameError``, ``ValueError``."""
         check_name("group", name)
-        limit = max_reconsume_times
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < -1):
-            raise ValueError(f"max_reconsume_times must be an integer >= -1 or None, got {limit!r}")
-        group_id = self.conn.execute(S.CREATE_GROUP, {"name": name, "max_reconsume_times": limit}).fetchone()[
-            0
-        ]
+        limit = check_max_reconsume_times(max_reconsume_times)
+        group_id = self._get_or_create(S.CREATE_GROUP, {"name": name, "max_reconsume_times": limit})
+        self._forget_group(name)
+        return group_id
+
+    def update_group(self, name: str, *, max_reconsume_times: int | None) -> None:
+        """Set group ``name``'s own max reconsume times (-1 unlimited), or clear it with ``None`` so
+        that the policies decide. Raises ``UnknownGroupError``, ``ValueError``."""
+        limit = check_max_reconsume_times(max_reconsume_times)
+        self._group(name)
+        self.conn.execute(S.SET_GROUP_MAX, {"name": name, "max_reconsume_times": limit})
+        self._forget_group(name)
+
+    def _forget_group(self, name: str) -> None:
         self._groups.pop(name, None)
         self._policies.clear()
         self._caps.clear()
-        return group_id
 
     def policy(self, topic: str, group: str) -> EffectivePolicy:
         """The effective retry and dead-letter policy of ``group`` on ``topic``. Raises
-        ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``."""
+        ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``, ``ConfigError``."""
         return self._policy(self._topic(topic), self._group(group)[0], topic, group)[0]
 
     def _policy(self, topic_id: int, group_id: int, topic: str, group: str) -> tuple[EffectivePolicy, dict]:
@@ -127,21 +200,26 @@ class Client:
 
     def subscribe(self, group: str, topic: str) -> None:
         """Subscribe ``group`` to ``topic`` (idempotent). Messages published from now on are
-        delivered to the group. Raises ``UnknownGroupError`` / ``UnknownTopicError``."""
-        group_id, _ = self._group(group)
+        delivered to the group. Raises ``UnknownGroupError`` / ``UnknownTopicError``, and
+        ``InvalidNameError`` when the pair's DLQ or retry name (by its policy) cannot name a table."""
+        group_id, own_max = self._group(group)
         topic_id = self._topic(topic)
+        try:
+            self.config.policy_for(topic, group, own_max)
+        except ConfigError as exc:
+            raise InvalidNameError(f"cannot subscribe group {group!r} to topic {topic!r}: {exc}") from None
         self.conn.execute(S.SUBSCRIBE, {"topic_id": topic_id, "g": group_id})
         self._policies.pop((topic_id, group_id), None)
         self._caps.pop(topic_id, None)
 
     def delete_topic(self, name: str) -> None:
         """Delete topic ``name`` with its messages, deliveries, subscriptions and dead letters, in one
-        transaction. Raises ``UnknownTopicError``."""
+        statement (a dead letter written meanwhile goes with its delivery). Raises ``UnknownTopicError``."""
         topic_id = self._topic(name)
-        with self.conn.transaction():
-            self.conn.execute(S.DELETE_TOPIC_DEAD_LETTERS, {"topic_id": topic_id})
-            self.conn.execute(S.DELETE_TOPIC, {"topic_id": topic_id})
+        self.conn.execute(S.DELETE_TOPIC, {"topic_id": topic_id})
         self._topics.pop(name, None)
+        self._caps.pop(topic_id, None)
+        self._policies = {k: v for k, v in self._policies.items() if k[0] != topic_id}
 
     def _topic(self, name: str) -> int:
         if name not in self._topics:
@@ -168,27 +246,32 @@ class Client:
         """Publish ``messages`` to ``topic`` in one transaction; return their ids in order.
 
         Each item is a ``Message`` or a bare body. The rows go to PostgreSQL with a binary COPY. A
-        batch id publishes once: publishing the same ``batch_id`` again returns the first publish's
-        ids and adds nothing. With ``retry`` (the default), transient failures (lost connection,
-        deadlock, flow control) are retried with the producer backoff of the config file (seeds/002)
-        under a batch id made up for the call if none is given, so a retry after a commit whose
-        answer was lost publishes nothing twice.
+        batch id means one batch, published once: publishing it again with the same content returns
+        the first publish's ids and adds nothing. With ``retry`` (the default), transient failures
+        (lost connection, deadlock, flow control) are retried with the producer backoff of the
+        config file (seeds/002) under a batch id made up for the call if none is given, so a retry
+        after a commit whose answer was lost publishes nothing twice.
 
-        Raises ``UnknownTopicError`` or ``MalformedMessageError`` (naming the message index) before
-        anything is written; ``TooManyRequestsError`` (530) when a subscribed group's ready backlog
-        would pass its policy's ``max_ready_backlog``, after the retries; the last transient
+        Raises before anything is written: ``UnknownTopicError``; ``MalformedMessageError`` (naming
+        the message index); ``InvalidBatchIdError``; ``BatchConflictError`` when the batch id was
+        published to another topic or with other content; ``BatchTooLargeError`` when the batch is
+        larger than a subscribed group's ``max_ready_backlog``. ``TooManyRequestsError`` (530) when
+        a group's ready backlog would pass its cap, after the retries; the last transient
         ``psycopg.OperationalError`` when the attempts are used up."""
         topic_id = self._topic(topic)
+        if batch_id is not None:
+            check_batch_id(batch_id)
         rows = [encode(m, i) for i, m in enumerate(messages)]
+        content = batch_fingerprint(rows)
         if not retry:
-            return self._publish_once(topic_id, topic, rows, batch_id, at)
+            return self._publish_once(topic_id, rows, content, batch_id, at)
         batch_id = batch_id or f"auto-{uuid.uuid4()}"
         self.publish_waits = []
         for attempt_ in retrying(
             self.config.producer, before_retry=self._before_publish_retry, sleep=self._sleep
         ):
             with attempt_:
-                return self._publish_once(topic_id, topic, rows, batch_id, at)
+                return self._publish_once(topic_id, rows, content, batch_id, at)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _before_publish_retry(self, retry_state) -> None:
@@ -196,51 +279,66 @@ class Client:
         if self.conn.closed or self.conn.broken:
             self.conn = db.connect(self.url, autocommit=True, connect_timeout=MIN_CONNECT_TIMEOUT)
 
-    def _publish_once(self, topic_id: int, topic: str, rows: list, batch_id: str | None, at) -> list[int]:
+    def _publish_once(self, topic_id: int, rows: list, content: str, batch_id: str | None, at) -> list[int]:
+        self._check_fits(topic_id, len(rows))  # not transient: the retry loop lets it through at once
         staging = batch_id or f"call-{uuid.uuid4()}"
         with self.conn.transaction():
             if batch_id is not None:
-                fresh = self.conn.execute(
-                    S.CLAIM_PUBLISH_BATCH, {"batch": batch_id, "topic_id": topic_id, "count": len(rows)}
-                ).fetchone()
-                if fresh is None:
+                claim = {"batch": batch_id, "topic_id": topic_id, "count": len(rows), "fingerprint": content}
+                if self.conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
+                    check_same_batch(self.conn, batch_id, topic_id, content)
                     return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
-            self._check_backlog(topic_id, topic, len(rows))
+            self._check_backlog(topic_id, len(rows))
             with self.conn.cursor().copy(S.COPY_STAGING) as copy:
                 copy.set_types(STAGING_TYPES)
                 for seq, (key, body, ctype, props) in enumerate(rows):
-                    copy.write_row((staging, seq, key, body, ctype, props))
-            ids = [
-                r[0]
-                for r in self.conn.execute(
-                    S.FAN_OUT, {"topic_id": topic_id, "batch": batch_id, "staging": staging, "at": at}
-                )
-            ]
+                    copy.write_row((staging, API_STAGING_RUN, 0, seq, key, body, ctype, props))
+            params = {
+                "topic_id": topic_id,
+                "batch": batch_id,
+                "staging": staging,
+                "stage_run": API_STAGING_RUN,
+            }
+            params["at"] = at
+            ids = [r[0] for r in self.conn.execute(S.FAN_OUT, params)]
             self.conn.execute(S.DELETE_STAGED, {"staging": staging})
         return ids
 
-    def _check_backlog(self, topic_id: int, topic: str, adding: int) -> None:
+    def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:
+        """{group id: policy} of the topic's subscriptions with a ready-backlog cap, resolved once
+        per topic. A subscription whose policy cannot be resolved has no known cap: it never blocks
+        a publish (the tier runs report it)."""
+        if topic_id not in self._caps:
+            pairs = [(topic_id, g) for g in catalog.subscribed_groups(self.conn, topic_id)]
+            policies = catalog.effective_policies(self.conn, self.config, pairs, problems={})
+            self._caps[topic_id] = {g: p for (_, g), p in policies.items() if p.max_ready_backlog is not None}
+        return self._caps[topic_id]
+
+    def _check_fits(self, topic_id: int, adding: int) -> None:
+        """``BatchTooLargeError`` for a batch that no ready-backlog cap can ever take: not flow control."""
+        for policy in self._backlog_caps(topic_id).values():
+            if adding > policy.max_ready_backlog:
+                raise BatchTooLargeError(
+                    f"a batch of {adding} messages can never fit the max_ready_backlog of "
+                    f"{policy.max_ready_backlog} of group {policy.group!r} on topic {policy.topic!r}: "
+                    "publish it in smaller batches"
+                )
+
+    def _check_backlog(self, topic_id: int, adding: int) -> None:
         """Flow control inside the publishing transaction: raise ``TooManyRequestsError`` if a
         subscribed group's READY backlog would pass its cap. Serialised per topic with other
         publishers and with tier runs by an advisory lock."""
-        if topic_id not in self._caps:  # resolved once per topic, like the other policy lookups
-            pairs = [(topic_id, g) for g in catalog.subscribed_groups(self.conn, topic_id)]
-            self._caps[topic_id] = {
-                k: p.max_ready_backlog
-                for k, p in catalog.effective_policies(self.conn, self.config, pairs).items()
-                if p.max_ready_backlog is not None
-            }
-        capped = self._caps[topic_id]
+        capped = self._backlog_caps(topic_id)
         if not capped:
             return
         catalog.lock_backlog(self.conn, topic_id)
-        for (_, group_id), cap in capped.items():
+        for group_id, policy in capped.items():
             ready = catalog.ready_count(self.conn, group_id, topic_id)
-            if ready + adding > cap:
+            if ready + adding > policy.max_ready_backlog:
                 raise TooManyRequestsError(
-                    f"530 TOO_MANY_REQUESTS: topic {topic!r} has {ready} ready messages "
-                    f"for group id {group_id}; "
-                    f"{adding} more would pass its max_ready_backlog of {cap}"
+                    f"530 TOO_MANY_REQUESTS: topic {policy.topic!r} has {ready} ready messages for group "
+                    f"{policy.group!r}; {adding} more would pass its max_ready_backlog of "
+                    f"{policy.max_ready_backlog}"
                 )
 
     # ---- consumer -----------------------------------------------------------------------------
@@ -250,20 +348,28 @@ class Client:
         group: str,
         topic: str,
         max_messages: int = 32,
-        invisible_duration: int = 60,
+        invisible_duration: float = 60,
         at: datetime | None = None,
     ) -> list[ReceivedMessage]:
         """Claim up to ``max_messages`` READY messages of ``topic`` for ``group``, oldest first.
 
         ``invisible_duration``: the lease in seconds (1..43200); unacknowledged past it, a message
         counts as a failed delivery. The incremented delivery count is committed before this
-        returns. Raises ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``,
-        ``ValueError`` (max_messages < 1 or a lease out of range)."""
+        returns. A message whose body cannot be decoded (JSON that PostgreSQL stores but Python
+        refuses: nesting deeper than the interpreter allows, integers over 4300 digits) is
+        dead-lettered in the same transaction with reason UNDECODABLE, so that nothing is left in
+        flight for a message the caller does not get. Raises ``UnknownGroupError``,
+        ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError`` (max_messages < 1 or a lease
+        out of range)."""
         group_id, _ = self._group(group)
         topic_id = self._topic(topic)
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+        if (
+            isinstance(max_messages, bool)
+            or not isinstance(max_messages, int)
+            or not 1 <= max_messages <= MAX_INT
+        ):
             raise ValueError(f"max_messages must be a positive integer, got {max_messages!r}")
-        if not (
+        if isinstance(invisible_duration, bool) or not (
             isinstance(invisible_duration, (int, float))
             and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS
         ):
@@ -271,20 +377,41 @@ class Client:
                 f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, "
                 f"got {invisible_duration!r}"
             )
-        retry_topic = self._policy(topic_id, group_id, topic, group)[0].retry_name  # NotSubscribedError
-        with self.conn.transaction():
-            rows = self.conn.execute(
-                S.RECEIVE,
-                {
-                    "g": group_id,
-                    "topic_id": topic_id,
-                    "n": max_messages,
-                    "lease": float(invisible_duration),
-                    "at": at,
-                },
-            ).fetchall()
-        out = []
-        for mid, key, body, ctype, props, published, count, reconsumed, level, until, origin, error in rows:
+        policy, table = self._policy(topic_id, group_id, topic, group)  # NotSubscribedError
+        params = {
+            "g": group_id,
+            "topic_id": topic_id,
+            "n": max_messages,
+            "lease": float(invisible_duration),
+            "at": at,
+        }
+        for _ in range(2):
+            try:
+                with self.conn.transaction():
+                    rows = self.conn.execute(S.RECEIVE, params).fetchall()
+                    out, bad = self._decode_received(rows, group, topic, policy.retry_name)
+                    if bad:
+                        self._dead_letter_undecodable(bad, group_id, table, at)
+                return out
+            except _NeedDlqTable:  # rolled back: make the table, then claim again
+                catalog.ensure_dlq_tables(self.conn, {table["p_dlq"][0]})
+        raise AssertionError("unreachable: the DLQ table exists on the second try")
+
+    @staticmethod
+    def _decode_received(rows, group, topic, retry_topic) -> tuple[list[ReceivedMessage], list[tuple]]:
+        """ReceivedMessages of the RECEIVE rows whose body decodes, and (id, delivery count, error)
+        of those whose body does not."""
+        out, bad = [], []
+        for mid, key, body, ctype, props, *rest in rows:
+            # rest: published at, delivery count, reconsume times, level, lease end, origin, error, redrives
+            count, reconsumed, origin = rest[1], rest[2], rest[5]
+            try:
+                value = decode(body, ctype)
+            except (ValueError, RecursionError) as exc:
+                bad.append(
+                    (mid, count, f"body is not decodable as {ctype}: {type(exc).__name__}: {exc}"[:1000])
+                )
+                continue
             props = json.loads(props) if props != "{}" else {}  # most messages carry none
             props = retry_properties(
                 props,
@@ -293,44 +420,34 @@ class Client:
                 retry_topic=retry_topic,
                 reconsume_times=reconsumed,
             )
-            out.append(
-                ReceivedMessage(
-                    mid,
-                    group,
-                    topic,
-                    key,
-                    decode(body, ctype),
-                    ctype,
-                    props,
-                    published,
-                    count,
-                    reconsumed,
-                    level,
-                    until,
-                    origin,
-                    error,
-                )
-            )
-        return out
+            out.append(ReceivedMessage(mid, group, topic, key, value, ctype, props, *rest))
+        return out, bad
+
+    def _dead_letter_undecodable(self, bad: list[tuple], group_id: int, table: dict, at) -> None:
+        if not self.conn.execute(S.DLQ_TABLE_STATE, {"dlq_id": table["p_dlq"][0]}).fetchone()[1]:
+            raise _NeedDlqTable
+        params = {**table, "g": group_id, "at": at, "dead_lettered_at": at, "outcome": UNDECODABLE_OUTCOME}
+        params.update(reason="UNDECODABLE", force_dead_letter=True, level=None, delay=None)
+        params.update(ids=[b[0] for b in bad], counts=[b[1] for b in bad], errors=[b[2] for b in bad])
+        self.conn.execute(S.FAIL_DEAD_LETTER, params)
 
     def ack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> int:
         """Commit received messages; return how many were acknowledged.
 
         An ack counts only for the delivery it answers (same delivery count) while that delivery is
-        still INFLIGHT; an ack that comes after the lease was expired by a tier run and the message
-        moved on is ignored (not counted), so no message is ever committed twice."""
+        still INFLIGHT; a late or repeated ack changes nothing and is counted as a stale receipt,
+        so no message is ever committed twice. Raises ``ForeignReceiptError`` for a message another
+        group received, ``TypeError`` for anything but a ``ReceivedMessage``."""
         group_id, _ = self._group(group)
-        items = _receipts(messages)
+        items = _receipts(group, messages)
         if not items:
             return 0
-        return self.conn.execute(
-            S.ACK,
-            {
-                "g": group_id,
-                "ids": [m.message_id for m in items],
-                "counts": [m.delivery_count for m in items],
-            },
-        ).fetchone()[0]
+        params = {
+            "g": group_id,
+            "ids": [m.message_id for m in items],
+            "counts": [m.delivery_count for m in items],
+        }
+        return db.retry_lock_conflicts(lambda: self.conn.execute(S.ACK, params).fetchone()[0])
 
     def nack(
         self,
@@ -341,8 +458,8 @@ class Client:
     ) -> int:
         """Report failed deliveries; each retry waits as the group's policy says for its retry
         number (default: RocketMQ 5 table, seeds/001), and a message whose reconsume times are used
-        up is dead-lettered. Returns how many were retried or dead-lettered (stale receipts are
-        ignored). ``error``: one text, or one per message."""
+        up is dead-lettered. Returns how many were retried or dead-lettered (stale receipts change
+        nothing and are counted as stale). ``error``: one text, or one per message."""
         return self._fail(group, messages, error, at, mode="next")
 
     def reconsume_later(
@@ -356,18 +473,27 @@ class Client:
         at: datetime | None = None,
     ) -> int:
         """Retry later (Pulsar ``reconsumeLater``, seeds/000): after ``delay`` whole seconds
-        (1..864000), at delay ``level`` of the policy's level table (1..its length; a negative level
-        dead-letters at once, RocketMQ ``delayLevel < 0``), or with neither at the next level (the
-        policy's wait for the next retry). Raises ``InvalidDelayError``, ``InvalidLevelError`` (also
-        for level 0), ``ValueError`` (both given) before changing anything."""
+        (1..864000), or at delay ``level``, or with neither at the next level (the policy's wait for
+        the next retry).
+
+        ``level`` follows the brokers (seeds/000, seeds/003): ``n >= 1`` indexes the policy's
+        explicit level table (RocketMQ and Pulsar presets: the broker's 18 levels ``1s 5s 10s 30s
+        1m ... 2h``, so level 3 is 10 s; Artemis: the routing table); above the table RocketMQ takes
+        its last level, the other presets refuse it; ``0`` is the next level (RocketMQ
+        ``delayLevel == 0``: ``3 + reconsumeTimes``); a negative level dead-letters at once
+        (reason NEGATIVE_LEVEL). Raises ``InvalidDelayError``, ``InvalidLevelError``,
+        ``ValueError`` (both given) before changing anything."""
         if delay is not None and level is not None:
             raise ValueError("give a delay or a level, not both")
         if delay is not None:
             return self._fail(group, messages, error, at, mode="delay", delay=check_delay(delay))
         if level is not None:
-            if isinstance(level, int) and not isinstance(level, bool) and level < 0:
+            if not isinstance(level, int) or isinstance(level, bool):
+                raise InvalidLevelError(f"delay level {level!r} is not an integer")
+            if level < 0:
                 return self._fail(group, messages, error, at, mode="negative")
-            return self._fail(group, messages, error, at, mode="level", level=level)
+            if level > 0:
+                return self._fail(group, messages, error, at, mode="level", level=level)
         return self._fail(group, messages, error, at, mode="next")
 
     def reject(
@@ -391,7 +517,7 @@ class Client:
 
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
         group_id, _ = self._group(group)
-        items = _receipts(messages)
+        items = _receipts(group, messages)
         errors = _errors(error, len(items))
         outcome, reason, forced = self._MODES[mode]
         by_topic: dict[str, list[int]] = {}
@@ -400,39 +526,33 @@ class Client:
         plans = []
         for topic, indexes in by_topic.items():  # everything is checked before anything changes
             policy, table = self._policy(self._topic(topic), group_id, topic, group)
-            params = {
-                **table,
-                "g": group_id,
-                "at": at,
-                "dead_lettered_at": at,
-                "outcome": outcome,
-                "reason": reason,
-                "force_dead_letter": forced,
-                "level": None,
-                "delay": None,
-                "ids": [items[i].message_id for i in indexes],
-                "counts": [items[i].delivery_count for i in indexes],
-                "errors": [errors[i] for i in indexes],
-            }
+            params = {**table, "g": group_id, "at": at, "dead_lettered_at": at, "outcome": outcome}
+            params.update(reason=reason, force_dead_letter=forced, level=None, delay=None)
+            params.update(
+                ids=[items[i].message_id for i in indexes],
+                counts=[items[i].delivery_count for i in indexes],
+                errors=[errors[i] for i in indexes],
+            )
             if mode == "level":
-                explicit = policy.explicit_levels(self.levels)
-                try:
-                    explicit.check_level(level)
-                except InvalidLevelError as exc:
-                    raise InvalidLevelError(f"{exc}; a negative level dead-letters (RocketMQ)") from None
-                seconds = explicit.delay(level)
+                seconds = policy.explicit_delay(level, self.levels)
                 params.update(delay=float(seconds), level=self.levels.level_for_delay(seconds))
             elif mode == "delay":
                 params.update(delay=float(delay), level=self.levels.level_for_delay(delay))
             plans.append(params)
         for params in plans:  # DLQ tables are made before the dead-lettering transaction, when needed
             self._ensure_dlq_table(params)
-        done = 0
-        with self.conn.transaction():
-            for params in plans:
-                done += self.conn.execute(S.FAIL_RETRY, params).fetchone()[0]
-                done += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
-        return done
+
+        def apply() -> int:
+            done = 0
+            with self.conn.transaction():
+                for params in plans:
+                    done += self.conn.execute(S.FAIL_RETRY, params).fetchone()[0]
+                    done += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
+                if done < len(items):
+                    self.conn.execute(S.COUNT_STALE_RECEIPTS, {"g": group_id, "n": len(items) - done})
+            return done
+
+        return db.retry_lock_conflicts(apply)
 
     def _ensure_dlq_table(self, params: dict) -> None:
         """Create the DLQ table before the first message is dead-lettered into it (not earlier)."""
@@ -454,10 +574,30 @@ class Client:
             out.setdefault(topic, {}).setdefault(group, dict.fromkeys(STATES, 0))[state] = n
         return out
 
+    def stale_receipts(self, group: str) -> int:
+        """How many receipts of ``group`` changed nothing (late or repeated answers)."""
+        return self.conn.execute(S.GROUP_STALE_RECEIPTS, {"g": self._group(group)[0]}).fetchone()[0]
+
     def dlq_list(self, group: str, limit: int = 100) -> list[dict]:
-        """The oldest ``limit`` dead letters of ``group`` as dicts (body decoded, properties,
-        attempt history, DLQ name). Raises ``UnknownGroupError``."""
+        """The oldest ``limit`` (1..10000) dead letters of ``group`` as dicts (body decoded,
+        properties, attempt history, DLQ name, redrive count). Raises ``UnknownGroupError``,
+        ``ValueError``."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+            raise ValueError(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
         return select(self.conn, DlqFilter(group=group), limit=limit, with_body=True)
+
+
+def check_same_batch(conn: psycopg.Connection, batch_id: str, topic_id: int, content: str) -> None:
+    """Raise ``BatchConflictError`` unless batch ``batch_id`` was published to ``topic_id`` with the
+    fingerprint ``content``: a batch id means one batch."""
+    topic, _, published = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()
+    if topic != topic_id:
+        raise BatchConflictError(f"batch id {batch_id!r} was published to another topic (id {topic})")
+    if published is not None and published != content:
+        raise BatchConflictError(
+            f"batch id {batch_id!r} was published with other content ({published.split(':')[0]} messages, "
+            f"fingerprint {published}; this batch: {content}): a batch id means one batch"
+        )
 
 
 __all__ = ["Client", "Message", "ReceivedMessage"]

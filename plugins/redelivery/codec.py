@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,6 +22,20 @@ CONTENT_TYPES = (JSON, BINARY, TEXT)
 STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ")
 #: Properties set on a redelivered message (Pulsar retry letter, seeds/000); publishers may not set them.
 RETRY_PROPERTIES = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUMETIMES")
+# A \u0000 escape (preceded by an even number of backslashes): PostgreSQL's jsonb cannot store it.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON (PostgreSQL refuses it)")
+
+
+def check_json_text(text: str) -> None:
+    """Raise ``ValueError`` unless PostgreSQL's jsonb would take ``text`` as Python reads it: valid
+    JSON, no NaN or Infinity, no \\u0000 escape."""
+    json.loads(text, parse_constant=_refuse_constant)
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise ValueError("a \\u0000 character cannot be stored in PostgreSQL's jsonb")
 
 
 @dataclass(frozen=True)
@@ -40,8 +56,9 @@ class ReceivedMessage:
     """A message handed to a consumer of ``group``. ``body`` is decoded by content type (JSON
     value, ``bytes`` or ``str``). ``delivery_count`` counts this delivery; ``reconsume_times`` the
     retries scheduled before it. A retried message's ``properties`` carry REAL_TOPIC,
-    ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (seeds/000). The receipt of this delivery is
-    (``group``, ``message_id``, ``delivery_count``)."""
+    ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (seeds/000). ``redrive_count``: how many
+    times an operator redrove it from the DLQ. The receipt of this delivery is (``group``,
+    ``message_id``, ``delivery_count``)."""
 
     message_id: int
     group: str
@@ -57,6 +74,7 @@ class ReceivedMessage:
     invisible_until: datetime
     origin_message_id: int
     last_error: str | None
+    redrive_count: int = 0
 
 
 def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, str, dict]:
@@ -81,10 +99,14 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
             raw = body.encode()
         elif ctype == JSON:
             if isinstance(body, (bytes, str)):
-                json.loads(body)  # JSON text: must parse
-                raw = body.encode() if isinstance(body, str) else body
+                text = body if isinstance(body, str) else body.decode()
+                check_json_text(text)  # JSON text: must parse as PostgreSQL parses it
+                raw = text.encode()
             else:
-                raw = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode()
+                text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+                if "\\u0000" in text:
+                    check_json_text(text)
+                raw = text.encode()
         else:
             raise MalformedMessageError(
                 f"{where}: unknown content type {ctype!r}; use {JSON}, {BINARY} or {TEXT}"
@@ -93,15 +115,55 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
         if isinstance(exc, MalformedMessageError):
             raise
         raise MalformedMessageError(f"{where}: body is not valid {ctype}: {exc}") from exc
+    if message.properties is not None and not isinstance(message.properties, Mapping):
+        raise MalformedMessageError(
+            f"{where}: properties must be a mapping of str to str, got {type(message.properties).__name__}"
+        )
     props = dict(message.properties or {})
     for name, value in props.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise MalformedMessageError(f"{where}: properties must map str to str, got {name!r}: {value!r}")
+        if "\x00" in name or "\x00" in value:
+            raise MalformedMessageError(
+                f"{where}: property {name!r} has a \\u0000 character, which PostgreSQL's jsonb cannot store"
+            )
         if name in RETRY_PROPERTIES:
             raise MalformedMessageError(f"{where}: property {name!r} is reserved for redelivered messages")
     if message.key is not None and not isinstance(message.key, str):
         raise MalformedMessageError(f"{where}: key must be a str, got {type(message.key).__name__}")
     return message.key, raw, ctype, props
+
+
+def row_hash(key: str | None, body: bytes, content_type: str, properties: Mapping[str, str]) -> int:
+    """A 64-bit hash of one message's content (key, body, content type, properties)."""
+    key_bytes = b"\xff" if key is None else key.encode()
+    props = json.dumps(properties, sort_keys=True, separators=(",", ":")) if properties else ""
+    head = f"{len(key_bytes)}:{len(body)}:{content_type}:{props}:".encode()
+    return int.from_bytes(hashlib.blake2b(head + key_bytes + bytes(body), digest_size=8).digest(), "big")
+
+
+def fingerprint(count: int, hash_sum: int) -> str:
+    """A batch's fingerprint: its message count and the sum of its rows' hashes modulo 2**64, so
+    the same rows give the same fingerprint whatever their order or partitioning."""
+    return f"{count}:{hash_sum % 2**64:016x}"
+
+
+def batch_fingerprint(rows: Iterable[tuple]) -> str:
+    """The fingerprint of ``encode`` results."""
+    count = total = 0
+    for key, body, ctype, props in rows:
+        count += 1
+        total += row_hash(key, body, ctype, props)
+    return fingerprint(count, total)
+
+
+def add_fingerprints(fingerprints: Iterable[str]) -> str:
+    """The fingerprint of the union of disjoint parts, from theirs."""
+    count = total = 0
+    for part in fingerprints:
+        n, h = part.split(":")
+        count, total = count + int(n), total + int(h, 16)
+    return fingerprint(count, total)
 
 
 def decode(body: bytes, content_type: str) -> Any:

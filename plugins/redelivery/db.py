@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random
 
 from . import embedded
 from .settings import get_settings
 
 SCHEMA = "redelivery"
+T = TypeVar("T")
 
 
 def database_url() -> str:
@@ -42,3 +46,20 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
     cfg.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
     cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url or database_url()).replace("%", "%%"))
     command.upgrade(cfg, revision)
+
+
+def retry_lock_conflicts(call: Callable[[], T], attempts: int = 5) -> T:
+    """Run ``call`` (one transaction) again when PostgreSQL aborted it as a deadlock victim or for
+    a serialization failure: it changed nothing, and every statement is guarded, so running it
+    again is safe. Raises the last error after ``attempts`` tries."""
+    conflicts = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+    retries = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_random(0.01, 0.2),
+        retry=retry_if_exception_type(conflicts),
+        reraise=True,
+    )
+    for attempt in retries:
+        with attempt:
+            return call()
+    raise AssertionError("unreachable: tenacity re-raises the last error")

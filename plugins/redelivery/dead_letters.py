@@ -5,43 +5,70 @@ read through here."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import psycopg
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import statements as S
 from .catalog import group, topic_id
 from .codec import decode
-from .names import NAME_MAX_LENGTH
+from .names import check_name
 
 REASONS = ("MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL")
 Reason = Literal["MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL"]
 
 
+MAX_MESSAGE_ID = 2**63 - 1  # bigint
+MessageId = Annotated[int, Field(ge=1, le=MAX_MESSAGE_ID)]
+
+
 class DlqFilter(BaseModel):
     """Which dead letters of ``group``: all given conditions must hold. Times are timezone-aware
-    (UTC assumed when naive); ``error_contains`` matches the last error, case-insensitively."""
+    (UTC assumed when naive), ``dead_lettered_from`` inclusive and ``dead_lettered_to`` exclusive;
+    ``error_contains`` matches the last error, case-insensitively, as text (never a pattern).
+    Invalid values raise pydantic's ``ValidationError`` (a ``ValueError``) naming the field."""
 
     model_config = ConfigDict(extra="forbid")
 
-    group: str = Field(min_length=1, max_length=NAME_MAX_LENGTH)
+    group: str
     topic: str | None = None
     dead_lettered_from: datetime | None = None
     dead_lettered_to: datetime | None = None
     reasons: list[Reason] = Field(default_factory=list)
     error_contains: str | None = Field(default=None, max_length=1000)
-    message_ids: list[int] = Field(default_factory=list, max_length=100_000)
+    message_ids: list[MessageId] = Field(default_factory=list, max_length=100_000)
+
+    @field_validator("group")
+    @classmethod
+    def _group_name(cls, value: str) -> str:
+        return check_name("group", value)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic_name(cls, value: str | None) -> str | None:
+        return check_name("topic", value) if value else None
 
     @field_validator("dead_lettered_from", "dead_lettered_to")
     @classmethod
     def _aware(cls, value: datetime | None) -> datetime | None:
         return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
-    @field_validator("topic", "error_contains")
+    @field_validator("error_contains")
     @classmethod
-    def _blank_is_none(cls, value: str | None) -> str | None:
+    def _text(cls, value: str | None) -> str | None:
+        if value and "\x00" in value:
+            raise ValueError("error_contains may not contain a NUL character")
         return value if value else None
+
+    @model_validator(mode="after")
+    def _range(self) -> DlqFilter:
+        start, end = self.dead_lettered_from, self.dead_lettered_to
+        if start is not None and end is not None and start > end:
+            raise ValueError(
+                f"dead_lettered_from ({start.isoformat()}) is after dead_lettered_to ({end.isoformat()})"
+            )
+        return self
 
 
 def filter_params(conn: psycopg.Connection, request: DlqFilter) -> dict:
@@ -67,7 +94,9 @@ def select(
 ) -> list[dict]:
     """The matching dead letters, oldest first (``limit`` at most), as dicts of native values
     (datetimes; with ``with_body`` the body decoded by content type, the properties and the attempt
-    history). ``jsonable`` turns them into JSON-ready values."""
+    history). A body that does not decode (an UNDECODABLE dead letter) is given as it is stored
+    (text, or bytes when it is not UTF-8) with the reason in ``body_error``. ``jsonable`` turns the
+    rows into JSON-ready values."""
     cur = conn.execute(S.DLQ_SELECT, {**filter_params(conn, request), "limit": limit})
     names = [c.name for c in cur.description]
     rows = []
@@ -75,11 +104,25 @@ def select(
         row = dict(zip(names, values, strict=True))
         body, content_type = row.pop("body"), row.pop("content_type")
         if with_body:
-            row["body"] = decode(body, content_type)
+            try:
+                row["body"] = decode(body, content_type)
+            except (ValueError, RecursionError) as exc:
+                raw = bytes(body)
+                row["body"], row["body_error"] = (
+                    _as_text(raw),
+                    f"not decodable as {content_type}: {exc}"[:500],
+                )
         else:
             del row["properties"], row["attempts"]
         rows.append(row)
     return rows
+
+
+def _as_text(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw
 
 
 def jsonable(rows: list[dict]) -> list[dict]:

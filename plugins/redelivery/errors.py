@@ -46,3 +46,29 @@ class TooManyRequestsError(RedeliveryError):
     TOO_MANY_REQUESTS, seeds/002). Transient: a retrying publisher backs off and tries again."""
 
     code = 530
+
+
+class ForeignReceiptError(RedeliveryError, ValueError):
+    """A receipt answered for another consumer group than the one that received the message."""
+
+
+class InvalidBatchIdError(RedeliveryError, ValueError):
+    """A publish batch id that is not a non-empty str of at most 200 characters."""
+
+
+class BatchConflictError(RedeliveryError, ValueError):
+    """A batch id already published to another topic or with other content: a batch id means one batch."""
+
+
+class BatchTooLargeError(RedeliveryError, ValueError):
+    """A publish batch larger than a subscribed group's ready-backlog cap: it can never fit, so it
+    is refused at once rather than retried as flow control."""
+
+
+class PublishError(RedeliveryError):
+    """A publish from Spark whose staged rows do not add up to what the DataFrame's tasks wrote;
+    nothing of the batch was published."""
+
+
+class InvalidWindowError(RedeliveryError, ValueError):
+    """A tier window that ends after the database's clock (it would promote retries early)."""

@@ -7,6 +7,7 @@ A level table is a list of delays in seconds, level 1 being the first. Retry num
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -25,13 +26,28 @@ _DURATION = re.compile(r"^(\d+)([smhd])$")
 
 
 def parse_duration(text: str) -> int:
-    """``"10s"``, ``"2m"``, ``"1h"``, ``"1d"`` -> seconds. Raises ``ValueError`` on anything else."""
-    match = _DURATION.match(str(text).strip())
+    """``"10s"``, ``"2m"``, ``"1h"``, ``"1d"`` -> seconds, at most 864000 (10 days: one retry wait
+    at most, as Pulsar's reconsumeLater range, seeds/000). Raises ``ValueError`` on anything else."""
+    match = _DURATION.fullmatch(str(text).strip())
     if not match or int(match.group(1)) <= 0:
         raise ValueError(
             f"not a duration: {text!r} (expected a positive number and one of s, m, h, d, e.g. '30s')"
         )
-    return int(match.group(1)) * _UNITS[match.group(2)]
+    seconds = int(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DELAY_SECONDS:
+        raise ValueError(
+            f"duration {text!r} is longer than {MAX_DELAY_SECONDS} s (10 days), the longest wait"
+        )
+    return seconds
+
+
+def capped_exponential(initial: float, multiplier: float, retry: int, cap: float) -> float:
+    """``min(initial * multiplier**(retry - 1), cap)`` without overflowing for any retry number."""
+    if initial <= 0 or initial >= cap:
+        return min(initial, cap)
+    if multiplier > 1 and (retry - 1) * math.log(multiplier) >= math.log(cap / initial):
+        return cap
+    return min(initial * multiplier ** (retry - 1), cap)
 
 
 def format_duration(seconds: int) -> str:

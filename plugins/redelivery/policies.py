@@ -22,10 +22,22 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .levels import ROCKETMQ_BROKER_LEVELS, ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
+from .levels import (
+    MAX_DELAY_SECONDS,
+    ROCKETMQ_BROKER_LEVELS,
+    ROCKETMQ_RETRY_LEVELS,
+    LevelTable,
+    capped_exponential,
+    parse_duration,
+)
 from .names import is_valid_queue_name
 
 #: Characters allowed in a DLQ or retry name: it becomes a (quoted) table name, at most 63 bytes.
+#: Bounds that keep every computed wait finite and storable: one wait at most 864000 s (Pulsar's
+#: reconsumeLater range), counts in a PostgreSQL integer.
+MAX_DELAY_MS = MAX_DELAY_SECONDS * 1000
+MAX_MULTIPLIER = 1000.0
+MAX_INT = 2**31 - 1
 _WORD = re.compile(r"#|\*|[A-Za-z0-9_%-]+")
 
 
@@ -130,19 +142,19 @@ class ArtemisBackoff(_Strict):
     by ``delay * factor * U`` with U uniform in [0, 1) and a random sign (collision avoidance)."""
 
     kind: Literal["exponential"]
-    redelivery_delay_ms: int = Field(default=0, ge=0)
-    redelivery_delay_multiplier: float = Field(default=1.0, ge=1.0)
-    max_redelivery_delay_ms: int | None = Field(default=None, ge=0)
+    redelivery_delay_ms: int = Field(default=0, ge=0, le=MAX_DELAY_MS)
+    redelivery_delay_multiplier: float = Field(default=1.0, ge=1.0, le=MAX_MULTIPLIER)
+    max_redelivery_delay_ms: int | None = Field(default=None, ge=0, le=MAX_DELAY_MS)
     redelivery_collision_avoidance_factor: float = Field(default=0.0, ge=0.0, le=1.0)
 
     def base_delay(self, retry: int) -> float:
         cap = (
             self.max_redelivery_delay_ms
             if self.max_redelivery_delay_ms is not None
-            else self.redelivery_delay_ms * 10
+            else min(self.redelivery_delay_ms * 10, MAX_DELAY_MS)
         )
-        delay = self.redelivery_delay_ms * self.redelivery_delay_multiplier ** (retry - 1)
-        return min(delay, cap) / 1000.0
+        delay = capped_exponential(self.redelivery_delay_ms, self.redelivery_delay_multiplier, retry, cap)
+        return delay / 1000.0
 
 
 class RocketMQExponentialBackoff(_Strict):
@@ -151,7 +163,7 @@ class RocketMQExponentialBackoff(_Strict):
 
     kind: Literal["rocketmq_exponential"]
     initial: str = "1s"
-    multiplier: float = Field(default=2.0, ge=1.0)
+    multiplier: float = Field(default=2.0, ge=1.0, le=MAX_MULTIPLIER)
     max: str = "2h"
 
     @field_validator("initial", "max")
@@ -162,7 +174,7 @@ class RocketMQExponentialBackoff(_Strict):
 
     def base_delay(self, retry: int) -> float:
         return float(
-            min(parse_duration(self.initial) * self.multiplier ** (retry - 1), parse_duration(self.max))
+            capped_exponential(parse_duration(self.initial), self.multiplier, retry, parse_duration(self.max))
         )
 
 
@@ -245,11 +257,22 @@ class PolicyConfig(_Strict):
     topic: str = "#"
     group: str = "#"
     backoff: Backoff | None = None
-    max_reconsume_times: int | None = Field(default=None, ge=-1)
-    max_delivery_attempts: int | None = Field(default=None, ge=-1)
+    max_reconsume_times: int | None = Field(default=None, ge=-1, le=MAX_INT)
+    max_delivery_attempts: int | None = Field(default=None, ge=-1, le=MAX_INT)
     dead_letter: Naming | None = None
     retry_naming: Naming | None = None
-    max_ready_backlog: int | None = Field(default=None, ge=1)
+    max_ready_backlog: int | None = Field(default=None, ge=1, le=MAX_INT)
+    #: The table ``reconsume_later(level=n)`` indexes (a level string), and whether a level above
+    #: it means its last level (RocketMQ) or is refused.
+    explicit_levels: str | None = None
+    clamp_explicit_levels: bool | None = None
+
+    @field_validator("explicit_levels")
+    @classmethod
+    def _explicit_levels_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            LevelTable.parse(value)
+        return value
 
     @field_validator("topic", "group")
     @classmethod
@@ -269,26 +292,36 @@ class PolicyConfig(_Strict):
 
 #: Defaults of each broker preset (``broker:`` in the config file).
 PRESETS: dict[str, dict] = {
-    # RocketMQ 5 (seeds/001): 16-step table, 16 reconsume times, %DLQ%group, %RETRY%group
+    # RocketMQ 5 (seeds/001): 16-step table, 16 reconsume times, %DLQ%group, %RETRY%group. An explicit
+    # delayLevelWhenNextConsume indexes the broker's 18-level messageDelayLevel, a level above it is
+    # its last level (seeds/003).
     "rocketmq": {
         "backoff": LevelsBackoff(kind="levels"),
         "max_reconsume_times": 16,
         "dead_letter": Naming(style="rocketmq"),
         "retry_naming": Naming(style="rocketmq"),
+        "explicit_levels": ROCKETMQ_BROKER_LEVELS,
+        "clamp_explicit_levels": True,
     },
-    # TDMQ Pulsar (seeds/000): levels 1s 5s 10s ... 2h by increment, 16 retries, <topic>-<sub>-DLQ/-RETRY
+    # TDMQ Pulsar (seeds/000): levels 1s 5s 10s ... 2h by increment, 16 retries, <topic>-<sub>-DLQ/-RETRY;
+    # reconsumeLater(msg, n) indexes MESSAGE_DELAYLEVEL (level 1 = 1s, level 3 = 10s).
     "pulsar": {
         "backoff": LevelsBackoff(kind="levels", levels=ROCKETMQ_BROKER_LEVELS),
         "max_reconsume_times": 16,
         "dead_letter": Naming(style="pulsar"),
         "retry_naming": Naming(style="pulsar"),
+        "explicit_levels": ROCKETMQ_BROKER_LEVELS,
+        "clamp_explicit_levels": False,
     },
-    # Artemis (seeds/004): redelivery-delay 0, multiplier 1.0, max-delivery-attempts 10, DLQ.<address>
+    # Artemis (seeds/004): redelivery-delay 0, multiplier 1.0, max-delivery-attempts 10, DLQ.<address>.
+    # Artemis has no delay levels: an explicit level indexes the routing table (ours).
     "artemis": {
         "backoff": ArtemisBackoff(kind="exponential"),
         "max_delivery_attempts": 10,
         "dead_letter": Naming(style="artemis"),
         "retry_naming": Naming(style="artemis"),
+        "explicit_levels": None,
+        "clamp_explicit_levels": False,
     },
 }
 
@@ -298,7 +331,8 @@ class EffectivePolicy:
     """The policy of one (topic, group) after matching and merging.
 
     ``max_reconsume_times``: retries before the next failed delivery dead-letters; -1 unlimited.
-    ``explicit_levels``: the table ``reconsume_later(level=n)`` indexes."""
+    ``explicit_levels``: the level string ``reconsume_later(level=n)`` indexes (None: the routing
+    table); ``clamp_explicit_levels``: a level above it means its last level (RocketMQ)."""
 
     topic: str
     group: str
@@ -308,6 +342,8 @@ class EffectivePolicy:
     retry_name: str
     max_ready_backlog: int | None
     matched: tuple[str, ...]
+    explicit_levels: str | None = None
+    clamp_explicit_levels: bool = False
 
     @property
     def jitter(self) -> float:
@@ -329,9 +365,19 @@ class EffectivePolicy:
         sign = -1 if rng.random() < 0.5 else 1
         return base + base * self.jitter * sign * rng.random()
 
-    def explicit_levels(self, routing: LevelTable) -> LevelTable:
-        table = getattr(self.backoff, "table", None)
-        return table() if table else routing
+    def explicit_delay(self, level: int, routing: LevelTable) -> int:
+        """Seconds before a retry at explicit delay ``level`` (>= 1) of ``explicit_levels`` (or of
+        ``routing``). A level above the table is its last level when ``clamp_explicit_levels``
+        (RocketMQ, seeds/003), else ``InvalidLevelError``; so is a level below 1 or not an int."""
+        table = LevelTable.parse(self.explicit_levels) if self.explicit_levels else routing
+        if (
+            self.clamp_explicit_levels
+            and isinstance(level, int)
+            and not isinstance(level, bool)
+            and level > 0
+        ):
+            level = min(level, len(table))
+        return table.delay(level)
 
     def schedule(self, routing: LevelTable) -> tuple[list[float], list[int]]:
         """Base delays and routing levels for retries 1..K, where every retry after K waits as K
@@ -417,4 +463,6 @@ def resolve(
         retry_name=merged["retry_naming"].retry(topic, group),
         max_ready_backlog=merged.get("max_ready_backlog"),
         matched=tuple(f"topic={p.topic} group={p.group}" for p in reversed(found)),
+        explicit_levels=merged.get("explicit_levels"),
+        clamp_explicit_levels=bool(merged.get("clamp_explicit_levels")),
     )

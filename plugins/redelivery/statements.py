@@ -69,17 +69,19 @@ def _attempt(at: str, outcome: str, error: str) -> str:
 
 # What an UPDATE that dead-letters returns, for _DLQ_COPY (the CTE must be called "moved").
 _MOVED_RETURNING = """RETURNING d.message_id, d.group_id, d.topic_id, p.dlq_id, d.delivery_count,
-              d.reconsume_times, d.first_failure_at, d.last_failure_at, d.last_error, d.attempts"""
+              d.reconsume_times, d.first_failure_at, d.last_failure_at, d.last_error, d.attempts,
+              d.redrive_count"""
 # Copies the rows of the CTE "moved" into dlq_messages inside the database (payloads never leave it);
 # the statement returns (group_id, reason, count).
 _DLQ_COPY = """inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
-                              reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts)
+                              reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
+                              redrive_count)
     SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, m.id), m.key,
            m.body, m.content_type, m.properties, m.published_at, %(reason)s::dlq_reason, mv.last_error,
            mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
-           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts
+           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count
     FROM moved mv JOIN messages m ON m.id = mv.message_id
     RETURNING group_id, reason)
 SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2"""
@@ -112,16 +114,36 @@ _DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_
 TOPIC_ID = _named("TOPIC_ID", "SELECT id FROM topics WHERE name = %(name)s")
 GROUP_BY_NAME = _named("GROUP_BY_NAME", """
     SELECT id, max_reconsume_times FROM consumer_groups WHERE name = %(name)s""")
+# Lookups before inserts: an INSERT ... ON CONFLICT takes a value of the identity sequence even
+# when the row exists, and calls that repeat (every CLI command, every demo run) would use it up.
+# Two creators racing: the loser's insert finds the winner's row and returns nothing; run again.
+#: The id of topic ``name``, created if missing.
 CREATE_TOPIC = _named("CREATE_TOPIC", """
-    INSERT INTO topics (name) VALUES (%(name)s) ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
-    RETURNING id""")
+    WITH existing AS (SELECT id FROM topics WHERE name = %(name)s),
+    inserted AS (
+      INSERT INTO topics (name) SELECT %(name)s WHERE NOT EXISTS (SELECT 1 FROM existing)
+      ON CONFLICT (name) DO NOTHING RETURNING id)
+    SELECT id FROM existing UNION ALL SELECT id FROM inserted""")
+#: The id of group ``name``, created if missing; its own max reconsume times set when given, kept
+#: when ``max_reconsume_times`` is NULL.
 CREATE_GROUP = _named("CREATE_GROUP", """
-    INSERT INTO consumer_groups (name, max_reconsume_times) VALUES (%(name)s, %(max_reconsume_times)s)
-    ON CONFLICT (name) DO UPDATE SET max_reconsume_times = EXCLUDED.max_reconsume_times RETURNING id""")
+    WITH existing AS (SELECT id FROM consumer_groups WHERE name = %(name)s),
+    inserted AS (
+      INSERT INTO consumer_groups (name, max_reconsume_times)
+      SELECT %(name)s, %(max_reconsume_times)s::int WHERE NOT EXISTS (SELECT 1 FROM existing)
+      ON CONFLICT (name) DO NOTHING RETURNING id),
+    updated AS (
+      UPDATE consumer_groups SET max_reconsume_times = %(max_reconsume_times)s::int
+      WHERE id = (SELECT id FROM existing) AND %(max_reconsume_times)s::int IS NOT NULL RETURNING id)
+    SELECT id FROM existing UNION ALL SELECT id FROM inserted""")
+#: Set (or, with NULL, clear: the policy decides) a group's own max reconsume times.
+SET_GROUP_MAX = _named("SET_GROUP_MAX", """
+    UPDATE consumer_groups SET max_reconsume_times = %(max_reconsume_times)s::int WHERE name = %(name)s
+    RETURNING id""")
 SUBSCRIBE = _named("SUBSCRIBE", """
     INSERT INTO subscriptions (topic_id, group_id) VALUES (%(topic_id)s, %(g)s) ON CONFLICT DO NOTHING""")
-DELETE_TOPIC_DEAD_LETTERS = _named("DELETE_TOPIC_DEAD_LETTERS", """
-    DELETE FROM dlq_messages WHERE topic_id = %(topic_id)s""")
+#: A topic with its messages, their deliveries and dead letters (foreign keys cascade, row by row
+#: under row locks: a dead letter being written at the same moment goes with its delivery).
 DELETE_TOPIC = _named("DELETE_TOPIC", "DELETE FROM topics WHERE id = %(topic_id)s")
 #: Subscriptions with their names and the group's own max reconsume times: all (``all``) or the
 #: (topic id, group id) pairs given.
@@ -143,8 +165,12 @@ DB_NOW = _named("DB_NOW", "SELECT now()")
 
 # ---- dead-letter queues ---------------------------------------------------------------------------
 
+#: Register the DLQ names not known yet (only those: see CREATE_TOPIC on identity values).
 REGISTER_DLQ_NAMES = _named("REGISTER_DLQ_NAMES", """
-    INSERT INTO dead_letter_queues (name) SELECT unnest(%(names)s::text[]) ON CONFLICT (name) DO NOTHING""")
+    INSERT INTO dead_letter_queues (name)
+    SELECT n FROM unnest(%(names)s::text[]) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM dead_letter_queues q WHERE q.name = n)
+    ON CONFLICT (name) DO NOTHING""")
 DLQ_IDS = _named("DLQ_IDS", "SELECT name, id FROM dead_letter_queues WHERE name = ANY(%(names)s::text[])")
 DLQ_TABLE_STATE = _named("DLQ_TABLE_STATE", """
     SELECT name, table_created_at FROM dead_letter_queues WHERE id = %(dlq_id)s""")
@@ -161,20 +187,44 @@ ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(
 
 # ---- publish --------------------------------------------------------------------------------------
 
-#: Rows of a publish land in publish_staging first (binary COPY), then FAN_OUT publishes them.
+#: Rows of a publish land in publish_staging first (binary COPY), then FAN_OUT publishes them. A
+#: row is (staging key, run, partition, seq): the API stages as run 'api', partition 0; each run of a
+#: Spark publish job stages each partition of its DataFrame once (PUBLISH_PART_CLAIM).
 COPY_STAGING = _named("COPY_STAGING", """
-    COPY publish_staging (batch_id, seq, key, body, content_type, properties) FROM STDIN (FORMAT BINARY)""")
+    COPY publish_staging (batch_id, run_id, part, seq, key, body, content_type, properties)
+    FROM STDIN (FORMAT BINARY)""")
+#: The record of a published batch: (topic id, message count, fingerprint).
+PUBLISHED_BATCH = _named("PUBLISHED_BATCH", """
+    SELECT topic_id, message_count, fingerprint FROM publish_batches WHERE batch_id = %(batch)s""")
+#: Claim a batch id for this transaction's publish; nothing is returned when it was published
+#: before (or is being published: the insert waits for that transaction, then finds the row).
 CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", """
-    INSERT INTO publish_batches (batch_id, topic_id, message_count)
-    VALUES (%(batch)s, %(topic_id)s, %(count)s)
+    INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint)
+    VALUES (%(batch)s, %(topic_id)s, %(count)s, %(fingerprint)s)
     ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id""")
-CLAIM_STAGED_PUBLISH_BATCH = _named("CLAIM_STAGED_PUBLISH_BATCH", """
-    INSERT INTO publish_batches (batch_id, topic_id, message_count)
-    SELECT %(batch)s, %(topic_id)s, count(*) FROM publish_staging WHERE batch_id = %(staging)s
-    ON CONFLICT (batch_id) DO NOTHING RETURNING message_count""")
 PUBLISHED_IDS = _named("PUBLISHED_IDS", "SELECT id FROM messages WHERE publish_batch = %(batch)s ORDER BY id")
-PUBLISHED_COUNT = _named("PUBLISHED_COUNT", """
-    SELECT message_count FROM publish_batches WHERE batch_id = %(batch)s""")
+#: Claim partition ``part`` of publish job run ``run`` for staging. Nothing returned: an earlier
+#: attempt of the task staged it (the insert waited for that attempt's transaction to end).
+PUBLISH_PART_CLAIM = _named("PUBLISH_PART_CLAIM", """
+    INSERT INTO publish_parts (batch_id, run_id, part, rows, fingerprint)
+    VALUES (%(batch)s, %(stage_run)s, %(part)s, 0, '')
+    ON CONFLICT DO NOTHING RETURNING 1""")
+PUBLISH_PART_STAGED = _named("PUBLISH_PART_STAGED", """
+    UPDATE publish_parts SET rows = %(rows)s, fingerprint = %(fingerprint)s
+    WHERE batch_id = %(batch)s AND run_id = %(stage_run)s AND part = %(part)s""")
+PUBLISH_PART = _named("PUBLISH_PART", """
+    SELECT rows, fingerprint FROM publish_parts
+    WHERE batch_id = %(batch)s AND run_id = %(stage_run)s AND part = %(part)s""")
+#: What a publish job run staged: (partitions, rows by the partitions' records, rows in staging).
+PUBLISH_STAGED = _named("PUBLISH_STAGED", """
+    SELECT (SELECT count(*) FROM publish_parts WHERE batch_id = %(batch)s AND run_id = %(stage_run)s),
+           (SELECT coalesce(sum(rows), 0) FROM publish_parts
+            WHERE batch_id = %(batch)s AND run_id = %(stage_run)s),
+           (SELECT count(*) FROM publish_staging WHERE batch_id = %(batch)s AND run_id = %(stage_run)s)""")
+#: A publish job run's staged rows and partition records (its publish failed).
+DELETE_STAGED_RUN = _named("DELETE_STAGED_RUN", """
+    WITH parts AS (DELETE FROM publish_parts WHERE batch_id = %(batch)s AND run_id = %(stage_run)s)
+    DELETE FROM publish_staging WHERE batch_id = %(batch)s AND run_id = %(stage_run)s""")
 #: Staged rows -> messages of topic ``topic_id`` in staging order, and a READY delivery per
 #: subscribed group; returns the new ids in order. JSON bodies are parsed by PostgreSQL on the way
 #: in, so one malformed body fails the whole statement.
@@ -183,15 +233,16 @@ FAN_OUT = _named("FAN_OUT", f"""
       INSERT INTO messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
       SELECT %(topic_id)s, u.key, u.body, u.content_type, u.properties, %(batch)s, {AT}
       FROM publish_staging u
-      WHERE u.batch_id = %(staging)s
+      WHERE u.batch_id = %(staging)s AND u.run_id = %(stage_run)s
         AND (u.content_type <> 'application/json' OR convert_from(u.body, 'UTF8')::jsonb IS NOT NULL)
-      ORDER BY u.seq
+      ORDER BY u.part, u.seq
       RETURNING id, published_at),
     fan AS (
-      INSERT INTO deliveries (message_id, group_id, topic_id, created_at, updated_at)
-      SELECT new.id, s.group_id, %(topic_id)s, new.published_at, new.published_at
+      INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)
+      SELECT new.id, s.group_id, %(topic_id)s, new.published_at, new.published_at, new.published_at
       FROM new JOIN subscriptions s ON s.topic_id = %(topic_id)s)
     SELECT id FROM new ORDER BY id""")
+#: Every staged row of a batch (all partitionings): once it is published they are leftovers.
 DELETE_STAGED = _named("DELETE_STAGED", "DELETE FROM publish_staging WHERE batch_id = %(staging)s")
 #: A group's READY messages of a topic (flow control).
 READY_COUNT = _named("READY_COUNT", """
@@ -210,21 +261,33 @@ RECEIVE = _named("RECEIVE", f"""
       UPDATE deliveries d SET state = 'INFLIGHT', delivery_count = d.delivery_count + 1,
           invisible_until = {AT} + make_interval(secs => %(lease)s), updated_at = now()
       WHERE d.message_id = ANY(ARRAY(SELECT message_id FROM claimed)) AND d.group_id = %(g)s
-      RETURNING d.message_id, d.delivery_count, d.reconsume_times, d.delay_level, d.invisible_until,
-                d.last_error)
+        RETURNING d.message_id, d.delivery_count, d.reconsume_times, d.delay_level, d.invisible_until,
+                d.last_error, d.redrive_count)
     SELECT l.message_id, m.key, m.body, m.content_type, m.properties::text, m.published_at,
            l.delivery_count, l.reconsume_times, l.delay_level, l.invisible_until,
-           coalesce(m.origin_message_id, m.id), l.last_error
+           coalesce(m.origin_message_id, m.id), l.last_error, l.redrive_count
     FROM leased l JOIN messages m ON m.id = l.message_id ORDER BY l.message_id""")
 
+#: Commit the deliveries the receipts answer; receipts that match nothing (late, repeated) are
+#: counted as stale on the group, in the same statement. Returns how many were acknowledged.
 ACK = _named("ACK", f"""
     WITH acked AS (
       UPDATE deliveries d SET state = 'COMMITTED', invisible_until = NULL, updated_at = now()
       FROM unnest(%(ids)s::bigint[], %(counts)s::int[]) AS i(message_id, delivery_count)
       WHERE d.message_id = i.message_id AND d.group_id = %(g)s AND {_IS_INFLIGHT}
         AND d.delivery_count = i.delivery_count
-      RETURNING 1)
-    SELECT count(*) FROM acked""")
+      RETURNING 1),
+    n AS (SELECT count(*) AS acked FROM acked),
+    stale AS (
+      UPDATE consumer_groups g
+      SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.acked
+      FROM n WHERE g.id = %(g)s AND n.acked < cardinality(%(ids)s::bigint[]) RETURNING 1)
+    SELECT acked FROM n""")
+GROUP_STALE_RECEIPTS = _named("GROUP_STALE_RECEIPTS", """
+    SELECT stale_receipts FROM consumer_groups WHERE id = %(g)s""")
+#: Receipts a nack or reject found stale (the caller counts them in the same transaction).
+COUNT_STALE_RECEIPTS = _named("COUNT_STALE_RECEIPTS", """
+    UPDATE consumer_groups SET stale_receipts = stale_receipts + %(n)s WHERE id = %(g)s""")
 
 #: A failed delivery that may be retried: the retry's level and wait are ``level`` / ``delay``
 #: (seconds) when given, else the policy's next ones. ``force_dead_letter`` (reject, negative
@@ -305,7 +368,7 @@ EXPIRE_LEASES_DEAD_LETTER = _named("EXPIRE_LEASES_DEAD_LETTER", f"""
 #: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others).
 PROMOTE = _named("PROMOTE", f"""
     WITH {POLICIES_CTE}, promoted AS (
-      UPDATE deliveries d SET state = 'READY', updated_at = now()
+      UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
       FROM policies p
       WHERE {_IN_RANGE} AND {_DUE} AND p.cap IS NULL
         AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
@@ -325,7 +388,7 @@ PROMOTE_CAPPED = _named("PROMOTE_CAPPED", f"""
       WHERE d.group_id = %(g)s AND d.topic_id = %(topic_id)s AND {_DUE}
       ORDER BY d.due_at, d.message_id LIMIT %(room)s FOR UPDATE),
     promoted AS (
-      UPDATE deliveries d SET state = 'READY', updated_at = now()
+      UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
       FROM policies p, chosen c
       WHERE d.message_id = c.message_id AND d.group_id = %(g)s AND {POLICY_JOIN} AND {_DUE}
         AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
@@ -344,6 +407,10 @@ TIER_RUN_START = _named("TIER_RUN_START", """
 TIER_RUN_FINISH = _named("TIER_RUN_FINISH", """
     UPDATE tier_runs SET status = %(status)s, finished_at = now(), summary = %(summary)s::jsonb
     WHERE run_key = %(run_key)s""")
+#: Messages waiting at levels a table of ``level_count`` levels does not have: (level, count).
+WAITING_BEYOND_LEVELS = _named("WAITING_BEYOND_LEVELS", """
+    SELECT delay_level, count(*) FROM deliveries
+    WHERE state = 'WAITING_RETRY' AND delay_level > %(level_count)s::int GROUP BY 1 ORDER BY 1""")
 TIER_RUN_RESULT = _named("TIER_RUN_RESULT", """
     SELECT status, summary FROM tier_runs WHERE run_key = %(run_key)s""")
 LATEST_TIER_RUNS = _named("LATEST_TIER_RUNS", """
@@ -358,7 +425,7 @@ DLQ_COUNT = _named("DLQ_COUNT", f"SELECT count(*) FROM dlq_messages q WHERE {DLQ
 DLQ_SELECT = _named("DLQ_SELECT", f"""
     SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
            q.last_error, q.delivery_count, q.reconsume_times, q.dead_lettered_at, q.first_failure_at,
-           q.last_failure_at,
+           q.last_failure_at, q.redrive_count,
            q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
     ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
@@ -385,24 +452,45 @@ PLAN_REDRIVE_RANGES = _named("PLAN_REDRIVE_RANGES", f"""
     SELECT min(message_id), max(message_id),
            percentile_disc(%(fractions)s::float8[]) WITHIN GROUP (ORDER BY message_id)
     FROM dlq_messages q WHERE {DLQ_FILTER}""")
-#: Start a redrive run, or resume it (same run key): a finished run stays finished.
+#: Start a redrive run, or resume it (same run key): a finished run stays finished, except that a
+#: real run after a dry run under the same key moves (once real, a run stays real).
 REDRIVE_RUN_START = _named("REDRIVE_RUN_START", """
     INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run)
     VALUES (%(run_key)s, %(triggered_by)s, %(g)s, %(filter)s, %(dry_run)s)
-    ON CONFLICT (run_key) DO UPDATE SET status = CASE WHEN redrive_runs.status = 'success' THEN 'success'
-                                                 ELSE 'running' END
-    RETURNING id, moved, status""")
+    ON CONFLICT (run_key) DO UPDATE SET
+        status = CASE WHEN redrive_runs.status = 'success' AND (EXCLUDED.dry_run OR NOT redrive_runs.dry_run)
+                      THEN 'success' ELSE 'running' END,
+        dry_run = redrive_runs.dry_run AND EXCLUDED.dry_run,
+        finished_at = CASE WHEN redrive_runs.dry_run AND NOT EXCLUDED.dry_run THEN NULL
+                           ELSE redrive_runs.finished_at END
+    RETURNING id, moved, status, dry_run, filter""")
+#: Pace a run's batches (all its Spark tasks included): reserve the next ``seconds`` of the run's
+#: schedule; returns how long to wait (seconds, <= 0: go now) before moving the batch.
+RESERVE_REDRIVE_SLOT = _named("RESERVE_REDRIVE_SLOT", """
+    UPDATE redrive_runs
+    SET next_slot_at = greatest(next_slot_at, clock_timestamp())
+                       + make_interval(secs => %(seconds)s::float8)
+    WHERE id = %(run)s
+    RETURNING extract(epoch FROM next_slot_at - make_interval(secs => %(seconds)s::float8)
+                                 - clock_timestamp())""")
+#: How many selected dead letters come from topic ``dest`` (a redrive "to another topic" may not
+#: copy a message into its own topic).
+DLQ_COUNT_FROM_TOPIC = _named("DLQ_COUNT_FROM_TOPIC", f"""
+    SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER} AND q.topic_id = %(dest)s::int""")
 #: One batch of a redrive, in one transaction: up to ``n`` selected dead letters (in the id range
-#: [lo, hi) when given) leave the DLQ table; their deliveries go back to READY (reconsume times and
-#: delivery count back to 0 with ``reset``), or, with a destination topic ``dest``, are closed as
-#: COMMITTED while a copy is published to ``dest`` for its groups; every move is audited.
-#: Returns (dead letters removed, deliveries revived): a difference means a DLQ row without a DLQ
-#: delivery, and the caller rolls back.
+#: [lo, hi) when given; never one this run moved already) leave the DLQ table; their deliveries go
+#: back to READY, or, with a destination topic ``dest``, are closed as COMMITTED while a copy is
+#: published to ``dest`` for its groups; every move is audited. The delivery count is kept (it never
+#: decreases: old receipts stay stale); ``reset`` restores the retry budget (reconsume times 0);
+#: the redrive count goes up. Returns (dead letters removed, deliveries revived): a difference
+#: means a DLQ row without a DLQ delivery, and the caller rolls back.
 REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
     WITH picked AS (
       SELECT q.dlq_id, q.group_id, q.message_id FROM dlq_messages q
       WHERE {DLQ_FILTER}
         AND (%(lo)s::bigint IS NULL OR (q.message_id >= %(lo)s::bigint AND q.message_id < %(hi)s::bigint))
+        AND NOT EXISTS (SELECT 1 FROM redrive_moves rm WHERE rm.run_id = %(run)s
+                        AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
       ORDER BY q.message_id LIMIT %(n)s FOR UPDATE SKIP LOCKED),
     removed AS (
       DELETE FROM dlq_messages q USING picked p
@@ -411,10 +499,10 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
     revived AS (
       UPDATE deliveries d SET
           state = CASE WHEN %(dest)s::int IS NULL THEN 'READY' ELSE 'COMMITTED' END::delivery_state,
-          delivery_count = CASE WHEN %(dest)s::int IS NULL AND %(reset)s THEN 0 ELSE d.delivery_count END,
           reconsume_times = CASE WHEN %(dest)s::int IS NULL AND %(reset)s THEN 0 ELSE d.reconsume_times END,
-          delay_level = CASE WHEN %(dest)s::int IS NULL THEN NULL ELSE d.delay_level END,
-          due_at = NULL, invisible_until = NULL,
+          redrive_count = d.redrive_count + 1,
+          delay_level = NULL, due_at = NULL, invisible_until = NULL,
+          ready_at = CASE WHEN %(dest)s::int IS NULL THEN now() ELSE d.ready_at END,
           last_error = CASE WHEN %(dest)s::int IS NULL THEN d.last_error
                             ELSE 'redriven to topic ' || %(dest_name)s::text END,
           updated_at = now()
@@ -425,8 +513,8 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       SELECT %(dest)s::int, r.key, r.body, r.content_type, r.properties, r.origin_message_id
       FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id RETURNING id, published_at),
     fan AS (
-      INSERT INTO deliveries (message_id, group_id, topic_id, created_at, updated_at)
-      SELECT c.id, s.group_id, %(dest)s::int, c.published_at, c.published_at
+      INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)
+      SELECT c.id, s.group_id, %(dest)s::int, c.published_at, c.published_at, c.published_at
       FROM copies c JOIN subscriptions s ON s.topic_id = %(dest)s::int),
     logged AS (
       INSERT INTO redrive_moves (run_id, group_id, message_id)
@@ -446,6 +534,33 @@ REDRIVE_RUN_RESULT = _named("REDRIVE_RUN_RESULT",
 LATEST_REDRIVES = _named("LATEST_REDRIVES", """
     SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.selected, r.moved, r.started_at
     FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DESC LIMIT 10""")
+
+# ---- retention ------------------------------------------------------------------------------------
+# Records older than their retention (seconds), deleted a bounded number of rows at a time.
+
+#: A batch id publishes once within the retention of its record.
+CLEANUP_PUBLISH_BATCHES = _named("CLEANUP_PUBLISH_BATCHES", """
+    DELETE FROM publish_batches WHERE batch_id = ANY(ARRAY(
+      SELECT batch_id FROM publish_batches
+      WHERE published_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s))""")
+CLEANUP_PUBLISH_PARTS = _named("CLEANUP_PUBLISH_PARTS", """
+    DELETE FROM publish_parts WHERE (batch_id, run_id, part) IN (
+      SELECT batch_id, run_id, part FROM publish_parts
+      WHERE staged_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s)""")
+#: Staged rows of publishes that never finished.
+CLEANUP_PUBLISH_STAGING = _named("CLEANUP_PUBLISH_STAGING", """
+    DELETE FROM publish_staging WHERE ctid = ANY(ARRAY(
+      SELECT ctid FROM publish_staging
+      WHERE staged_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s))""")
+CLEANUP_TIER_RUNS = _named("CLEANUP_TIER_RUNS", """
+    DELETE FROM tier_runs WHERE id = ANY(ARRAY(
+      SELECT id FROM tier_runs
+      WHERE finished_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s))""")
+#: Redrive runs with their per-message audit rows (redrive_moves cascade).
+CLEANUP_REDRIVE_RUNS = _named("CLEANUP_REDRIVE_RUNS", """
+    DELETE FROM redrive_runs WHERE id = ANY(ARRAY(
+      SELECT id FROM redrive_runs
+      WHERE finished_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s))""")
 
 #: The statements that move deliveries between states (docs/ARCHITECTURE.md, "State changes").
 STATE_CHANGES = ("FAN_OUT", "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",

@@ -46,7 +46,7 @@ def request_from(params: dict) -> RedriveRequest:
         "max_messages",
         "rate_limit",
         "destination_topic",
-        "reset_counts",
+        "reset_reconsume_times",
         "dry_run",
     )
     values = {k: params.get(k) for k in keys}
@@ -137,11 +137,12 @@ def redrive_dag() -> DAG:
                 description="Empty: back to the original topic. Otherwise a copy is "
                 "published there and the dead letter is closed.",
             ),
-            "reset_counts": Param(
+            "reset_reconsume_times": Param(
                 True,
                 type="boolean",
-                title="Reset delivery count and reconsume times",
-                description="On: a redriven message starts its retries afresh.",
+                title="Restore the retry budget",
+                description="On: reconsume times back to 0, so a redriven message gets its retries "
+                "again. The delivery count is never reset, and the redrive is counted.",
             ),
             "dry_run": Param(
                 True,

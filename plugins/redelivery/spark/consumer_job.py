@@ -3,12 +3,14 @@ hands them to a handler, and acks, retries or rejects each message, until nothin
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 
 from .. import db
 from ..client import Client, ReceivedMessage
+from .tasks import run_in_tasks
 
 #: A handler takes a batch and returns one outcome per message, in order: ("ack", None),
 #: ("retry", error text) or ("reject", error text). It must be picklable (a module-level
@@ -64,18 +66,18 @@ def consume(
     at: datetime | None = None,
     url: str | None = None,
 ) -> dict:
-    """Run ``consumers`` Spark tasks consuming ``topic`` for ``group`` until nothing is READY.
+    """Run ``consumers`` Spark tasks consuming ``topic`` for ``group`` until nothing is READY
+    (classic or Spark Connect session).
 
     ``invisible_duration``: the lease per batch in seconds. Returns summed counts
     ``{"received", "acked", "retried", "rejected"}`` (retried includes dead-lettered on exhaustion)."""
     url = url or db.database_url()
-    args = (url, group, topic, handler, batch_size, invisible_duration, at)
-    parts = (
-        spark.sparkContext.parallelize(range(consumers), consumers)
-        .map(lambda _: consume_partition(*args))
-        .collect()
-    )
+    task = functools.partial(_consumer_task, url, group, topic, handler, batch_size, invisible_duration, at)
     total: Counter = Counter()
-    for part in parts:
+    for part in run_in_tasks(spark, task, list(range(consumers))):
         total.update(part)
     return {k: total.get(k, 0) for k in ("received", "acked", "retried", "rejected")}
+
+
+def _consumer_task(url, group, topic, handler, batch_size, invisible_duration, at, _index: int) -> Counter:
+    return consume_partition(url, group, topic, handler, batch_size, invisible_duration, at)

@@ -1,80 +1,186 @@
-"""Publish a Spark DataFrame as messages: Spark's JDBC writer lands the rows in
-``publish_staging``, then one transaction publishes them (JDBC writes are not atomic across
-partitions, so they are only a landing step). A batch id makes the job safe to run twice."""
+"""Publish a Spark DataFrame as messages, exactly once per batch id, at the speed of COPY.
+
+Every Spark task stages its partition with a binary COPY into ``publish_staging`` (psycopg, with
+the application's own libpq connection string: Unix sockets, several hosts, ``sslmode`` and
+service files work as everywhere else), then the driver publishes the whole batch in one
+transaction. Nothing else is atomic across partitions, so the rules are:
+
+- each run of the job stages under a run id of its own, and each partition once per run: a task
+  attempt that finds its partition claimed (an earlier attempt committed it, or a speculative
+  twin) stages nothing; two runs of one batch at once (a zombie task and its retry) never touch
+  each other's rows;
+- the publishing transaction claims the batch id first: only one run publishes; it checks that
+  every partition its tasks reported is staged, with the rows they reported, and that as many
+  messages were published; anything else rolls it back with ``PublishError``;
+- a batch id means one batch: its fingerprint (row count and a sum of row hashes, the same as the
+  API computes) must match the published one, or ``BatchConflictError``.
+"""
 
 from __future__ import annotations
 
-from psycopg.conninfo import conninfo_to_dict
+import json
+import uuid
+from collections.abc import Iterator
+
+import psycopg
 
 from .. import catalog, db
 from .. import statements as S
-from ..codec import JSON
-from ..errors import MalformedMessageError
+from ..client import STAGING_TYPES, check_batch_id, check_same_batch
+from ..codec import BINARY, JSON, add_fingerprints, fingerprint, row_hash
+from ..errors import MalformedMessageError, PublishError
+
+RESULT_SCHEMA = "part long, rows long, fingerprint string, staged boolean"
+#: PostgreSQL's answers to a body that is not JSON (invalid text, bad encoding, \u0000).
+MALFORMED_SQLSTATES = ("22P02", "22021", "22P05")
 
 
-def jdbc_options(url: str) -> dict:
-    """Spark JDBC options for a libpq URL or DSN (PostgreSQL driver, ``stringtype=unspecified`` so
-    text columns land in jsonb and enums)."""
-    info = conninfo_to_dict(url)
-    options = {
-        "url": f"jdbc:postgresql://{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/"
-        f"{info.get('dbname', 'postgres')}"
-        "?stringtype=unspecified",
-        "driver": "org.postgresql.Driver",
-        "user": info.get("user", "postgres"),
-    }
-    if info.get("password"):
-        options["password"] = info["password"]
-    return options
+def message_columns(df):
+    """``df`` as the columns of a message: ``key`` (string, optional), ``body`` (string: JSON text,
+    or binary: application/octet-stream), ``content_type`` (string, optional), ``properties`` (a
+    map of strings or a JSON object as a string, optional). Raises ``MalformedMessageError`` naming
+    a missing or wrongly typed column."""
+    from pyspark.sql import functions as F
+
+    types = dict(df.dtypes)
+    if "body" not in types:
+        raise MalformedMessageError(f"the DataFrame has no 'body' column (columns: {sorted(types)})")
+    expected = {"body": ("string", "binary"), "key": ("string",), "content_type": ("string",),
+                "properties": ("string", "map<string,string>")}  # fmt: skip
+    for name, allowed in expected.items():
+        if name in types and types[name] not in allowed:
+            raise MalformedMessageError(f"column {name!r} is {types[name]}; it must be one of {allowed}")
+    default_type = JSON if types["body"] == "string" else BINARY
+    return df.select(
+        F.col("key") if "key" in types else F.lit(None).cast("string").alias("key"),
+        F.col("body").cast("binary").alias("body"),
+        F.coalesce(F.col("content_type"), F.lit(default_type)).alias("content_type")
+        if "content_type" in types
+        else F.lit(default_type).alias("content_type"),
+        F.to_json(F.col("properties")).alias("properties")
+        if types.get("properties", "").startswith("map")
+        else (F.col("properties") if "properties" in types else F.lit(None).cast("string")).alias(
+            "properties"
+        ),
+    )
+
+
+def _rows(batches: Iterator) -> Iterator[tuple]:
+    """(key, body bytes, content type, properties dict) of every row of the Arrow batches."""
+    for batch in batches:
+        keys, bodies, types, props = (batch.column(i).to_pylist() for i in range(4))
+        for key, body, ctype, prop in zip(keys, bodies, types, props, strict=True):
+            yield key, body or b"", ctype, json.loads(prop) if prop and prop != "{}" else {}
+
+
+def stage_partition(url: str, batch_id: str, run_id: str, stage: bool):
+    """The function every task runs (``mapInArrow``): stage this partition once for run
+    ``run_id`` (or, with ``stage`` false, only read it) and report (part, rows, fingerprint,
+    staged by this attempt)."""
+
+    def run(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        part = TaskContext.get().partitionId()
+        keys = {"batch": batch_id, "stage_run": run_id, "part": part}
+        rows, total, staged, content = 0, 0, False, None
+        if stage:
+            with db.connect(url, autocommit=True) as conn, conn.transaction():
+                if conn.execute(S.PUBLISH_PART_CLAIM, keys).fetchone() is None:
+                    # an earlier attempt of this task staged the partition: report what it did
+                    rows, content = conn.execute(S.PUBLISH_PART, keys).fetchone()
+                else:
+                    with conn.cursor().copy(S.COPY_STAGING) as copy:
+                        copy.set_types(STAGING_TYPES)
+                        for seq, (key, body, ctype, props) in enumerate(_rows(batches)):
+                            copy.write_row((batch_id, run_id, part, seq, key, body, ctype, props))
+                            rows, total = rows + 1, total + row_hash(key, body, ctype, props)
+                    content = fingerprint(rows, total)
+                    conn.execute(S.PUBLISH_PART_STAGED, {**keys, "rows": rows, "fingerprint": content})
+                    staged = True
+        else:  # the batch was published: only compare its content
+            for key, body, ctype, props in _rows(batches):
+                rows, total = rows + 1, total + row_hash(key, body, ctype, props)
+            content = fingerprint(rows, total)
+        for _ in batches:  # drain what a skipped partition did not read
+            pass
+        yield pa.RecordBatch.from_pylist(
+            [{"part": part, "rows": rows, "fingerprint": content, "staged": staged}],
+            schema=pa.schema([("part", pa.int64()), ("rows", pa.int64()), ("fingerprint", pa.string()),
+                              ("staged", pa.bool_())]),
+        )  # fmt: skip
+
+    return run
 
 
 def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, at=None) -> int:
     """Publish every row of ``df`` to ``topic`` once; return the number of messages of the batch.
 
-    ``df`` columns: ``body`` (string: JSON text) and optionally ``key`` (string) and ``properties``
-    (string: a JSON object). Rows are published in the DataFrame's order. Running it again with the
-    same ``batch_id`` publishes nothing more. Raises ``UnknownTopicError`` and
-    ``MalformedMessageError`` (a body that is not JSON) before anything is published."""
-    from pyspark.sql import functions as F
-
+    ``df`` columns: see ``message_columns``. Rows are published partition by partition, in the
+    order of each partition. Running it again with the same ``batch_id`` and content publishes
+    nothing more (it reads the DataFrame once to compare). Works on classic and Spark Connect
+    sessions. Raises before anything is published: ``UnknownTopicError``, ``InvalidBatchIdError``,
+    ``MalformedMessageError`` (a bad column, or a body PostgreSQL does not take as JSON),
+    ``BatchConflictError`` (the batch id was published to another topic or with other content),
+    ``PublishError`` (what is staged is not what the tasks wrote)."""
+    check_batch_id(batch_id)
     url = url or db.database_url()
+    columns = message_columns(df)
     with db.connect(url, autocommit=True) as conn:
         topic_id = catalog.topic_id(conn, topic)
-        done = conn.execute(S.PUBLISHED_COUNT, {"batch": batch_id}).fetchone()
-        if done:
-            return done[0]
-        conn.execute(S.DELETE_STAGED, {"staging": batch_id})  # a failed earlier attempt
-
-        staged = df.select(
-            F.lit(batch_id).alias("batch_id"),
-            F.monotonically_increasing_id().alias("seq"),
-            (F.col("key") if "key" in df.columns else F.lit(None).cast("string")).alias("key"),
-            F.encode(F.col("body"), "UTF-8").alias("body"),
-            F.lit(JSON).alias("content_type"),
-            (F.col("properties") if "properties" in df.columns else F.lit("{}")).alias("properties"),
-        )
-        (
-            staged.write.format("jdbc")
-            .options(**jdbc_options(url), dbtable=f"{db.SCHEMA}.publish_staging", batchsize="10000")
-            .mode("append")
-            .save()
-        )
+        published = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()
+    run_id = uuid.uuid4().hex
+    reports = columns.mapInArrow(
+        stage_partition(url, batch_id, run_id, published is None), RESULT_SCHEMA
+    ).collect()
+    rows = sum(r["rows"] for r in reports)
+    content = add_fingerprints(r["fingerprint"] for r in reports)
+    with db.connect(url, autocommit=True) as conn:
         try:
             with conn.transaction():
-                fresh = conn.execute(
-                    S.CLAIM_STAGED_PUBLISH_BATCH,
-                    {"batch": batch_id, "topic_id": topic_id, "staging": batch_id},
-                ).fetchone()
-                if fresh is not None:
-                    conn.execute(
-                        S.FAN_OUT, {"topic_id": topic_id, "batch": batch_id, "staging": batch_id, "at": at}
-                    )
-                conn.execute(S.DELETE_STAGED, {"staging": batch_id})
-        except Exception as exc:
-            if getattr(exc, "sqlstate", None) in ("22P02", "22021"):  # invalid JSON / bad encoding
-                conn.execute(S.DELETE_STAGED, {"staging": batch_id})
+                claim = {"batch": batch_id, "topic_id": topic_id, "count": rows, "fingerprint": content}
+                if conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
+                    check_same_batch(conn, batch_id, topic_id, content)
+                    count = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()[1]
+                else:
+                    _check_staged(conn, batch_id, run_id, len(reports), rows)
+                    params = {
+                        "topic_id": topic_id,
+                        "batch": batch_id,
+                        "staging": batch_id,
+                        "stage_run": run_id,
+                        "at": at,
+                    }
+                    count = len(conn.execute(S.FAN_OUT, params).fetchall())
+                    if count != rows:
+                        raise PublishError(
+                            f"batch {batch_id!r}: {rows} rows staged but {count} messages published"
+                        )
+                conn.execute(S.DELETE_STAGED, {"staging": batch_id})  # every run's leftovers
+        except BaseException as exc:
+            _discard(conn, batch_id, run_id)
+            if isinstance(exc, psycopg.Error) and getattr(exc, "sqlstate", None) in MALFORMED_SQLSTATES:
                 raise MalformedMessageError(f"batch {batch_id!r}: a body is not valid JSON: {exc}") from exc
             raise
-        if fresh is None:
-            return conn.execute(S.PUBLISHED_COUNT, {"batch": batch_id}).fetchone()[0]
-        return fresh[0]
+    return count
+
+
+def _check_staged(conn: psycopg.Connection, batch_id: str, run_id: str, partitions: int, rows: int) -> None:
+    parts, part_rows, staged = conn.execute(
+        S.PUBLISH_STAGED, {"batch": batch_id, "stage_run": run_id}
+    ).fetchone()
+    if (parts, part_rows, staged) != (partitions, rows, rows):
+        raise PublishError(
+            f"batch {batch_id!r}: the job's {partitions} tasks wrote {rows} rows, but the database holds "
+            f"{parts} staged partitions with {part_rows} rows ({staged} staged rows): is the Spark job "
+            "writing to another database? Nothing was published"
+        )
+
+
+def _discard(conn: psycopg.Connection, batch_id: str, run_id: str) -> None:
+    """Delete this run's staged rows after a failed publish (best effort: retention cleans up)."""
+    try:
+        conn.execute(S.DELETE_STAGED_RUN, {"batch": batch_id, "stage_run": run_id})
+    except psycopg.Error:
+        pass

@@ -7,16 +7,17 @@ payloads never leave the database. The run and its summary are recorded in ``tie
 
 from __future__ import annotations
 
+import functools
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from psycopg.types.json import Jsonb
 
 from .. import db
 from .. import statements as S
-from ..catalog import effective_policies, ensure_dlq_tables, policy_table
+from ..catalog import check_level_table, effective_policies, ensure_dlq_tables, policy_table
 from ..config import RedeliveryConfig, cached_config
-from ..errors import InvalidLevelError
+from ..errors import InvalidLevelError, InvalidWindowError
 from ..transitions import (
     LATENESS_BUCKET_MS,
     WindowResult,
@@ -26,30 +27,35 @@ from ..transitions import (
     plan_window,
     promote_capped,
 )
-
-#: A window may end at most this far past the database's clock (clock skew between hosts).
-FUTURE_TOLERANCE = timedelta(seconds=5)
+from .tasks import default_parallelism, run_in_tasks
 
 
-def _apply(url: str, levels: list[int], policies: dict, window_end: datetime, dry_run: bool, bounds):
-    """Runs on an executor: one range, one connection, one transaction."""
+def apply_range(
+    url: str, levels: list[int], policies: dict, window_end: datetime, dry_run: bool, bounds: tuple[int, int]
+) -> WindowResult:
+    """One range in one transaction, on its own connection (a Spark task, or this process). A
+    transaction that PostgreSQL aborts as a deadlock victim changed nothing and runs again."""
     low, high = bounds
     with db.connect(url, autocommit=True) as conn:
-        if dry_run:  # DLQ tables a dry run would need are made and rolled back with it
-            with conn.transaction(force_rollback=True):
-                ensure_dlq_tables(conn, dlq_tables_needed(conn, levels, window_end, policies))
-                return apply_window_range(
-                    conn,
-                    levels=levels,
-                    policies=policies,
-                    window_end=window_end,
-                    low=low,
-                    high=high,
-                    dry_run=True,
-                )
-        return apply_window_range(
-            conn, levels=levels, policies=policies, window_end=window_end, low=low, high=high
-        )
+
+        def apply() -> WindowResult:
+            if dry_run:  # DLQ tables a dry run would need are made and rolled back with it
+                with conn.transaction(force_rollback=True):
+                    ensure_dlq_tables(conn, dlq_tables_needed(conn, levels, window_end, policies))
+                    return apply_window_range(
+                        conn,
+                        levels=levels,
+                        policies=policies,
+                        window_end=window_end,
+                        low=low,
+                        high=high,
+                        dry_run=True,
+                    )
+            return apply_window_range(
+                conn, levels=levels, policies=policies, window_end=window_end, low=low, high=high
+            )
+
+        return db.retry_lock_conflicts(apply)
 
 
 def run_tier_window(
@@ -67,19 +73,25 @@ def run_tier_window(
 ) -> dict:
     """Apply tier ``tier``'s window ending at ``window_end`` (timezone-aware) and return its summary.
 
-    ``levels``: a subset of the tier's levels (default: all of them); ``ConfigError`` for an unknown
-    tier, ``InvalidLevelError`` for a level outside the tier, ``ValueError`` for a window end in the
-    future (it would promote retries early). ``spark``: a SparkSession whose
-    tasks apply the ranges in parallel; ``None`` applies them one after another in this process.
-    ``run_key`` names the run in ``tier_runs`` (re-using a key overwrites that run's record).
-    Re-running a window, or overlapping runs, never move a message twice.
+    ``levels``: a subset of the tier's levels (default: all of them). ``spark``: a SparkSession
+    (classic or Spark Connect) whose tasks apply the ranges in parallel; ``None`` applies them one
+    after another in this process. ``run_key`` names the run in ``tier_runs`` (re-using a key
+    overwrites that run's record). Re-running a window, or overlapping runs, never move a message
+    twice. A subscription whose policy cannot be resolved (a config changed after it was made) is
+    left alone and listed in the summary's ``unresolved_subscriptions``; every other one moves.
+
+    Raises before changing anything: ``ConfigError`` for an unknown tier, or when messages wait at
+    levels the config's table lacks; ``InvalidLevelError`` for a level outside the tier;
+    ``InvalidWindowError`` for a window that ends after the database's clock (it would promote
+    retries early, or expire leases that have not ended).
 
     Summary: ``{"tier", "levels", "window_start", "window_end", "dry_run", "promoted",
     "retried_after_lease_expiry", "dead_lettered", "held_back_by_backlog_cap", "by_group": {group:
     {"promoted": {level: n}, "retried_after_lease_expiry": n, "dead_lettered": {reason: n},
-    "held_back_by_backlog_cap": n}}, "lateness_seconds":
-    {"p50", "p99", "max"}, "lateness_histogram": {"bucket_ms", "counts": {bucket start ms: n}},
-    "partitions", "duration_seconds"}``; lateness is window end minus due time.
+    "held_back_by_backlog_cap": n}}, "unresolved_subscriptions": [{"topic", "group", "error"}],
+    "lateness_seconds": {"p50", "p99", "max"}, "lateness_histogram": {"bucket_ms", "counts":
+    {bucket start ms: n}}, "partitions", "duration_seconds"}``; lateness is window end minus due
+    time, in seconds.
     """
     config = config or cached_config()
     tier_cfg = config.tier(tier)
@@ -93,44 +105,27 @@ def run_tier_window(
     started = time.perf_counter()
     with db.connect(url, autocommit=True) as conn:
         now = conn.execute(S.DB_NOW).fetchone()[0]
-        if window_end > now + FUTURE_TOLERANCE:
-            raise ValueError(
-                f"window end {window_end.isoformat()} is in the future (database time "
-                f"{now.isoformat()}): promoting now would deliver retries early"
+        if window_end > now:
+            raise InvalidWindowError(
+                f"window end {window_end.isoformat()} is after the database's clock ({now.isoformat()}): "
+                "promoting now would deliver retries early"
             )
-        conn.execute(
-            S.TIER_RUN_START,
-            {
-                "run_key": run_key,
-                "tier": tier,
-                "levels": chosen,
-                "window_start": window_start,
-                "window_end": window_end,
-                "dry_run": dry_run,
-            },
-        )
+        check_level_table(conn, config)
+        start = {"run_key": run_key, "tier": tier, "levels": chosen, "window_start": window_start}
+        conn.execute(S.TIER_RUN_START, {**start, "window_end": window_end, "dry_run": dry_run})
         try:
-            policies = policy_table(conn, config, effective_policies(conn, config))
+            problems: dict = {}
+            policies = policy_table(conn, config, effective_policies(conn, config, problems=problems))
             if not dry_run:
                 ensure_dlq_tables(conn, dlq_tables_needed(conn, chosen, window_end, policies))
-            if spark is not None:
-                partitions = max_partitions or max(2, spark.sparkContext.defaultParallelism * 2)
-            else:
-                partitions = max_partitions or 1
+            partitions = max_partitions or (2 * default_parallelism(spark) if spark is not None else 1)
             ranges = plan_window(conn, chosen, window_end, partitions)
-            total = WindowResult()
-            if spark is not None and ranges:
-                args = (url, chosen, policies, window_end, dry_run)
-                parts = (
-                    spark.sparkContext.parallelize(ranges, len(ranges))
-                    .map(lambda b: _apply(*args, b))
-                    .collect()
-                )
-            else:
-                parts = [_apply(url, chosen, policies, window_end, dry_run, b) for b in ranges]
+            task = functools.partial(apply_range, url, chosen, policies, window_end, dry_run)
+            parts = run_in_tasks(spark, task, ranges) if spark is not None else [task(b) for b in ranges]
             parts.append(
                 promote_capped(conn, levels=chosen, policies=policies, window_end=window_end, dry_run=dry_run)
             )
+            total = WindowResult()
             for part in parts:
                 total.merge(part)
             summary = _summary(
@@ -144,6 +139,10 @@ def run_tier_window(
                 len(ranges),
                 time.perf_counter() - started,
             )
+            summary["unresolved_subscriptions"] = [
+                {"topic": topic, "group": group, "error": error}
+                for (topic, group), error in sorted(problems.items())
+            ]
             conn.execute(
                 S.TIER_RUN_FINISH, {"status": "success", "summary": Jsonb(summary), "run_key": run_key}
             )
