@@ -43,7 +43,8 @@ def reset(conn) -> None:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
     conn.execute(
         "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
-        "dead_letter_queues, tier_runs, publish_batches, publish_staging, redrive_runs, redrive_moves "
+        "dead_letter_queues, tier_runs, publish_batches, publish_parts, publish_staging, redrive_runs, "
+        "redrive_moves "
         "RESTART IDENTITY CASCADE"
     )
 

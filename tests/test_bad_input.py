@@ -4,7 +4,10 @@ import pytest
 
 from helpers import snapshot
 from redelivery.client import Message
+from redelivery.codec import JSON
 from redelivery.errors import (
+    BatchTooLargeError,
+    InvalidBatchIdError,
     InvalidDelayError,
     InvalidLevelError,
     InvalidNameError,
@@ -82,6 +85,43 @@ def inflight(client, topic_group):
         (lambda c, m: c.create_topic("bad name; drop table"), InvalidNameError, "invalid"),
         (lambda c, m: c.create_group("x" * 60), InvalidNameError, "invalid"),
         (lambda c, m: c.create_group("ok", max_reconsume_times=-2), ValueError, "from -1"),
+        # names: a trailing newline, not a str
+        (lambda c, m: c.create_topic("orders\n"), InvalidNameError, "invalid"),
+        (lambda c, m: c.create_group(5), InvalidNameError, "invalid"),
+        (lambda c, m: c.receive(5, "orders"), InvalidNameError, "invalid"),
+        (lambda c, m: c.publish(b"orders", [{"n": 1}]), InvalidNameError, "invalid"),
+        (lambda c, m: c.create_group("ok", max_reconsume_times=2**31), ValueError, "2147483647"),
+        # bodies and properties PostgreSQL's jsonb would refuse
+        (lambda c, m: c.publish("orders", [{"text": "a\x00b"}]), MalformedMessageError, "u0000"),
+        (
+            lambda c, m: c.publish("orders", [Message('"a\\u0000b"', content_type=JSON)]),
+            MalformedMessageError,
+            "u0000",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message({}, properties={"p": "a\x00"})]),
+            MalformedMessageError,
+            "u0000",
+        ),
+        (lambda c, m: c.publish("orders", [Message("NaN", content_type=JSON)]), MalformedMessageError, "NaN"),
+        (
+            lambda c, m: c.publish("orders", [Message({}, properties=[("a", "b")])]),
+            MalformedMessageError,
+            "mapping",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message("[" * 5000 + "]" * 5000, content_type=JSON)]),
+            MalformedMessageError,
+            "not valid",
+        ),
+        # batch ids
+        (lambda c, m: c.publish("orders", [{"n": 1}], batch_id="b" * 201), InvalidBatchIdError, "1 to 200"),
+        (lambda c, m: c.publish("orders", [{"n": 1}], batch_id=7), InvalidBatchIdError, "invalid"),
+        (lambda c, m: c.publish("orders", [{"n": 1}], batch_id=""), InvalidBatchIdError, "invalid"),
+        # counts and limits
+        (lambda c, m: c.dlq_list("billing", limit=-1), ValueError, "limit"),
+        (lambda c, m: c.receive("billing", "orders", 2**40), ValueError, "max_messages"),
+        (lambda c, m: c.receive("billing", "orders", 10, True), ValueError, "invisible_duration"),
     ],
 )
 def test_bad_input_raises_and_changes_nothing(client, inflight, call, error, needle):
@@ -104,3 +144,14 @@ def test_malformed_message_in_a_large_batch_publishes_nothing(client, topic_grou
     with pytest.raises(MalformedMessageError, match="message 10000"):
         client.publish("orders", batch)
     assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+
+
+def test_a_batch_larger_than_the_backlog_cap_is_refused_at_once(client, topic_group):
+    from helpers import configured
+
+    configured(client, {"topic": "orders", "max_ready_backlog": 5})
+    before = snapshot(client.conn)
+    with pytest.raises(BatchTooLargeError, match="can never fit"):
+        client.publish("orders", [{"n": i} for i in range(6)])
+    assert client.publish_waits == []  # not retried as flow control
+    assert snapshot(client.conn) == before

@@ -99,3 +99,54 @@ def test_a_broken_config_file_is_a_clear_error(clean_db, tmp_path):
         env={**os.environ, "REDELIVERY_DATABASE_URL": env_url, "REDELIVERY_CONFIG": str(bad)},
     )
     assert done.returncode == 2 and "belong to no tier" in done.stderr and str(bad) in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["publish", "orders", "/nonexistent/messages.jsonl"], "cannot read /nonexistent/messages.jsonl"),
+        (["tier", "run", "seconds", "--no-spark", "--levels", "1,x"], "comma-separated"),
+        (
+            ["tier", "run", "seconds", "--no-spark", "--window-end", "2999-01-01T00:00:00+0000"],
+            "database's clock",
+        ),
+        (["create-topic", "orders\n"], "invalid"),
+        (["create-group", "billing", "--max-reconsume-times", "2147483648"], "2147483647"),
+        (["dlq", "list", "--group", "billing", "--limit", "-1"], "Invalid value"),
+        (
+            ["redrive", "--group", "billing", "--from", "2026-02-01T00:00:00", "--to", "2026-01-01T00:00:00"],
+            "is after",
+        ),
+        (["redrive", "--group", "billing", "--message-id", str(2**63)], "message_ids"),
+        (["redrive", "--group", "billing", "--rate-limit", "0"], "Invalid value"),
+        (["redrive", "--group", "bad name"], "invalid"),
+        (
+            ["policy", "show", "--topic", "orders", "--group", "billing", "--retries", "100000"],
+            "Invalid value",
+        ),
+        (["update-group", "billing"], "--policy-default"),
+    ],
+)
+def test_more_bad_input_exits_2_with_one_line_and_changes_nothing(clean_db, args, needle):
+    from helpers import snapshot
+    from redelivery import db
+
+    run("create-topic", "orders", database_url=clean_db)
+    run("create-group", "billing", database_url=clean_db)
+    with db.connect(clean_db) as conn:
+        before = snapshot(conn)
+    done = run(*args, database_url=clean_db)
+    assert done.returncode == 2 and needle in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    if done.stderr.startswith("error:"):
+        assert done.stderr.count("\n") == 1  # one line
+    with db.connect(clean_db) as conn:
+        assert snapshot(conn) == before
+
+
+def test_publish_of_a_file_that_is_not_utf8_is_refused(clean_db, tmp_path):
+    run("create-topic", "orders", database_url=clean_db)
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"name": "Zoë"}\n'.encode("latin-1"))
+    done = run("publish", "orders", str(latin), database_url=clean_db)
+    assert done.returncode == 2 and "not UTF-8" in done.stderr and "Traceback" not in done.stderr

@@ -117,6 +117,26 @@ tiers:
         ("policies: [{max_reconsume_times: -2}]\n" + GOOD_TIERS, "policies.0.max_reconsume_times"),
         ("broker: kafka\n" + GOOD_TIERS, "broker"),
         ("delay_levels: '10s banana'\n" + GOOD_TIERS, "delay_levels"),
+        # every computed wait fits: one wait at most 864000 s, multipliers bounded
+        (
+            "delay_levels: '10s 11d'\n"
+            + GOOD_TIERS.replace(", 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16", ""),
+            "longer than 864000",
+        ),
+        (
+            "policies: [{backoff: {kind: exponential, redelivery_delay_multiplier: 1e9}}]\n" + GOOD_TIERS,
+            "policies.0.backoff.exponential.redelivery_delay_multiplier",
+        ),
+        (
+            "policies: [{backoff: {kind: exponential, redelivery_delay_ms: 900000001}}]\n" + GOOD_TIERS,
+            "redelivery_delay_ms",
+        ),
+        ("policies: [{backoff: {kind: fixed, interval: 20d}}]\n" + GOOD_TIERS, "longer than 864000"),
+        ("policies: [{max_reconsume_times: 2147483648}]\n" + GOOD_TIERS, "policies.0.max_reconsume_times"),
+        ("policies: [{max_ready_backlog: 2147483648}]\n" + GOOD_TIERS, "policies.0.max_ready_backlog"),
+        ("policies: [{explicit_levels: '1s x'}]\n" + GOOD_TIERS, "policies.0.explicit_levels"),
+        ("retention: {publish_batches: 11y}\n" + GOOD_TIERS, "retention.publish_batches"),
+        ("producer: {multiplier: 1000}\n" + GOOD_TIERS, "producer.multiplier"),
     ],
 )
 def test_broken_config_names_the_bad_key(tmp_path, text, needle):
@@ -136,3 +156,25 @@ def test_custom_config_loads(tmp_path):
     assert config.tier("fast").window_seconds == 10
     with pytest.raises(ConfigError, match="unknown tier"):
         config.tier("medium")
+
+
+def test_waits_never_overflow_for_any_retry_number():
+    from redelivery.policies import PolicyConfig, resolve
+
+    for backoff in (
+        {"kind": "exponential", "redelivery_delay_ms": 864_000_000, "redelivery_delay_multiplier": 1000},
+        {"kind": "rocketmq_exponential", "initial": "10d", "multiplier": 1000, "max": "10d"},
+        {
+            "kind": "exponential",
+            "redelivery_delay_ms": 1,
+            "redelivery_delay_multiplier": 1000,
+            "max_redelivery_delay_ms": 864_000_000,
+        },
+    ):
+        policy = resolve([PolicyConfig.model_validate({"backoff": backoff})], "artemis", "t", "g")
+        for retry in (1, 2, 50, 10**6, 10**18):
+            assert 0 <= policy.base_delay(retry) <= 864_000
+        assert (
+            policy.describe(LevelTable.parse(ROCKETMQ_RETRY_LEVELS), retries=1000)["waits_seconds"][-1]
+            <= 864_000
+        )

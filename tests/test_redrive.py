@@ -348,3 +348,107 @@ def test_binary_dead_letters_list_and_redrive(client, topic_group, database_url)
     )
     assert result["moved"] == 1 and result["sample"][0]["message_id"] == row["message_id"]
     assert client.receive("billing", "orders", 1, 30)[0].body == b"\xff\xfe\x00"
+
+
+def test_a_message_dead_lettered_again_during_a_run_is_not_moved_twice_by_it(dead, database_url):
+    request = RedriveRequest(group="billing", topic="refunds", rate_limit=5, dry_run=False)
+    calls = []
+    first = redrive(
+        request,
+        run_key="loop",
+        url=database_url,
+        log=lambda *_: None,
+        should_stop=lambda: calls.append(1) or len(calls) > 1,
+    )
+    assert (first["status"], first["moved"]) == ("stopped", 5)
+    # one of the moved messages fails again and is dead-lettered while the run is paused
+    [again] = dead.receive("billing", "refunds", 1, 30)
+    dead.reject("billing", again, error="again")
+    result = redrive(request, run_key="loop", url=database_url, log=lambda *_: None)  # no unique violation
+    assert (result["status"], result["moved"]) == ("success", 10)
+    moves = dead.conn.execute("SELECT count(*), count(DISTINCT message_id) FROM redrive_moves").fetchone()
+    assert moves == (10, 10)
+    assert [r["message_id"] for r in dead.dlq_list("billing") if r["topic"] == "refunds"] == [
+        again.message_id
+    ]
+
+
+def test_a_destination_equal_to_the_source_topic_is_refused(dead, database_url):
+    with pytest.raises(ValueError, match="is the topic the dead letters come from"):
+        RedriveRequest(group="billing", topic="orders", destination_topic="orders")
+    before = snapshot(dead.conn)
+    with pytest.raises(RedeliveryError, match="come from topic 'orders' itself"):
+        redrive(
+            RedriveRequest(group="billing", destination_topic="orders", dry_run=False),
+            run_key="self",
+            url=database_url,
+        )
+    assert snapshot(dead.conn) == before
+
+
+def move_times(conn, run_key):
+    return [
+        t.timestamp()
+        for (t,) in conn.execute(
+            """SELECT m.moved_at FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
+               WHERE r.run_key = %s ORDER BY m.moved_at""",
+            (run_key,),
+        )
+    ]
+
+
+def test_a_rate_below_one_message_a_second_has_no_bursts(dead, database_url):
+    request = RedriveRequest(group="billing", topic="orders", max_messages=3, rate_limit=0.8, dry_run=False)
+    assert redrive(request, run_key="slow", url=database_url, log=lambda *_: None)["moved"] == 3
+    times = move_times(dead.conn, "slow")
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert len(times) == 3 and all(gap >= 1.2 for gap in gaps), gaps  # one message every 1.25 s
+
+
+def test_the_spark_path_keeps_one_rate_for_all_its_tasks(
+    client, topic_group, database_url, spark, monkeypatch
+):
+    import redelivery.redrive as module
+
+    client.publish("orders", [{"n": i} for i in range(3)])
+    client.reject("billing", client.receive("billing", "orders", 3, 30), error="bulk")
+    monkeypatch.setattr(module, "SPARK_THRESHOLD", 1)
+    request = RedriveRequest(group="billing", rate_limit=0.8, dry_run=False)
+    assert (
+        redrive(request, run_key="spark-slow", url=database_url, spark=spark, log=lambda *_: None)["moved"]
+        == 3
+    )
+    times = move_times(client.conn, "spark-slow")
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert len(times) == 3 and all(gap >= 1.2 for gap in gaps), gaps  # tasks in parallel, paced together
+
+
+def test_a_real_run_after_a_dry_run_under_the_same_key_moves(dead, database_url):
+    request = {"group": "billing", "topic": "refunds"}
+    dry = redrive(RedriveRequest(**request), run_key="same", url=database_url, log=lambda *_: None)
+    assert (dry["dry_run"], dry["moved"]) == (True, 0)
+    real = redrive(
+        RedriveRequest(**request, dry_run=False), run_key="same", url=database_url, log=lambda *_: None
+    )
+    assert (real["dry_run"], real["moved"], real["status"]) == (False, 10, "success")
+    assert states(dead)["refunds"]["READY"] == 10
+    with pytest.raises(RedeliveryError, match="another selection"):
+        redrive(
+            RedriveRequest(group="billing", topic="orders", dry_run=False), run_key="same", url=database_url
+        )
+
+
+def test_a_stopped_run_resumes_under_its_key(dead, database_url):
+    request = RedriveRequest(group="billing", topic="orders", rate_limit=10, dry_run=False)
+    calls = []
+    first = redrive(
+        request,
+        run_key="resume",
+        url=database_url,
+        log=lambda *_: None,
+        should_stop=lambda: calls.append(1) or len(calls) > 1,
+    )
+    assert (first["status"], first["moved"]) == ("stopped", 10)
+    second = redrive(request, run_key="resume", url=database_url, log=lambda *_: None)
+    assert (second["status"], second["moved"]) == ("success", 30)
+    assert states(dead)["orders"]["READY"] == 30

@@ -17,9 +17,10 @@ ORDER = [
     "policies", "codec", "producer",
     "config", "embedded", "db",
     "catalog", "transitions", "dead_letters",
-    "client", "redrive",
+    "client", "redrive", "maintenance",
     "spark.session", "spark.tier_job", "spark.publish_job", "spark.consumer_job",
-    "airflow.env", "airflow.hooks", "airflow.operators", "airflow.dags", "airflow.redrive_dag", "airflow.ui",
+    "airflow.env", "airflow.hooks", "airflow.operators", "airflow.dags", "airflow.redrive_dag",
+    "airflow.maintenance_dag", "airflow.ui",
     "cli", "__main__",
     "demo.receiver", "demo.handlers", "demo.report", "demo.run", "demo.__main__",
 ]  # fmt: skip
@@ -125,3 +126,11 @@ def test_the_state_changes_table_lists_every_state_change():
     table = text[text.index("## State changes") :].split("\n## ")[0]
     assert re.findall(r"^\| `([A-Z_]+)` \|", table, re.M) == list(S.STATE_CHANGES)
     assert set(S.STATE_CHANGES) <= set(S.ALL)
+
+
+def test_the_head_revision_read_from_the_files_is_alembics():
+    from alembic.script import ScriptDirectory
+
+    from redelivery.db import MIGRATIONS, head_revision
+
+    assert head_revision() == ScriptDirectory(str(MIGRATIONS)).get_current_head()

@@ -10,7 +10,7 @@ from psycopg import sql
 from . import statements as S
 from .config import RedeliveryConfig
 from .errors import ConfigError, UnknownGroupError, UnknownTopicError
-from .names import is_valid_queue_name
+from .names import check_name, is_valid_queue_name
 from .policies import EffectivePolicy
 
 DLQ_TABLE_LOCK = 7_424_002  # advisory lock namespace: creating a DLQ table
@@ -19,7 +19,9 @@ DLQ_SCHEMA = "redelivery_dlq"
 
 
 def topic_id(conn: psycopg.Connection, name: str, what: str = "topic") -> int:
-    """The id of topic ``name``. Raises ``UnknownTopicError`` ("unknown <what> 'name'")."""
+    """The id of topic ``name``. Raises ``InvalidNameError`` (not a name), ``UnknownTopicError``
+    ("unknown <what> 'name'")."""
+    check_name("topic", name)
     row = conn.execute(S.TOPIC_ID, {"name": name}).fetchone()
     if row is None:
         raise UnknownTopicError(f"unknown {what} {name!r}")
@@ -27,7 +29,9 @@ def topic_id(conn: psycopg.Connection, name: str, what: str = "topic") -> int:
 
 
 def group(conn: psycopg.Connection, name: str) -> tuple[int, int | None]:
-    """(id, own max reconsume times) of group ``name``. Raises ``UnknownGroupError``."""
+    """(id, own max reconsume times) of group ``name``. Raises ``InvalidNameError`` (not a name),
+    ``UnknownGroupError``."""
+    check_name("group", name)
     row = conn.execute(S.GROUP_BY_NAME, {"name": name}).fetchone()
     if row is None:
         raise UnknownGroupError(f"unknown consumer group {name!r}")

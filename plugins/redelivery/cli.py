@@ -109,8 +109,24 @@ def create_group(
         int | None, typer.Option(help="-1: unlimited; default from config (16)")
     ] = None,
 ) -> None:
-    """Create a consumer group (updates its max reconsume times if it exists)."""
+    """Create a consumer group; on an existing one, only a given --max-reconsume-times changes it."""
     _client().create_group(name, max_reconsume_times)
+
+
+@app.command("update-group")
+def update_group(
+    name: str,
+    max_reconsume_times: Annotated[
+        int | None, typer.Option(help="the group's own limit; -1: unlimited")
+    ] = None,
+    policy_default: Annotated[
+        bool, typer.Option("--policy-default", help="clear the group's own limit: the policies decide")
+    ] = False,
+) -> None:
+    """Set or clear a group's own max reconsume times (RocketMQ group metadata)."""
+    if (max_reconsume_times is None) == (not policy_default):
+        raise RedeliveryError("give --max-reconsume-times N or --policy-default")
+    _client().update_group(name, max_reconsume_times=max_reconsume_times)
 
 
 @app.command("subscribe")
@@ -134,9 +150,16 @@ def publish(
     """Publish one message per line (each line a JSON body). Nothing is published if any line is bad."""
     from .client import Message
 
-    stream = sys.stdin if str(file) == "-" else file.open()
+    try:
+        lines = sys.stdin.readlines() if str(file) == "-" else file.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise RedeliveryError(f"cannot read {file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise RedeliveryError(
+            f"{file} is not UTF-8 text (byte {exc.start}): publish takes JSON lines"
+        ) from None
     messages = []
-    for number, line in enumerate(stream, start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -197,10 +220,7 @@ def _filter(group, topic, since, before, reason, error_contains, message_id, **e
         error_contains=error_contains,
         message_ids=message_id or [],
     )
-    try:
-        return (RedriveRequest if extra else DlqFilter)(**values, **extra)
-    except ValueError as exc:  # pydantic: name the bad option
-        raise RedeliveryError(str(exc).replace("\n", " ")) from None
+    return (RedriveRequest if extra else DlqFilter)(**values, **extra)  # pydantic names a bad option
 
 
 GroupOpt = Annotated[str, typer.Option(help="consumer group")]
@@ -364,6 +384,20 @@ def redrive_command(
     )
 
 
+@app.command("cleanup")
+def cleanup_command(as_json: JsonOpt = False) -> None:
+    """Delete records older than their retention (config ``retention``): publish batch ids,
+    unfinished staged rows, tier runs, redrive runs."""
+    from .config import cached_config
+    from .db import connect
+    from .maintenance import cleanup
+
+    _migrated()
+    with connect(autocommit=True) as conn:
+        deleted = cleanup(conn, cached_config())
+    _emit(deleted, as_json, "deleted: " + ", ".join(f"{k} {n}" for k, n in deleted.items()))
+
+
 @policy_app.command("show")
 def policy_show(
     topic: Annotated[str, typer.Option(help="topic name")],
@@ -441,7 +475,10 @@ def tier_run(
     end = window_end or datetime.now(UTC)
     if end.tzinfo is None:
         end = end.replace(tzinfo=UTC)
-    chosen = [int(x) for x in levels.split(",")] if levels else None
+    try:
+        chosen = [int(x) for x in levels.split(",")] if levels else None
+    except ValueError:
+        raise RedeliveryError(f"--levels must be comma-separated level numbers, got {levels!r}") from None
     session = None
     if spark:
         from .spark.session import get_spark
@@ -462,11 +499,20 @@ def tier_run(
     typer.echo(json.dumps(summary, indent=2))
 
 
+def one_line(exc: Exception) -> str:
+    """An error as one line; pydantic's ValidationError as 'field: problem; ...'."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
+    return " ".join(str(exc).split())
+
+
 def main() -> None:
     try:
         app()
-    except RedeliveryError as exc:
-        typer.echo(f"error: {exc}", err=True)
+    except (RedeliveryError, ValueError) as exc:  # bad input: every one of them is raised before any change
+        typer.echo(f"error: {one_line(exc)}", err=True)
         raise SystemExit(2) from None
 
 

@@ -111,7 +111,7 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
             raise MalformedMessageError(
                 f"{where}: unknown content type {ctype!r}; use {JSON}, {BINARY} or {TEXT}"
             )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
         if isinstance(exc, MalformedMessageError):
             raise
         raise MalformedMessageError(f"{where}: body is not valid {ctype}: {exc}") from exc

@@ -57,11 +57,38 @@ class ProducerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    initial_backoff: float = Field(default=1.0, gt=0, description="seconds")
-    multiplier: float = Field(default=1.6, ge=1.0)
+    initial_backoff: float = Field(default=1.0, gt=0, le=3600, description="seconds")
+    multiplier: float = Field(default=1.6, ge=1.0, le=100)
     jitter: float = Field(default=0.2, ge=0.0, le=1.0)
-    max_backoff: float = Field(default=120.0, gt=0, description="seconds")
-    attempts: int = Field(default=5, ge=1)
+    max_backoff: float = Field(default=120.0, gt=0, le=3600, description="seconds")
+    attempts: int = Field(default=5, ge=1, le=100)
+
+
+#: The longest retention: 10 years.
+MAX_RETENTION_SECONDS = 3650 * 86400
+
+
+class RetentionConfig(BaseModel):
+    """How long records are kept (durations: ``7d``, ``12h``), deleted by ``redelivery cleanup``
+    and the daily ``redelivery_maintenance`` DAG: publish batch ids (a batch id publishes once
+    within this time), tier run records, redrive runs with their per-message audit, and rows
+    staged by publishes that never finished."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    publish_batches: str = "7d"
+    tier_runs: str = "7d"
+    redrive_runs: str = "90d"
+    publish_staging: str = "1d"
+
+    @field_validator("publish_batches", "tier_runs", "redrive_runs", "publish_staging")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value, MAX_RETENTION_SECONDS)
+        return value
+
+    def seconds(self, name: str) -> int:
+        return parse_duration(getattr(self, name), MAX_RETENTION_SECONDS)
 
 
 def default_tiers() -> list[TierConfig]:
@@ -86,6 +113,7 @@ class RedeliveryConfig(BaseModel):
     broker: Literal["rocketmq", "pulsar", "artemis"] = "rocketmq"
     policies: list[PolicyConfig] = Field(default_factory=list)
     producer: ProducerConfig = Field(default_factory=ProducerConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     _policy_cache: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("delay_levels")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import fcntl
 import os
 import platform
+import secrets
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
@@ -23,6 +25,7 @@ from .errors import DatabaseUnavailableError
 from .settings import get_settings
 
 SUPERUSER = "postgres"
+PASSWORD_FILE = "pg-password"
 APP_DATABASE = "redelivery"
 
 
@@ -70,17 +73,59 @@ def _lock(home: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def password_file() -> Path:
+    return get_settings().home.resolve() / PASSWORD_FILE
+
+
+def password() -> str:
+    """The superuser's password: generated once, kept in ``REDELIVERY_HOME/pg-password`` (mode
+    0600, readable by this user only)."""
+    path = password_file()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(24))
+    return path.read_text().strip()
+
+
 def url(database: str = APP_DATABASE) -> str:
-    """The libpq URL of the embedded server (``postgresql://postgres@127.0.0.1:<port>/<database>``)."""
-    return f"postgresql://{SUPERUSER}@127.0.0.1:{get_settings().pg_port}/{database}"
+    """The libpq URL of the embedded server
+    (``postgresql://postgres:<password>@127.0.0.1:<port>/<database>``)."""
+    return (
+        f"postgresql://{SUPERUSER}:{quote(password(), safe='')}@127.0.0.1:{get_settings().pg_port}/{database}"
+    )
 
 
 def is_running() -> bool:
     try:
         with psycopg.connect(url("postgres"), connect_timeout=2):
             return True
-    except psycopg.OperationalError:
-        return False
+    except psycopg.OperationalError as exc:
+        # the server answers but refuses the password: it runs (a data directory of before
+        # passwords is switched over by ensure_running)
+        return "password authentication failed" in str(exc)
+
+
+def _require_passwords(pgdata: Path) -> None:
+    """Switch a data directory made with ``trust`` (before passwords) to scram-sha-256."""
+    hba = pgdata / "pg_hba.conf"
+    text = hba.read_text()
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not any(ln.split()[-1] == "trust" for ln in lines):
+        return
+    with psycopg.connect(url("postgres"), autocommit=True) as conn:  # trust: the password is not checked
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(SUPERUSER), sql.Literal(password()))
+        )
+        hba.write_text(
+            "\n".join(
+                ln.replace("trust", "scram-sha-256") if ln.split()[-1:] == ["trust"] else ln
+                for ln in text.splitlines()
+            )
+            + "\n"
+        )
+        conn.execute(S.RELOAD_CONF)
 
 
 def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> str:
@@ -106,21 +151,30 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
 
                     ensure_prefix_permissions(pgdata)
                     os.chown(pgdata, run_as["user"], -1)
-                subprocess.run(
-                    [
-                        _bin("initdb"),
-                        "-D",
-                        str(pgdata),
-                        "-U",
-                        SUPERUSER,
-                        "--auth=trust",
-                        "--encoding=UTF8",
-                        "--no-sync",
-                    ],
-                    check=True,
-                    capture_output=True,
-                    **run_as,
-                )
+                pwfile = pgdata.parent / ".initdb-password"  # read by initdb, which may run as another user
+                pwfile.write_text(password())
+                os.chmod(pwfile, 0o600)
+                if run_as:
+                    os.chown(pwfile, run_as["user"], -1)
+                try:
+                    subprocess.run(
+                        [
+                            _bin("initdb"),
+                            "-D",
+                            str(pgdata),
+                            "-U",
+                            SUPERUSER,
+                            "--auth=scram-sha-256",
+                            f"--pwfile={pwfile}",
+                            "--encoding=UTF8",
+                            "--no-sync",
+                        ],
+                        check=True,
+                        capture_output=True,
+                        **run_as,
+                    )
+                finally:
+                    pwfile.unlink(missing_ok=True)
             log = pgdata / "server.log"
             options = (
                 f"-h 127.0.0.1 -p {settings.pg_port} -k {pgdata} -c max_connections=200 "
@@ -138,6 +192,7 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
                 raise DatabaseUnavailableError(
                     f"embedded PostgreSQL failed to start on port {settings.pg_port}:\n{done.stderr}\n{tail}"
                 )
+        _require_passwords(pgdata)
         with psycopg.connect(url("postgres"), autocommit=True) as conn:
             serving = Path(conn.execute(S.DATA_DIRECTORY).fetchone()[0]).resolve()
             if serving != pgdata:
@@ -152,12 +207,13 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
     return url()
 
 
-def stop() -> None:
-    """Stop the embedded server (fast shutdown). Does nothing when it is not running."""
+def stop(mode: str = "fast") -> None:
+    """Stop the embedded server: ``fast`` shutdown, or ``immediate`` (as a crash: no checkpoint,
+    recovery at the next start). Does nothing when it is not running."""
     pgdata = get_settings().home.resolve() / "pgdata"
     if is_running():
         subprocess.run(
-            [_bin("pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "stop"],
+            [_bin("pg_ctl"), "-D", str(pgdata), "-m", mode, "-w", "stop"],
             check=True,
             capture_output=True,
             **_run_as(),

@@ -25,19 +25,18 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 
 
-def parse_duration(text: str) -> int:
-    """``"10s"``, ``"2m"``, ``"1h"``, ``"1d"`` -> seconds, at most 864000 (10 days: one retry wait
-    at most, as Pulsar's reconsumeLater range, seeds/000). Raises ``ValueError`` on anything else."""
+def parse_duration(text: str, maximum: int = MAX_DELAY_SECONDS) -> int:
+    """``"10s"``, ``"2m"``, ``"1h"``, ``"1d"`` -> seconds, at most ``maximum`` (default 864000, 10
+    days: one retry wait at most, as Pulsar's reconsumeLater range, seeds/000). Raises
+    ``ValueError`` on anything else."""
     match = _DURATION.fullmatch(str(text).strip())
     if not match or int(match.group(1)) <= 0:
         raise ValueError(
             f"not a duration: {text!r} (expected a positive number and one of s, m, h, d, e.g. '30s')"
         )
     seconds = int(match.group(1)) * _UNITS[match.group(2)]
-    if seconds > MAX_DELAY_SECONDS:
-        raise ValueError(
-            f"duration {text!r} is longer than {MAX_DELAY_SECONDS} s (10 days), the longest wait"
-        )
+    if seconds > maximum:
+        raise ValueError(f"duration {text!r} is longer than {maximum} s ({format_duration(maximum)})")
     return seconds
 
 

@@ -156,10 +156,14 @@ SUBSCRIBED_GROUPS = _named("SUBSCRIBED_GROUPS", """
 SUBSCRIPTION_NAMES = _named("SUBSCRIPTION_NAMES", """
     SELECT t.name, g.name FROM subscriptions s JOIN topics t ON t.id = s.topic_id
     JOIN consumer_groups g ON g.id = s.group_id ORDER BY 1, 2""")
+#: The schema's Alembic revision (the table is missing before the first migration).
+SCHEMA_REVISION = _named("SCHEMA_REVISION", "SELECT version_num FROM redelivery.alembic_version")
 #: The embedded server's own checks (``embedded.ensure_running``).
 DATA_DIRECTORY = _named("DATA_DIRECTORY", "SHOW data_directory")
 DATABASE_EXISTS = _named("DATABASE_EXISTS", "SELECT 1 FROM pg_database WHERE datname = %(name)s")
 CREATE_DATABASE = sql.SQL("/* redelivery:CREATE_DATABASE */ CREATE DATABASE {name}")
+SET_ROLE_PASSWORD = sql.SQL("/* redelivery:SET_ROLE_PASSWORD */ ALTER ROLE {role} PASSWORD {password}")
+RELOAD_CONF = _named("RELOAD_CONF", "SELECT pg_reload_conf()")
 GROUP_NAMES = _named("GROUP_NAMES", "SELECT id, name FROM consumer_groups")
 DB_NOW = _named("DB_NOW", "SELECT now()")
 

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import embedded
 from ..settings import REPO_ROOT, get_settings
 
 #: Airflow connection naming the application database (postgres type; ``hooks.RedeliveryHook``).
@@ -33,14 +34,15 @@ def airflow_environ() -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://postgres@127.0.0.1:{settings.pg_port}/airflow",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}": json.dumps({"conn_type": "spark", "host": "local[2]"}),
         "PYSPARK_PYTHON": sys.executable,
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
     }
-    if settings.database_url:  # an external application database: the metadata may live there too
-        values.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+    if not settings.database_url:  # else an external application database: Airflow's metadata lives elsewhere
+        # the embedded server's password comes from REDELIVERY_HOME (made on first use, mode 0600)
+        airflow_db = embedded.url("airflow").replace("postgresql://", "postgresql+psycopg2://")
+        values["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = airflow_db
     return {k: os.environ.get(k, v) if k != "PATH" else v for k, v in values.items()}
 
 

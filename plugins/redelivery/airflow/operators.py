@@ -83,4 +83,9 @@ class TierWindowOperator(SparkSubmitOperator):
                 moved["retried_after_lease_expiry"],
                 moved["dead_lettered"],
             )
+        if summary.get("unresolved_subscriptions"):  # every other subscription moved; this one needs a fix
+            problems = "; ".join(
+                f"{p['topic']}/{p['group']}: {p['error']}" for p in summary["unresolved_subscriptions"]
+            )
+            raise RuntimeError(f"subscriptions left alone, their policy cannot be resolved: {problems}")
         return summary

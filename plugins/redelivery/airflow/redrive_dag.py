@@ -7,12 +7,13 @@ record. Large selections go to a Spark job through the Spark provider."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 
-from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.sdk import DAG, BaseOperator, Param, get_current_context, task
 
 from .. import statements as S
-from ..dead_letters import REASONS, count, summary
+from ..dead_letters import MAX_MESSAGE_ID, REASONS, count, summary
 from ..names import NAME_REGEX
 from ..redrive import SPARK_THRESHOLD, RedriveRequest, redrive
 from ..settings import REPO_ROOT
@@ -22,6 +23,8 @@ from .env import SPARK_CONN_ID
 from .hooks import RedeliveryHook
 from .operators import spark_master
 
+#: A topic name, or empty (the form's blank field).
+OPTIONAL_NAME = f"^({NAME_REGEX})?$"
 REDRIVE_APPLICATION = str(REPO_ROOT / "spark_jobs" / "dlq_redrive.py")
 
 DOC = """
@@ -76,6 +79,7 @@ def redrive_dag() -> DAG:
             "topic": Param(
                 None,
                 type=["null", "string"],
+                pattern=OPTIONAL_NAME,
                 title="Topic",
                 description="Only dead letters from this topic. Empty: every topic of the group.",
             ),
@@ -111,7 +115,7 @@ def redrive_dag() -> DAG:
             "message_ids": Param(
                 [],
                 type="array",
-                items={"type": "integer", "minimum": 1},
+                items={"type": "integer", "minimum": 1, "maximum": MAX_MESSAGE_ID},
                 title="Message ids",
                 description="Only these message ids. Empty: any.",
             ),
@@ -133,6 +137,7 @@ def redrive_dag() -> DAG:
             "destination_topic": Param(
                 None,
                 type=["null", "string"],
+                pattern=OPTIONAL_NAME,
                 title="Destination topic",
                 description="Empty: back to the original topic. Otherwise a copy is "
                 "published there and the dead letter is closed.",
@@ -156,52 +161,73 @@ def redrive_dag() -> DAG:
         @task(task_id="dlq_summary")
         def dlq_summary() -> list:
             params = get_current_context()["params"]
+            request_from(
+                params
+            )  # a request the Params schema cannot refuse (a time range backwards): fail here
             with RedeliveryHook().get_conn() as conn:
                 found = summary(conn, params["group"])
             for item in found or [{"group": params["group"], "count": 0}]:
                 print(f"DLQ summary: {json.dumps(item)}")
             return found
 
-        @task(task_id="redrive")
-        def run_redrive() -> dict:
-            context = get_current_context()
-            request = request_from(context["params"])
-            run_key = f"dlq_redrive/{context['run_id']}"
-            who = getattr(context["dag_run"], "triggering_user_name", None)
-            hook = RedeliveryHook()
-            url = hook.get_database_url()
-            if not request.dry_run and request.max_messages is None:
-                with hook.get_conn() as conn:
-                    selected = count(conn, request)
-                if selected > SPARK_THRESHOLD:
-                    return _redrive_with_spark(request, run_key, who, url)
-            return redrive(request, run_key=run_key, triggered_by=who, url=url)
-
-        dlq_summary() >> run_redrive()
+        dlq_summary() >> RedriveOperator(task_id="redrive")
     return dag
 
 
-def _redrive_with_spark(request: RedriveRequest, run_key: str, who: str | None, url: str) -> dict:
-    """Submit spark_jobs/dlq_redrive.py through the Spark provider and read back the audit row."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+class RedriveOperator(BaseOperator):
+    """Runs the redrive the DAG run's Params ask for (``redelivery.redrive.redrive``) under the run
+    key ``dlq_redrive/<run id>``, so a retried or cleared task resumes its run. Marking the task
+    failed stops it between batches (Airflow calls ``on_kill``, then kills the task 5 s later if it
+    is still running; a batch is one transaction either way). Selections over
+    ``SPARK_THRESHOLD`` (no max) run as a Spark job through the Spark provider."""
 
-    env_vars, conf = submit_environment(spark_master(SPARK_CONN_ID), url)
-    SparkSubmitHook(
-        conn_id=SPARK_CONN_ID,
-        conf=conf,
-        name="redelivery-dlq-redrive",
-        env_vars=env_vars,
-        application_args=[
-            "--run-key",
-            run_key,
-            "--triggered-by",
-            who or "",
-            "--request",
-            request.model_dump_json(),
-        ],
-    ).submit(REDRIVE_APPLICATION)
-    with RedeliveryHook().get_conn() as conn:
-        row = conn.execute(S.REDRIVE_RUN_RESULT, {"run_key": run_key}).fetchone()
-    if row is None or row[0] != "success":
-        raise RuntimeError(f"redrive {run_key!r} did not finish (status {row and row[0]})")
-    return {"run_key": run_key, "status": row[0], "moved": row[1], "selected": row[2], "engine": "spark"}
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._stop = threading.Event()
+        self._spark_hook = None
+
+    def execute(self, context) -> dict:
+        request = request_from(context["params"])
+        run_key = f"dlq_redrive/{context['run_id']}"
+        who = getattr(context["dag_run"], "triggering_user_name", None)
+        hook = RedeliveryHook()
+        url = hook.get_database_url()
+        if not request.dry_run and request.max_messages is None:
+            with hook.get_conn() as conn:
+                selected = count(conn, request)
+            if selected > SPARK_THRESHOLD:
+                return self._redrive_with_spark(request, run_key, who, url)
+        return redrive(
+            request,
+            run_key=run_key,
+            triggered_by=who,
+            url=url,
+            log=self.log.info,
+            should_stop=self._stop.is_set,
+            wait=self._stop.wait,
+        )
+
+    def on_kill(self) -> None:
+        self._stop.set()
+        if self._spark_hook is not None:
+            self._spark_hook.on_kill()
+
+    def _redrive_with_spark(self, request: RedriveRequest, run_key: str, who: str | None, url: str) -> dict:
+        """Submit spark_jobs/dlq_redrive.py through the Spark provider and read back the audit row."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        env_vars, conf = submit_environment(spark_master(SPARK_CONN_ID), url)
+        args = ["--run-key", run_key, "--triggered-by", who or "", "--request", request.model_dump_json()]
+        self._spark_hook = SparkSubmitHook(
+            conn_id=SPARK_CONN_ID,
+            conf=conf,
+            name="redelivery-dlq-redrive",
+            env_vars=env_vars,
+            application_args=args,
+        )
+        self._spark_hook.submit(REDRIVE_APPLICATION)
+        with RedeliveryHook().get_conn() as conn:
+            row = conn.execute(S.REDRIVE_RUN_RESULT, {"run_key": run_key}).fetchone()
+        if row is None or row[0] != "success":
+            raise RuntimeError(f"redrive {run_key!r} did not finish (status {row and row[0]})")
+        return {"run_key": run_key, "status": row[0], "moved": row[1], "selected": row[2], "engine": "spark"}

@@ -134,6 +134,13 @@ def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, 
     reports = columns.mapInArrow(
         stage_partition(url, batch_id, run_id, published is None), RESULT_SCHEMA
     ).collect()
+    return publish_staged(url, topic_id, batch_id, run_id, reports, at=at)
+
+
+def publish_staged(url: str, topic_id: int, batch_id: str, run_id: str, reports: list, at=None) -> int:
+    """The driver's half: publish what run ``run_id`` staged, given its tasks' ``reports`` (one
+    per partition: rows, fingerprint), in one transaction; return the batch's message count. See
+    ``publish_dataframe`` for the errors."""
     rows = sum(r["rows"] for r in reports)
     content = add_fingerprints(r["fingerprint"] for r in reports)
     with db.connect(url, autocommit=True) as conn:
@@ -150,9 +157,8 @@ def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, 
                         "batch": batch_id,
                         "staging": batch_id,
                         "stage_run": run_id,
-                        "at": at,
                     }
-                    count = len(conn.execute(S.FAN_OUT, params).fetchall())
+                    count = len(conn.execute(S.FAN_OUT, {**params, "at": at}).fetchall())
                     if count != rows:
                         raise PublishError(
                             f"batch {batch_id!r}: {rows} rows staged but {count} messages published"

@@ -1,0 +1,162 @@
+"""Receipts answer exactly one delivery: late, repeated and foreign answers change nothing; the
+delivery count never goes back; an undecodable body never strands its batch; lock conflicts
+never fail a call."""
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from helpers import at, run_cli, snapshot
+from redelivery.errors import ForeignReceiptError
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.spark.tier_job import run_tier_window
+
+
+def delivery(client, message_id, group="billing"):
+    return client.conn.execute(
+        """SELECT d.state::text, d.delivery_count, d.reconsume_times, d.redrive_count
+           FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
+           WHERE d.message_id = %s AND g.name = %s""",
+        (message_id, group),
+    ).fetchone()
+
+
+def test_a_late_receipt_after_a_redrive_changes_nothing(client, database_url):
+    """C1 receives m and hangs; its lease expires and m is dead-lettered; an operator redrives m;
+    C2 receives it. C1's late reject or ack must not touch C2's delivery."""
+    client.create_topic("orders")
+    client.create_group("billing", max_reconsume_times=0)
+    client.subscribe("billing", "orders")
+    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
+    [c1] = client.receive("billing", "orders", 1, 5, at=at(0))
+    run_tier_window(tier="seconds", window_end=at(10), run_key="expire", url=database_url)
+    assert delivery(client, mid)[0] == "DLQ"
+    redrive(
+        RedriveRequest(group="billing", dry_run=False), run_key="again", url=database_url, log=lambda *_: None
+    )
+    [c2] = client.receive("billing", "orders", 1, 30, at=at(20))
+    assert (c1.delivery_count, c2.delivery_count) == (1, 2)  # never reset: old receipts stay stale
+    assert c2.redrive_count == 1 and c2.reconsume_times == 0
+    assert client.reject("billing", c1, error="late") == 0
+    assert client.ack("billing", c1) == 0
+    assert client.nack("billing", c1) == 0
+    assert delivery(client, mid) == ("INFLIGHT", 2, 0, 1)
+    assert client.stale_receipts("billing") == 3
+    assert client.ack("billing", c2) == 1
+    assert client.ack("billing", c2) == 0  # an answer given twice is stale too
+    assert delivery(client, mid)[:2] == ("COMMITTED", 2) and client.stale_receipts("billing") == 4
+
+
+def test_the_redrive_count_shows_in_dead_letter_views(client, database_url):
+    client.create_topic("orders")
+    client.create_group("billing", max_reconsume_times=0)
+    client.subscribe("billing", "orders")
+    client.publish("orders", [{"n": 1}])
+    for key in ("first", "second"):
+        client.reject("billing", client.receive("billing", "orders", 1, 30), error="bad")
+        redrive(
+            RedriveRequest(group="billing", dry_run=False), run_key=key, url=database_url, log=lambda *_: None
+        )
+    client.reject("billing", client.receive("billing", "orders", 1, 30), error="bad again")
+    [dead] = client.dlq_list("billing")
+    assert (dead["redrive_count"], dead["delivery_count"]) == (2, 3)
+    shown = run_cli("dlq", "show", str(dead["message_id"]), "--group", "billing", database_url=database_url)
+    assert '"redrive_count": 2' in shown.stdout
+
+
+def test_a_receipt_of_another_group_is_refused(client, topic_group):
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    client.publish("orders", [{"n": 1}, {"n": 2}])
+    mine = client.receive("billing", "orders", 2, 30)
+    client.receive("audit", "orders", 2, 30)  # audit's deliveries have the same ids and counts
+    before = snapshot(client.conn)
+    for call in (client.ack, client.nack, client.reject):
+        with pytest.raises(ForeignReceiptError, match="received by group 'billing'"):
+            call("audit", mine)
+    assert snapshot(client.conn) == before
+
+
+@pytest.mark.parametrize(
+    "stored,needle",
+    [
+        ("[" * 3000 + "]" * 3000, "RecursionError"),  # PostgreSQL's jsonb takes it; Python's decoder does not
+        ('{"n": ' + "7" * 5000 + "}", "ValueError"),  # over Python's 4300-digit limit for int()
+    ],
+)
+def test_an_undecodable_body_is_dead_lettered_and_never_strands_its_batch(
+    client, topic_group, stored, needle
+):
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}, {"n": 3}])
+    # a producer outside Python (a Spark job, SQL) stored a body PostgreSQL accepts as JSON
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(%s::jsonb::text, 'UTF8') WHERE id = %s", (stored, ids[1])
+    )
+    got = client.receive("billing", "orders", 10, 30)
+    assert [m.message_id for m in got] == [ids[0], ids[2]]
+    assert delivery(client, ids[1])[:2] == ("DLQ", 1)  # the delivery counted, and nothing left in flight
+    counts = client.stats()["orders"]["billing"]
+    assert (counts["INFLIGHT"], counts["DLQ"], counts["READY"]) == (2, 1, 0)
+    [dead] = client.dlq_list("billing")  # listing it does not crash either
+    assert dead["reason"] == "UNDECODABLE" and needle in dead["last_error"]
+    assert dead["body_error"].startswith("not decodable") and isinstance(dead["body"], str)
+    assert dead["attempts"][-1]["outcome"] == "undecodable"
+
+
+def test_an_ack_that_meets_a_deadlock_is_retried(client, topic_group, clean_db):
+    """The ack locks its rows in message-id order; another transaction that locks them the other
+    way round makes PostgreSQL abort one of the two: the ack then runs again and succeeds."""
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}])
+    got = client.receive("billing", "orders", 2, 30)
+    with psycopg.connect(clean_db, autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[1],))
+        result = {}
+        acking = threading.Thread(target=lambda: result.update(acked=client.ack("billing", got)))
+        acking.start()
+        time.sleep(0.3)  # the ack holds the first row and waits for the second
+        try:
+            other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[0],))
+        except psycopg.errors.DeadlockDetected:
+            pass  # this side was the victim: the ack goes on
+        other.execute("COMMIT")
+        acking.join(30)
+    assert result == {"acked": 2}
+    assert client.stats()["orders"]["billing"]["COMMITTED"] == 2
+
+
+def test_a_tier_range_that_meets_a_deadlock_is_retried(client, topic_group, clean_db, database_url):
+    ids = client.publish("orders", [{"n": i} for i in range(4)], at=at(0))
+    client.nack("billing", client.receive("billing", "orders", 4, 30, at=at(0)), at=at(0))
+    with psycopg.connect(clean_db, autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[-1],))
+        result = {}
+
+        def run():
+            result["summary"] = run_tier_window(
+                tier="seconds", window_end=at(10), run_key="dl", url=database_url
+            )
+
+        running = threading.Thread(target=run)
+        running.start()
+        time.sleep(0.5)
+        try:
+            other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[0],))
+        except psycopg.errors.DeadlockDetected:
+            pass
+        other.execute("COMMIT")
+        running.join(30)
+    assert result["summary"]["promoted"] == 4
+
+
+def test_create_group_keeps_its_limit_unless_a_new_one_is_given(client):
+    client.create_group("billing", max_reconsume_times=3)
+    client.create_group("billing")
+    assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (3,)
+    client.create_group("billing", max_reconsume_times=5)
+    assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (5,)
+    client.update_group("billing", max_reconsume_times=None)
+    assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (None,)

@@ -1,0 +1,150 @@
+"""What must never break slowly or for everyone: a bad subscription stops nothing else, windows
+never run ahead of the database's clock, the level table cannot shrink under waiting messages,
+nothing leaks, deleting a topic races with nothing, the embedded database needs its password."""
+
+import os
+import stat
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from helpers import at, configured
+from redelivery import embedded, maintenance
+from redelivery.client import Client
+from redelivery.config import RedeliveryConfig
+from redelivery.errors import ConfigError, InvalidNameError, InvalidWindowError
+from redelivery.spark.tier_job import run_tier_window
+
+LONG_GROUP = "g" * 56  # fits the name rule; "orders-<group>-DLQ" (Pulsar naming) does not fit 63 bytes
+
+
+def test_group_names_leave_room_for_their_queue_names(client):
+    client.create_group("g" * 56)  # %RETRY%<56 chars> is 63 bytes
+    with pytest.raises(InvalidNameError, match="1 to 56"):
+        client.create_group("g" * 57)
+    with pytest.raises(InvalidNameError):
+        client.create_topic("orders\n")  # a trailing newline is not a name
+
+
+def test_a_pair_whose_queue_names_cannot_be_tables_is_refused_at_subscribe(client):
+    client.create_topic("orders")
+    client.create_group(LONG_GROUP)
+    configured(client, {"dead_letter": {"style": "pulsar"}, "retry_naming": {"style": "pulsar"}})
+    with pytest.raises(InvalidNameError, match="cannot subscribe"):
+        client.subscribe(LONG_GROUP, "orders")
+    assert client.stats() == {}
+
+
+def test_one_unresolvable_subscription_never_stops_the_others(client, topic_group, database_url):
+    """A config changed after the subscriptions were made: one of them can no longer be resolved.
+    Tier runs report it and move every other one; publishing to its topic still works."""
+    client.create_group(LONG_GROUP)
+    client.subscribe(LONG_GROUP, "orders")  # fine under the RocketMQ naming
+    client.publish("orders", [{"n": i} for i in range(3)], at=at(0))
+    client.nack("billing", client.receive("billing", "orders", 3, 30, at=at(0)), at=at(0))
+    client.receive(LONG_GROUP, "orders", 3, 5, at=at(0))
+    changed = configured(client, {"group": LONG_GROUP, "dead_letter": {"style": "pulsar"}})
+    summary = run_tier_window(
+        tier="seconds", window_end=at(10), run_key="bad", url=database_url, config=changed
+    )
+    assert summary["promoted"] == 3 and summary["retried_after_lease_expiry"] == 0
+    [problem] = summary["unresolved_subscriptions"]
+    assert problem["group"] == LONG_GROUP and "longer than 63 bytes" in problem["error"]
+    assert client.stats()["orders"][LONG_GROUP]["INFLIGHT"] == 3  # left alone
+    assert len(client.publish("orders", [{"n": 9}])) == 1
+
+
+def test_a_window_never_ends_after_the_database_clock(client, topic_group, database_url):
+    now = client.conn.execute("SELECT now()").fetchone()[0]
+    with pytest.raises(InvalidWindowError, match="after the database's clock"):
+        run_tier_window(
+            tier="seconds", window_end=now + timedelta(seconds=1), run_key="early", url=database_url
+        )
+    assert client.conn.execute("SELECT count(*) FROM tier_runs").fetchone()[0] == 0
+    assert run_tier_window(tier="seconds", window_end=now, run_key="now", url=database_url)["promoted"] == 0
+
+
+def test_a_level_table_that_drops_waiting_levels_is_refused(client, topic_group, database_url):
+    client.publish("orders", [{"n": 1}, {"n": 2}], at=at(0))
+    client.reconsume_later(
+        "billing", client.receive("billing", "orders", 2, 30, at=at(0)), delay=3600, at=at(0)
+    )
+    shrunk = RedeliveryConfig.model_validate(
+        {"delay_levels": "10s 30s 1m", "tiers": [{"name": "seconds", "levels": [1, 2, 3], "window": "10s"}]}
+    )
+    with pytest.raises(ConfigError, match="2 at level 15"):
+        run_tier_window(tier="seconds", window_end=at(10), run_key="shrunk", url=database_url, config=shrunk)
+    with pytest.raises(ConfigError, match="levels beyond it"):
+        Client(database_url, config=shrunk)
+
+
+def identity_values(conn) -> dict:
+    return dict(
+        conn.execute(
+            """SELECT sequencename, last_value FROM pg_sequences
+               WHERE schemaname = 'redelivery' AND sequencename IN
+                 ('topics_id_seq', 'consumer_groups_id_seq', 'dead_letter_queues_id_seq')"""
+        ).fetchall()
+    )
+
+
+def test_repeated_calls_use_up_no_identity_values(client, topic_group):
+    client.publish("orders", [{"n": 1}])
+    client.receive("billing", "orders", 1, 30)  # registers the group's DLQ name
+    before = identity_values(client.conn)
+    for _ in range(20):
+        client.create_topic("orders")
+        client.create_group("billing")
+        with Client(client.url) as other:
+            other.publish("orders", [{"n": 1}])  # resolves the policy table: registers the DLQ name again
+            other.receive("billing", "orders", 1, 30)
+    assert identity_values(client.conn) == before
+
+
+def test_cleanup_deletes_only_what_is_past_its_retention(client, topic_group, database_url):
+    client.publish("orders", [{"n": 1}], batch_id="old")
+    client.publish("orders", [{"n": 2}], batch_id="new")
+    run_tier_window(tier="seconds", window_end=at(10), run_key="old-run", url=database_url)
+    client.conn.execute(
+        "UPDATE publish_batches SET published_at = now() - interval '8 days' WHERE batch_id = 'old'"
+    )
+    client.conn.execute("UPDATE tier_runs SET finished_at = now() - interval '8 days'")
+    deleted = maintenance.cleanup(client.conn, client.config, limit=1)
+    assert deleted["publish_batches"] == 1 and deleted["tier_runs"] == 1
+    assert client.conn.execute("SELECT batch_id FROM publish_batches").fetchall() == [("new",)]
+    assert len(client.publish("orders", [{"n": 1}], batch_id="old")) == 1  # past its retention: a new batch
+
+
+def test_deleting_a_topic_while_a_message_is_dead_lettered_leaves_no_dead_letter(
+    client, topic_group, clean_db
+):
+    client.publish("orders", [{"n": 1}, {"n": 2}])
+    first, second = client.receive("billing", "orders", 2, 30)
+    client.reject("billing", first)  # the DLQ table exists before the race
+    got = [second]
+    with Client(clean_db) as other:
+        other.conn.execute("BEGIN")
+        assert other.reject("billing", got) == 1  # dead-lettered, not committed yet
+        deleting = threading.Thread(target=lambda: client.delete_topic("orders"))
+        deleting.start()
+        time.sleep(0.3)  # the delete waits for the dead-lettering transaction's row lock
+        other.conn.execute("COMMIT")
+        deleting.join(10)
+    assert client.conn.execute("SELECT count(*) FROM dlq_messages").fetchone()[0] == 0
+    assert client.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
+
+
+def test_the_embedded_database_requires_its_password(database_url):
+    if not database_url.startswith("postgresql://postgres:"):
+        pytest.skip("runs against the embedded PostgreSQL")
+    mode = stat.S_IMODE(os.stat(embedded.password_file()).st_mode)
+    assert mode == 0o600
+    port = embedded.get_settings().pg_port
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=5)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(f"postgresql://postgres:wrong@127.0.0.1:{port}/postgres", connect_timeout=5)
+    assert embedded.password() in embedded.url()
