@@ -11,7 +11,7 @@ APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install 
 	 else sudo apt-get update -q && sudo apt-get install -y -q $(1); fi
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test lint bench clean stop lock
+.PHONY: setup demo test lint bench chaos clean stop lock
 
 setup: $(VENV)/.installed $(JDBC_JAR) $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -42,13 +42,19 @@ test: setup lint
 	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # ruff (configured in pyproject.toml): lint rules and formatting, as CI runs them.
-LINTED := plugins dags spark_jobs tests bench
+LINTED := plugins dags spark_jobs tests bench chaos
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 
 bench: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_tier.py $(BENCH_ARGS)
+
+# The crash suite: real processes killed at 1000 known points, the invariants checked after each
+# round (chaos/run.py; KILL_POINTS=... to change the count).
+KILL_POINTS ?= 1000
+chaos: setup
+	@$(AIRFLOW_ENV) && $(PY) chaos/run.py --kill-points $(KILL_POINTS) --every-kind $(CHAOS_ARGS)
 
 # Recompile the pinned requirements from requirements.in.
 lock:

@@ -1,0 +1,203 @@
+"""The crash suite's worker processes: real publishers, consumers, tier runs and redrives, run
+through the public API exactly as a pipeline would, and killed by the controller (chaos/run.py).
+
+    python chaos/worker.py publish --batch B --count N [--first K]
+    python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
+    python chaos/worker.py tier --run-key K
+    python chaos/worker.py redrive --group G --run-key K [--rate R]
+    python chaos/worker.py spark          (a long-lived Spark driver: JSON commands on stdin)
+
+The database is REDELIVERY_DATABASE_URL; the config REDELIVERY_CONFIG (chaos/config.yaml). A
+consumer's handler decides by (message id, delivery): reject some, fail some, ack the rest; with
+a gate it first waits on a row of chaos.gates the controller may hold, which freezes it at a known
+point. Every success is printed as one line the controller reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import psycopg
+
+from redelivery.client import Client, Message
+
+TOPIC = "chaos"
+
+
+def outcome(message_id: int, delivery: int) -> str:
+    """The handler's answer: the same for a given delivery, different across deliveries."""
+    if message_id % 17 == 0:
+        return "reject"
+    return "nack" if (message_id + delivery) % 3 == 0 else "ack"
+
+
+def wait_at_gate(url: str, gate: str) -> None:
+    """Block while the controller holds the gate's row (it then kills us here)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1 FROM chaos.gates WHERE name = %s FOR SHARE", (gate,))
+
+
+def publish(args) -> None:
+    with Client() as client:
+        messages = [
+            Message({"n": args.first + i, "batch": args.batch}, key=f"{args.batch}:{i}")
+            for i in range(args.count)
+        ]
+        ids = client.publish(TOPIC, messages, batch_id=args.batch)
+    print(f"PUBLISHED {args.batch} {len(ids)}", flush=True)
+
+
+def consume(args) -> None:
+    url = os.environ["REDELIVERY_DATABASE_URL"]
+    with Client() as client:
+        while True:
+            batch = client.receive(args.group, TOPIC, args.max, args.lease)
+            if not batch:
+                break
+            print(f"RECEIVED {len(batch)}", flush=True)
+            if args.gate and args.gate_at == "before":
+                wait_at_gate(url, args.gate)
+            plan: dict[str, list] = {"ack": [], "nack": [], "reject": []}
+            for message in batch:
+                plan[outcome(message.message_id, message.delivery_count)].append(message)
+            if args.gate and args.gate_at == "after":
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(
+                        "INSERT INTO chaos.received (gate, ids) VALUES (%s, %s)",
+                        (args.gate, [m.message_id for m in batch]),
+                    )
+                wait_at_gate(url, args.gate)
+            answered = 0
+            for verb, messages in plan.items():
+                if messages:
+                    call = {"ack": client.ack, "nack": client.nack, "reject": client.reject}[verb]
+                    try:
+                        answered += (
+                            call(args.group, messages)
+                            if verb == "ack"
+                            else call(args.group, messages, error=verb)
+                        )
+                    except psycopg.OperationalError:  # a lost answer: answer again on a new connection
+                        client.conn = psycopg.connect(
+                            client.url, autocommit=True, options="-c search_path=redelivery"
+                        )
+                        answered += (
+                            call(args.group, messages)
+                            if verb == "ack"
+                            else call(args.group, messages, error=verb)
+                        )
+            print(f"ANSWERED {answered}", flush=True)
+            if not args.loop:
+                break
+
+
+def tier(args) -> None:
+    from redelivery.spark.tier_job import run_tier_window
+
+    with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
+        now = conn.execute("SELECT now()").fetchone()[0]
+    summary = run_tier_window(
+        tier="fast", window_end=now, run_key=args.run_key, max_partitions=args.partitions
+    )
+    print(
+        f"TIER {json.dumps({'promoted': summary['promoted'], 'dead_lettered': summary['dead_lettered']})}",
+        flush=True,
+    )
+
+
+def redrive(args) -> None:
+    from redelivery.redrive import RedriveRequest
+    from redelivery.redrive import redrive as run
+
+    request = RedriveRequest(group=args.group, dry_run=False, rate_limit=args.rate)
+    result = run(request, run_key=args.run_key, log=lambda *_: None)
+    print(f"REDRIVEN {result['moved']} {result['status']}", flush=True)
+
+
+def spark(args) -> None:
+    """A Spark driver kept warm: one JSON command per stdin line, one answer line each."""
+    from redelivery.spark.consumer_job import consume as spark_consume
+    from redelivery.spark.publish_job import publish_dataframe
+    from redelivery.spark.session import get_spark
+    from redelivery.spark.tier_job import run_tier_window
+
+    session = get_spark("redelivery-chaos", master="local[2,3]")  # a failed task is tried again (3 tries)
+    session.sparkContext.setLogLevel("ERROR")
+    print("READY", flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["op"] == "publish":
+            rows = [
+                (f"{command['batch']}:{i}", json.dumps({"n": i, "batch": command["batch"]}))
+                for i in range(command["count"])
+            ]
+            df = session.createDataFrame(rows, "key string, body string").repartition(
+                command.get("partitions", 3)
+            )
+            count = publish_dataframe(df, TOPIC, command["batch"])
+            print(f"PUBLISHED {command['batch']} {count}", flush=True)
+        elif command["op"] == "tier":
+            with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
+                now = conn.execute("SELECT now()").fetchone()[0]
+            summary = run_tier_window(
+                tier="fast", window_end=now, run_key=command["run_key"], spark=session, max_partitions=3
+            )
+            print(f"TIER {summary['promoted']}", flush=True)
+        elif command["op"] == "consume":
+            counts = spark_consume(
+                session,
+                group=command["group"],
+                topic=TOPIC,
+                handler=SparkHandler(command.get("gate")),
+                consumers=2,
+                batch_size=command.get("max", 20),
+                invisible_duration=2,
+            )
+            print(f"CONSUMED {json.dumps(counts)}", flush=True)
+
+
+class SparkHandler:
+    """The consumer handler as a Spark task runs it (picklable); an optional gate freezes the task."""
+
+    def __init__(self, gate: str | None = None):
+        self.gate = gate
+
+    def __call__(self, messages):
+        if self.gate:
+            wait_at_gate(os.environ["REDELIVERY_DATABASE_URL"], self.gate)
+        return [(outcome(m.message_id, m.delivery_count), "spark says no") for m in messages]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    roles = parser.add_subparsers(dest="role", required=True)
+    p = roles.add_parser("publish")
+    p.add_argument("--batch", required=True)
+    p.add_argument("--count", type=int, default=20)
+    p.add_argument("--first", type=int, default=0)
+    p = roles.add_parser("consume")
+    p.add_argument("--group", required=True)
+    p.add_argument("--max", type=int, default=20)
+    p.add_argument("--lease", type=float, default=2)
+    p.add_argument("--gate")
+    p.add_argument("--gate-at", choices=["before", "after"], default="before")
+    p.add_argument("--loop", action="store_true")
+    p = roles.add_parser("tier")
+    p.add_argument("--run-key", required=True)
+    p.add_argument("--partitions", type=int, default=2)
+    p = roles.add_parser("redrive")
+    p.add_argument("--group", required=True)
+    p.add_argument("--run-key", required=True)
+    p.add_argument("--rate", type=float)
+    roles.add_parser("spark")
+    args = parser.parse_args(argv)
+    {"publish": publish, "consume": consume, "tier": tier, "redrive": redrive, "spark": spark}[args.role](
+        args
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
