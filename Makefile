@@ -1,11 +1,11 @@
 # Two commands: `make demo` and `make test`. Both do the whole set-up first (idempotent):
-# virtual environment with the pinned packages, the PostgreSQL JDBC driver, the embedded
-# PostgreSQL with the schema, and Airflow's metadata database.
+# virtual environment with the pinned packages, the embedded PostgreSQL with the schema, the Spark
+# class-data sharing archive, and Airflow's metadata database. The warm Spark Connect server starts
+# on first use; `make stop` stops it and PostgreSQL.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
-JDBC_JAR := /usr/share/java/postgresql.jar
 CHROMIUM := /usr/bin/chromium
 APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $(1); \
 	 else sudo apt-get update -q && sudo apt-get install -y -q $(1); fi
@@ -13,7 +13,7 @@ AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
 .PHONY: setup demo test lint bench chaos clean stop lock
 
-setup: $(VENV)/.installed $(JDBC_JAR) $(CHROMIUM)
+setup: $(VENV)/.installed $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
 	$(VENV)/bin/redelivery spark-cds
 	@$(AIRFLOW_ENV) && $(VENV)/bin/airflow db migrate > .redelivery/airflow-db-migrate.log 2>&1 \
@@ -26,10 +26,6 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(UV) pip sync --python $(PY) requirements.txt
 	$(UV) pip install --python $(PY) --no-deps -e .
 	touch $@
-
-# Debian's libpostgresql-jdbc-java: Maven Central is out of reach, Debian's archive is not.
-$(JDBC_JAR):
-	@$(call APT_INSTALL,libpostgresql-jdbc-java)
 
 # Debian's Chromium for the operator UI tests (Playwright drives it; no browser download).
 $(CHROMIUM):
@@ -61,6 +57,7 @@ lock:
 	$(UV) pip compile requirements.in --excludes excludes.txt -o requirements.txt --python-version 3.11
 
 stop:
+	-$(VENV)/bin/redelivery spark-connect stop
 	-$(VENV)/bin/redelivery db stop
 
 clean: stop

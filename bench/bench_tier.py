@@ -109,7 +109,12 @@ def run_spark_warm(url: str, spark) -> float:
 
     start = time.perf_counter()
     run_tier_window(
-        tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}", spark=spark, url=url
+        tier="seconds",
+        window_end=WINDOW_END,
+        run_key=f"bench-{time.time()}",
+        spark=spark,
+        url=url,
+        spark_threshold=0,
     )
     return time.perf_counter() - start
 

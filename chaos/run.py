@@ -39,8 +39,15 @@ BACKLOG_LOCK = 7_424_003  # redelivery.catalog.BACKLOG_LOCK
 
 
 def setup_environment(home: Path, port: int) -> None:
-    """Point this process (and the workers it starts) at the suite's own PostgreSQL."""
-    os.environ.update(REDELIVERY_HOME=str(home), REDELIVERY_PG_PORT=str(port), REDELIVERY_CONFIG=str(CONFIG))
+    """Point this process (and the workers it starts) at the suite's own PostgreSQL and Spark
+    Connect server (ports ``port`` and ``port - 39327``, 54339 and 15012 by default)."""
+    os.environ.update(
+        REDELIVERY_HOME=str(home),
+        REDELIVERY_PG_PORT=str(port),
+        REDELIVERY_CONFIG=str(CONFIG),
+        REDELIVERY_SPARK="connect",
+        REDELIVERY_SPARK_CONNECT_PORT=str(port - 39327),
+    )
     os.environ.pop("REDELIVERY_DATABASE_URL", None)
 
 
@@ -484,8 +491,8 @@ class Controller:
     # ---- Spark ------------------------------------------------------------------------------
 
     def spark_worker(self) -> Worker:
-        """The warm Spark driver. A standby starts with it, so that a killed driver's successor is
-        ready at once (its JVM started while other kill points ran)."""
+        """The Spark driver: a client of the suite's Spark Connect server, as an Airflow task is.
+        A standby starts with it, so that a killed driver's successor is ready at once."""
         if self.spark is None or self.spark.proc.poll() is not None:
             self.spark, self.standby = self.standby or self.spawn("spark", stdin=True), None
             if self.spark.line(180) != "READY":
@@ -733,6 +740,9 @@ def main() -> int:
                 spark.kill()
         controller.proxy.close()
         if not args.keep_server:
+            from redelivery.spark import connect_server
+
+            connect_server.stop()
             controller.embedded.stop()
 
 

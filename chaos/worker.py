@@ -5,7 +5,7 @@ through the public API exactly as a pipeline would, and killed by the controller
     python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
     python chaos/worker.py tier --run-key K
     python chaos/worker.py redrive --group G --run-key K [--rate R]
-    python chaos/worker.py spark          (a long-lived Spark driver: JSON commands on stdin)
+    python chaos/worker.py spark          (a Spark Connect client kept warm: JSON commands on stdin)
 
 The database is REDELIVERY_DATABASE_URL; the config REDELIVERY_CONFIG (chaos/config.yaml). A
 consumer's handler decides by (message id, delivery): reject some, fail some, ack the rest; with
@@ -124,8 +124,8 @@ def spark(args) -> None:
     from redelivery.spark.session import get_spark
     from redelivery.spark.tier_job import run_tier_window
 
-    session = get_spark("redelivery-chaos", master="local[2,3]")  # a failed task is tried again (3 tries)
-    session.sparkContext.setLogLevel("ERROR")
+    # the warm Spark Connect server of the suite (local[cores,3]: a failed task is tried again)
+    session = get_spark("redelivery-chaos")
     print("READY", flush=True)
     for line in sys.stdin:
         command = json.loads(line)

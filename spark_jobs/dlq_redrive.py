@@ -17,11 +17,16 @@ def main() -> None:
     parser.add_argument("--run-key", required=True)
     parser.add_argument("--triggered-by", default="")
     parser.add_argument("--request", required=True, type=RedriveRequest.model_validate_json)
+    parser.add_argument("--spark-threshold", type=int, default=0)
     args = parser.parse_args()
     spark = get_spark("redelivery-dlq-redrive")
     try:
         result = redrive(
-            args.request, run_key=args.run_key, triggered_by=args.triggered_by or None, spark=spark
+            args.request,
+            run_key=args.run_key,
+            triggered_by=args.triggered_by or None,
+            spark=spark,
+            spark_threshold=args.spark_threshold,
         )
     finally:
         spark.stop()

@@ -1,7 +1,7 @@
 """spark-submit entry point: apply one tier window. The logic is redelivery.spark.tier_job.
 
     spark-submit spark_jobs/tier_window.py --tier seconds --window-end 2026-01-01T00:00:10+00:00 \
-        --run-key manual-1 [--window-start ...] [--levels 1,2] [--dry-run [true|false]]
+        --run-key manual-1 [--window-start ...] [--levels 1,2] [--dry-run [true|false]] [--spark-threshold N]
 
 The database is REDELIVERY_DATABASE_URL (default: the embedded PostgreSQL). Prints the run's
 summary as one JSON line prefixed with ``REDELIVERY_SUMMARY``.
@@ -29,6 +29,12 @@ def main() -> None:
         default="false",
         type=lambda s: s.strip().lower() in ("1", "true", "yes"),
     )
+    parser.add_argument(
+        "--spark-threshold",
+        type=int,
+        default=0,
+        help="candidates under which the ranges run in the driver (the operator decided already)",
+    )
     args = parser.parse_args()
     spark = get_spark(f"redelivery-tier-{args.tier}")
     try:
@@ -40,6 +46,7 @@ def main() -> None:
             levels=args.levels,
             dry_run=args.dry_run,
             spark=spark,
+            spark_threshold=args.spark_threshold,
         )
     finally:
         spark.stop()

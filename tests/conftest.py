@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "database_url" in item.fixturenames:
             item.add_marker(pytest.mark.db)
-        if "spark" in item.fixturenames:
+        if {"spark", "spark_connect", "any_spark"} & set(item.fixturenames):
             item.add_marker(pytest.mark.spark)
 
 
@@ -77,9 +77,26 @@ def topic_group(client):
 
 @pytest.fixture(scope="session")
 def spark():
+    """A classic local session (a JVM driver in the test process), as spark-submit runs jobs."""
     from redelivery.spark.session import get_spark
 
-    session = get_spark("redelivery-tests", master="local[2]")
+    session = get_spark("redelivery-tests", master="local[2,2]")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect():
+    """A session on the project's warm Spark Connect server (started if needed)."""
+    from redelivery.spark.session import get_spark
+
+    session = get_spark("redelivery-tests", master="connect")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=["classic", "connect"])
+def any_spark(request):
+    """Each Spark test once with each path: a classic session and Spark Connect."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")

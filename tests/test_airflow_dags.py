@@ -101,3 +101,52 @@ def test_manual_params_window_end_and_dry_run(dagbag, waiting):
         and summary["window_end"] == at(10).isoformat()
     )
     assert waiting.stats()["orders"]["billing"]["WAITING_RETRY"] == 40  # nothing moved
+
+
+@pytest.fixture()
+def spark_for_every_window(monkeypatch):
+    """The config's spark_threshold at 0: every window and redrive runs on Spark."""
+    from redelivery.config import RedeliveryConfig
+
+    config = RedeliveryConfig(spark_threshold=0)
+    monkeypatch.setattr("redelivery.airflow.operators.cached_config", lambda: config)
+    monkeypatch.setattr("redelivery.airflow.redrive_dag.cached_config", lambda: config)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("connection", ["spark_connect", "spark"])
+def test_the_tier_dag_runs_its_window_on_either_spark(
+    dagbag, waiting, spark_for_every_window, monkeypatch, connection
+):
+    """The connection picks the path: the warm Spark Connect server, or spark-submit to a master."""
+    import json
+
+    if connection == "spark":
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_REDELIVERY_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"})
+        )
+    run = dagbag.get_dag("redelivery_tier_seconds").test(logical_date=at(10))
+    assert str(run.state).endswith("success")
+    summary = return_value(run)
+    assert summary["engine"] == ("spark" if connection == "spark_connect" else "spark-submit")
+    assert summary["promoted"] == 40 and waiting.stats()["orders"]["billing"]["READY"] == 40
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("connection", ["spark_connect", "spark"])
+def test_the_redrive_dag_runs_a_large_selection_on_either_spark(
+    dagbag, client, topic_group, spark_for_every_window, monkeypatch, connection
+):
+    import json
+
+    if connection == "spark":
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_REDELIVERY_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"})
+        )
+    client.publish("orders", [{"n": i} for i in range(30)])
+    client.reject("billing", client.receive("billing", "orders", 30, 30), error="bad")
+    run = dagbag.get_dag("dlq_redrive").test(
+        run_conf={"group": "billing", "dry_run": False, "rate_limit": None}
+    )
+    assert str(run.state).endswith("success")
+    assert client.stats()["orders"]["billing"]["READY"] == 30

@@ -8,14 +8,30 @@ from redelivery.airflow.operators import TIER_APPLICATION, TierWindowOperator
 from redelivery.spark.session import submit_environment
 
 
-def test_tier_operator_arguments_are_templates_of_the_run():
+def test_tier_operator_fields_are_templates_of_the_run():
     op = TierWindowOperator(task_id="apply_window", tier="seconds")
-    args = dict(zip(op.application_args[::2], op.application_args[1::2], strict=True))
-    assert args["--tier"] == "seconds"
-    assert args["--window-end"] == "{{ params.window_end or data_interval_end.isoformat() }}"
-    assert args["--run-key"] == "{{ dag.dag_id }}/{{ run_id }}/{{ ti.try_number }}"
-    assert op._conn_id == "redelivery_spark" and op.application == TIER_APPLICATION
-    assert Path(TIER_APPLICATION).exists()
+    assert op.window_end == "{{ params.window_end or data_interval_end.isoformat() }}"
+    assert op.run_key == "{{ dag.dag_id }}/{{ run_id }}/{{ ti.try_number }}"
+    assert set(op.template_fields) == {"window_end", "window_start", "run_key", "levels", "dry_run"}
+    assert op.conn_id == "redelivery_spark" and Path(TIER_APPLICATION).exists()
+
+
+def test_the_default_spark_connection_is_the_warm_connect_server():
+    import json
+
+    from redelivery.airflow.env import airflow_environ
+    from redelivery.spark import connect_server
+
+    conn = json.loads(airflow_environ()["AIRFLOW_CONN_REDELIVERY_SPARK"])
+    assert conn == {
+        "conn_type": "spark_connect",
+        "host": "localhost",
+        "port": 15002,
+        "password": connect_server.token(),
+    }
+    assert connect_server.connect_url("localhost", 15002, "t0k") == "sc://localhost:15002/;token=t0k"
+    # pyspark sends a token in the clear to localhost only: elsewhere it goes as a header
+    assert connect_server.connect_url("spark", 15002, "t0k") == "sc://spark:15002/;authorization=Bearer%20t0k"
 
 
 def test_submit_environment_for_a_local_driver():

@@ -1,5 +1,6 @@
 """The files a user runs outside the tests: compose file, CI script, pinned requirements."""
 
+import json
 import re
 
 import yaml
@@ -9,12 +10,17 @@ from redelivery.settings import REPO_ROOT
 
 def test_compose_file_wires_the_settings_the_code_reads():
     compose = yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text())
-    assert set(compose["services"]) == {"postgres", "airflow"}
+    assert set(compose["services"]) == {"postgres", "spark-connect", "airflow"}
     env = compose["services"]["airflow"]["environment"]
     assert env["REDELIVERY_DATABASE_URL"].startswith("postgresql://")
     assert env["AIRFLOW__CORE__DAGS_FOLDER"].endswith("/dags")
     assert "AIRFLOW_CONN_REDELIVERY_SPARK" in env and "AIRFLOW_CONN_REDELIVERY_DB" in env
     assert compose["services"]["airflow"]["build"] == "."
+    spark = json.loads(env["AIRFLOW_CONN_REDELIVERY_SPARK"])
+    assert spark["conn_type"] == "spark_connect" and spark["host"] == "spark-connect"
+    server = compose["services"]["spark-connect"]
+    assert server["command"] == ["redelivery", "spark-connect", "start", "--foreground"]
+    assert server["environment"]["REDELIVERY_SPARK_CONNECT_TOKEN"] == env["REDELIVERY_SPARK_CONNECT_TOKEN"]
     assert (REPO_ROOT / "Dockerfile").exists()
 
 

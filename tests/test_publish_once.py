@@ -84,9 +84,9 @@ def test_staged_rows_that_do_not_add_up_publish_nothing(client, topic_group, dat
     assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
 
 
-def test_two_runs_of_one_batch_at_once_publish_it_once(client, topic_group, database_url, spark):
+def test_two_runs_of_one_batch_at_once_publish_it_once(client, topic_group, database_url, any_spark):
     """A zombie task and its retry publish the same batch id at the same time."""
-    df = spark.createDataFrame(
+    df = any_spark.createDataFrame(
         [(f"k{i}", f'{{"n": {i}}}') for i in range(2000)], "key string, body string"
     ).repartition(4)
     counts, errors = [], []
@@ -108,12 +108,12 @@ def test_two_runs_of_one_batch_at_once_publish_it_once(client, topic_group, data
     assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
 
 
-def test_a_batch_id_is_one_batch_in_spark(client, topic_group, database_url, spark):
+def test_a_batch_id_is_one_batch_in_spark(client, topic_group, database_url, any_spark):
     client.create_topic("refunds")
-    df = spark.createDataFrame([(f'{{"n": {i}}}',) for i in range(100)], "body string")
+    df = any_spark.createDataFrame([(f'{{"n": {i}}}',) for i in range(100)], "body string")
     assert publish_dataframe(df, "orders", "batch-s", url=database_url) == 100
     assert publish_dataframe(df.repartition(3), "orders", "batch-s", url=database_url) == 100  # same rows
-    other = spark.createDataFrame([(f'{{"n": {i}}}',) for i in range(101)], "body string")
+    other = any_spark.createDataFrame([(f'{{"n": {i}}}',) for i in range(101)], "body string")
     with pytest.raises(BatchConflictError, match="other content"):
         publish_dataframe(other, "orders", "batch-s", url=database_url)
     with pytest.raises(BatchConflictError, match="another topic"):
@@ -121,7 +121,7 @@ def test_a_batch_id_is_one_batch_in_spark(client, topic_group, database_url, spa
     assert count_messages(client) == 100
 
 
-def test_the_spark_job_uses_the_libpq_url_as_it_is(client, topic_group, database_url, spark):
+def test_the_spark_job_uses_the_libpq_url_as_it_is(client, topic_group, database_url, any_spark):
     """A Unix-socket connection string (no TCP host), as libpq takes it: the rows land in the
     database the URL names. (The JDBC URL made by hand before pointed elsewhere.)"""
     if not database_url.startswith(embedded.url("redelivery_test").split("/redelivery_test")[0]):
@@ -131,7 +131,7 @@ def test_the_spark_job_uses_the_libpq_url_as_it_is(client, topic_group, database
            f"user=postgres password={embedded.password()}")  # fmt: skip
     with db.connect(url) as conn:  # the same database, reached another way
         assert conn.execute("SELECT current_database()").fetchone()[0] == "redelivery_test"
-    df = spark.createDataFrame([('{"n": 1}',), ('{"n": 2}',)], "body string")
+    df = any_spark.createDataFrame([('{"n": 1}',), ('{"n": 2}',)], "body string")
     assert publish_dataframe(df, "orders", "batch-socket", url=url) == 2
     assert client.stats()["orders"]["billing"]["READY"] == 2
 
@@ -141,9 +141,9 @@ def test_the_spark_job_uses_the_libpq_url_as_it_is(client, topic_group, database
     [('{"text": "a\\u0000b"}', "not valid JSON"), ("NaN", "not valid JSON"), ("{broken", "not valid JSON")],
 )
 def test_a_body_postgresql_refuses_publishes_nothing_from_spark(
-    client, topic_group, database_url, spark, body, needle
+    client, topic_group, database_url, any_spark, body, needle
 ):
-    df = spark.createDataFrame([('{"n": 1}',), (body,)], "body string")
+    df = any_spark.createDataFrame([('{"n": 1}',), (body,)], "body string")
     with pytest.raises(MalformedMessageError, match=needle):
         publish_dataframe(df, "orders", "batch-bad", url=database_url)
     assert count_messages(client) == 0

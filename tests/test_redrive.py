@@ -250,17 +250,15 @@ def test_bad_requests_are_refused_before_anything_moves(dead, database_url):
     assert snapshot(dead.conn) == before
 
 
-def test_large_redrive_through_spark(client, topic_group, database_url, spark, monkeypatch):
-    import redelivery.redrive as module
-
+def test_large_redrive_through_spark(client, topic_group, database_url, any_spark):
     client.publish("orders", [{"n": i} for i in range(3000)])
     client.reject("billing", client.receive("billing", "orders", 3000, 30), error="bulk")
-    monkeypatch.setattr(module, "SPARK_THRESHOLD", 1000)
     result = redrive(
         RedriveRequest(group="billing", rate_limit=None, dry_run=False),
         run_key="spark",
         url=database_url,
-        spark=spark,
+        spark=any_spark,
+        spark_threshold=1000,
         log=lambda *_: None,
     )
     assert result["moved"] == 3000 and client.stats()["orders"]["billing"]["READY"] == 3000
@@ -405,17 +403,19 @@ def test_a_rate_below_one_message_a_second_has_no_bursts(dead, database_url):
     assert len(times) == 3 and all(gap >= 1.2 for gap in gaps), gaps  # one message every 1.25 s
 
 
-def test_the_spark_path_keeps_one_rate_for_all_its_tasks(
-    client, topic_group, database_url, spark, monkeypatch
-):
-    import redelivery.redrive as module
-
+def test_the_spark_path_keeps_one_rate_for_all_its_tasks(client, topic_group, database_url, spark_connect):
     client.publish("orders", [{"n": i} for i in range(3)])
     client.reject("billing", client.receive("billing", "orders", 3, 30), error="bulk")
-    monkeypatch.setattr(module, "SPARK_THRESHOLD", 1)
     request = RedriveRequest(group="billing", rate_limit=0.8, dry_run=False)
     assert (
-        redrive(request, run_key="spark-slow", url=database_url, spark=spark, log=lambda *_: None)["moved"]
+        redrive(
+            request,
+            run_key="spark-slow",
+            url=database_url,
+            spark=spark_connect,
+            spark_threshold=1,
+            log=lambda *_: None,
+        )["moved"]
         == 3
     )
     times = move_times(client.conn, "spark-slow")

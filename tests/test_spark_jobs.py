@@ -11,7 +11,7 @@ from redelivery.spark.tier_job import run_tier_window
 
 
 def test_tier_job_on_spark_moves_each_message_once_across_partitions(
-    client, topic_group, database_url, spark
+    client, topic_group, database_url, any_spark
 ):
     client.create_group("strict", max_reconsume_times=0)
     client.subscribe("strict", "orders")
@@ -20,7 +20,12 @@ def test_tier_job_on_spark_moves_each_message_once_across_partitions(
         client.nack("billing", client.receive("billing", "orders", 5000, 30, at=at(0)), error="x", at=at(0))
     client.receive("strict", "orders", 20_000, 5, at=at(0))
     summary = run_tier_window(
-        tier="seconds", window_end=at(10), run_key="spark-1", spark=spark, url=database_url
+        tier="seconds",
+        window_end=at(10),
+        run_key="spark-1",
+        spark=any_spark,
+        url=database_url,
+        spark_threshold=0,
     )
     assert summary["partitions"] > 1
     assert summary["promoted"] == 20_000 and summary["by_group"]["billing"]["promoted"] == {"1": 20_000}
@@ -29,7 +34,12 @@ def test_tier_job_on_spark_moves_each_message_once_across_partitions(
     stats = client.stats()["orders"]
     assert stats["billing"]["READY"] == 20_000 and stats["strict"]["DLQ"] == 20_000
     again = run_tier_window(
-        tier="seconds", window_end=at(10), run_key="spark-2", spark=spark, url=database_url
+        tier="seconds",
+        window_end=at(10),
+        run_key="spark-2",
+        spark=any_spark,
+        url=database_url,
+        spark_threshold=0,
     )
     assert again["promoted"] == 0 and again["dead_lettered"] == 0
     row = client.conn.execute(
@@ -38,8 +48,10 @@ def test_tier_job_on_spark_moves_each_message_once_across_partitions(
     assert row == ("success", 20_000)
 
 
-def test_publish_dataframe_in_order_and_once(client, topic_group, database_url, spark):
-    df = spark.createDataFrame([(f"k{i}", f'{{"n": {i}}}') for i in range(1000)], "key string, body string")
+def test_publish_dataframe_in_order_and_once(client, topic_group, database_url, any_spark):
+    df = any_spark.createDataFrame(
+        [(f"k{i}", f'{{"n": {i}}}') for i in range(1000)], "key string, body string"
+    )
     assert publish_dataframe(df, "orders", "batch-a", url=database_url, at=at(0)) == 1000
     assert (
         publish_dataframe(df, "orders", "batch-a", url=database_url, at=at(0)) == 1000
@@ -50,8 +62,10 @@ def test_publish_dataframe_in_order_and_once(client, topic_group, database_url, 
     assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
 
 
-def test_publish_dataframe_with_a_malformed_body_publishes_nothing(client, topic_group, database_url, spark):
-    df = spark.createDataFrame([('{"n": 1}',), ("{broken",)], "body string")
+def test_publish_dataframe_with_a_malformed_body_publishes_nothing(
+    client, topic_group, database_url, any_spark
+):
+    df = any_spark.createDataFrame([('{"n": 1}',), ("{broken",)], "body string")
     with pytest.raises(MalformedMessageError, match="not valid JSON"):
         publish_dataframe(df, "orders", "batch-bad", url=database_url)
     assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
@@ -61,11 +75,11 @@ def test_publish_dataframe_with_a_malformed_body_publishes_nothing(client, topic
         publish_dataframe(df, "nope", "batch-x", url=database_url)
 
 
-def test_consumer_job_acks_and_rejects(client, topic_group, database_url, spark):
+def test_consumer_job_acks_and_rejects(client, topic_group, database_url, any_spark):
     good = {"year": 2013, "month": 1, "day": 1, "carrier": "UA", "flight": 1, "origin": "EWR", "dest": "IAH"}
     client.publish("orders", [good] * 1200 + [{**good, "carrier": None}] * 3)
     counts = consume(
-        spark,
+        any_spark,
         group="billing",
         topic="orders",
         handler=validate_flight,

@@ -244,3 +244,21 @@ def test_a_killed_consumer_never_under_counts_deliveries(client, topic_group, da
         clock = (due - T0).total_seconds()
     assert states(client)["READY"] == 10
     assert client.conn.execute("SELECT DISTINCT reconsume_times FROM deliveries").fetchall() == [(3,)]
+
+
+def test_a_small_window_makes_no_spark_session(client, topic_group, database_url):
+    client.publish("orders", [{"n": i} for i in range(5)], at=at(0))
+    fail_all(client, 5)
+
+    def no_session():
+        raise AssertionError("a window under the threshold must not start Spark")
+
+    summary = run_tier_window(
+        tier="seconds",
+        window_end=at(10),
+        run_key="small",
+        url=database_url,
+        spark=no_session,
+        spark_threshold=6,
+    )
+    assert (summary["engine"], summary["promoted"]) == ("in-process", 5)

@@ -91,9 +91,55 @@ def airflow_env() -> None:
 @app.command("spark-cds")
 def spark_cds(force: Annotated[bool, typer.Option(help="rebuild even if it exists")] = False) -> None:
     """Build the Spark driver's class-data sharing archive (faster Spark start; set-up runs it)."""
-    from .spark.session import build_cds_archive
+    from .spark.jvm import build_cds_archive
 
     typer.echo(f"class-data sharing archive: {build_cds_archive(force)}")
+
+
+spark_app = typer.Typer(help="The project's warm Spark Connect server.", no_args_is_help=True)
+app.add_typer(spark_app, name="spark-connect")
+
+
+@spark_app.command("start")
+def spark_connect_start(
+    foreground: Annotated[bool, typer.Option(help="run in this process's place (a container)")] = False,
+) -> None:
+    """Start the Spark Connect server (no-op when it runs) and print its URL."""
+    from .spark import connect_server
+
+    if foreground:
+        raise SystemExit(connect_server.run_foreground())
+    connect_server.ensure_running()
+    typer.echo(f"Spark Connect server running on port {connect_server.status()['port']}")
+
+
+@spark_app.command("stop")
+def spark_connect_stop() -> None:
+    """Stop the Spark Connect server."""
+    from .spark import connect_server
+
+    typer.echo("stopped" if connect_server.stop() else "not running")
+
+
+@spark_app.command("status")
+def spark_connect_status(as_json: JsonOpt = False) -> None:
+    """Whether the Spark Connect server runs, its pid, port and log."""
+    from .spark import connect_server
+
+    data = connect_server.status()
+    _emit(
+        data,
+        as_json,
+        f"{'running' if data['running'] else 'not running'} (port {data['port']}, log {data['log']})",
+    )
+
+
+@spark_app.command("url")
+def spark_connect_url() -> None:
+    """Print the client URL (with the token) of the Spark Connect server."""
+    from .spark import connect_server
+
+    typer.echo(connect_server.url())
 
 
 @app.command("create-topic")
@@ -464,7 +510,12 @@ def tier_run(
         bool, typer.Option("--dry-run", help="report what would move, change nothing")
     ] = False,
     spark: Annotated[
-        bool, typer.Option("--spark/--no-spark", help="run the ranges as a local Spark job")
+        bool,
+        typer.Option(
+            "--spark/--no-spark",
+            help="run the ranges on Spark (REDELIVERY_SPARK: the warm Connect server by default) "
+            "when the window has spark_threshold candidates or more",
+        ),
     ] = True,
 ) -> None:
     """Run one tier window outside Airflow and print its summary as JSON."""
@@ -479,11 +530,14 @@ def tier_run(
         chosen = [int(x) for x in levels.split(",")] if levels else None
     except ValueError:
         raise RedeliveryError(f"--levels must be comma-separated level numbers, got {levels!r}") from None
-    session = None
-    if spark:
+    sessions = []
+
+    def make_session():
         from .spark.session import get_spark
 
-        session = get_spark(f"redelivery-tier-{tier}")
+        sessions.append(get_spark(f"redelivery-tier-{tier}"))
+        return sessions[-1]
+
     try:
         summary = run_tier_window(
             tier=tier,
@@ -491,10 +545,10 @@ def tier_run(
             run_key=f"cli/{tier}/{datetime.now(UTC).isoformat()}",
             levels=chosen,
             dry_run=dry_run,
-            spark=session,
+            spark=make_session if spark else None,
         )
     finally:
-        if session is not None:
+        for session in sessions:
             session.stop()
     typer.echo(json.dumps(summary, indent=2))
 

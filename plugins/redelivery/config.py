@@ -114,6 +114,9 @@ class RedeliveryConfig(BaseModel):
     policies: list[PolicyConfig] = Field(default_factory=list)
     producer: ProducerConfig = Field(default_factory=ProducerConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    #: A tier run or a redrive with at least this many messages to move runs on Spark; smaller ones
+    #: move in the task itself (a Spark round trip would cost more than it saves).
+    spark_threshold: int = Field(default=50_000, ge=0)
     _policy_cache: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("delay_levels")

@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from . import catalog, db
 from . import statements as S
+from .config import cached_config
 from .dead_letters import DlqFilter, filter_params, jsonable, select
 from .errors import RedeliveryError
 from .names import check_name
@@ -32,8 +33,6 @@ from .transitions import plan_ranges
 
 MAX_BATCH = 500
 SAMPLE_SIZE = 10
-#: Above this many selected messages (and without max_messages) a redrive runs as a Spark job.
-SPARK_THRESHOLD = 50_000
 
 
 class RedriveRequest(DlqFilter):
@@ -137,6 +136,7 @@ def redrive(
     log=print,
     should_stop: Callable[[], bool] = lambda: False,
     spark=None,
+    spark_threshold: int | None = None,
     wait: Callable[[float], object] = time.sleep,
 ) -> dict:
     """Redrive the dead letters ``request`` selects and return the audit record as a dict:
@@ -148,8 +148,9 @@ def redrive(
     nothing more; a key stands for one selection. ``should_stop()`` is asked between batches: the
     run then ends with status ``stopped``, every message in one place, and resumes under its key.
     ``wait(seconds)`` paces the batches (an interruptible wait lets a stop cut a pause short).
-    With ``spark`` and a selection over ``SPARK_THRESHOLD`` (no ``max_messages``), the batches run in
-    Spark tasks over message-id ranges, paced together.
+    With ``spark`` and a selection of at least ``spark_threshold`` messages (default: the config's
+    ``spark_threshold``; no ``max_messages``), the batches run in Spark tasks over message-id
+    ranges, paced together.
     Raises UnknownGroupError, UnknownTopicError, RedeliveryError before moving anything."""
     url = url or db.database_url()
     with db.connect(url, autocommit=True) as conn:
@@ -176,7 +177,8 @@ def redrive(
             if is_dry or status == "success":
                 return _finish(conn, run_id, "success", selected=selected, sample=sample)
             budget = None if request.max_messages is None else max(request.max_messages - already, 0)
-            if spark is not None and budget is None and selected > SPARK_THRESHOLD:
+            threshold = cached_config().spark_threshold if spark_threshold is None else spark_threshold
+            if spark is not None and budget is None and selected >= threshold:
                 moved, stopped = _redrive_spark(spark, url, params, run_id, request.rate_limit, conn), False
             else:
                 pace = Pace(conn, run_id, request.rate_limit, wait)

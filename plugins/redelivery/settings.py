@@ -10,8 +10,14 @@ REDELIVERY_HOME          project-local state folder (embedded data directory, Ai
 REDELIVERY_CONFIG        YAML file with tiers and policies. Default: ``<repository>/config/redelivery.yaml``
                          if it exists, else the defaults of ``redelivery.config.RedeliveryConfig``.
 REDELIVERY_PG_PORT       TCP port of the embedded PostgreSQL on 127.0.0.1. Default 54329.
-REDELIVERY_JDBC_JAR      PostgreSQL JDBC driver for Spark. Default ``/usr/share/java/postgresql.jar``
-                         (Debian's ``libpostgresql-jdbc-java``).
+REDELIVERY_SPARK         Where Spark jobs run when a caller asks for a session: ``connect`` (default:
+                         the project's own Spark Connect server, started on first use),
+                         ``sc://host:port/;token=...`` (any Spark Connect server), or a master
+                         such as ``local[2]`` (a classic session in this process).
+REDELIVERY_SPARK_CONNECT_PORT  Port of the project's Spark Connect server. Default 15002.
+REDELIVERY_SPARK_CONNECT_BIND  Address it listens on. Default 127.0.0.1.
+REDELIVERY_SPARK_CONNECT_TOKEN Its token. Default: generated once into
+                         ``REDELIVERY_HOME/spark-connect/token`` (mode 0600).
 =====================  ================================================================
 """
 
@@ -32,7 +38,10 @@ class Settings(BaseSettings):
     home: Path = REPO_ROOT / ".redelivery"
     config: Path | None = None
     pg_port: int = 54329
-    jdbc_jar: Path = Path("/usr/share/java/postgresql.jar")
+    spark: str = "connect"
+    spark_connect_port: int = 15002
+    spark_connect_bind: str = "127.0.0.1"
+    spark_connect_token: str | None = None
 
     @property
     def config_path(self) -> Path | None:

@@ -339,6 +339,9 @@ PLAN_WINDOW_RANGES = _named("PLAN_WINDOW_RANGES", f"""
     SELECT min(message_id), max(message_id),
            percentile_disc(%(fractions)s::float8[]) WITHIN GROUP (ORDER BY message_id)
     FROM deliveries d WHERE ({_DUE}) OR ({_EXPIRED})""")
+#: How many deliveries a window would touch.
+WINDOW_CANDIDATES = _named("WINDOW_CANDIDATES", f"""
+    SELECT count(*) FROM deliveries d WHERE ({_DUE}) OR ({_EXPIRED})""")
 #: DLQs without a table that a window would dead-letter into.
 WINDOW_DLQS_NEEDED = _named("WINDOW_DLQS_NEEDED", f"""
     WITH {POLICIES_CTE}

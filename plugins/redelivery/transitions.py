@@ -98,6 +98,11 @@ def plan_window(
     return plan_ranges(conn, S.PLAN_WINDOW_RANGES, {"levels": levels, "window_end": window_end}, partitions)
 
 
+def count_window(conn: psycopg.Connection, levels: list[int], window_end: datetime) -> int:
+    """How many deliveries the window would touch (due retries and ended leases)."""
+    return conn.execute(S.WINDOW_CANDIDATES, {"levels": levels, "window_end": window_end}).fetchone()[0]
+
+
 def dlq_tables_needed(
     conn: psycopg.Connection, levels: list[int], window_end: datetime, policies: dict
 ) -> set[int]:

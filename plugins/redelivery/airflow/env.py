@@ -15,11 +15,13 @@ from pathlib import Path
 
 from .. import embedded
 from ..settings import REPO_ROOT, get_settings
+from ..spark import connect_server
 
 #: Airflow connection naming the application database (postgres type; ``hooks.RedeliveryHook``).
 #: Optional: without it the tasks use REDELIVERY_DATABASE_URL or the embedded PostgreSQL.
 DB_CONN_ID = "redelivery_db"
-#: Airflow connection naming the Spark master (spark type; host = master, e.g. local[2]).
+#: Airflow connection naming where Spark jobs run: spark_connect type (a Spark Connect server) or
+#: spark type (host = a master for spark-submit, e.g. local[2]).
 SPARK_CONN_ID = "redelivery_spark"
 
 
@@ -35,7 +37,15 @@ def airflow_environ() -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        # the project's warm Spark Connect server (started on first use); its token is made once
+        f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}": json.dumps(
+            {
+                "conn_type": "spark_connect",
+                "host": "localhost",
+                "port": settings.spark_connect_port,
+                "password": connect_server.token(),
+            }
+        ),
         "PYSPARK_PYTHON": sys.executable,
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
     }

@@ -13,15 +13,16 @@ from datetime import timedelta
 from airflow.sdk import DAG, BaseOperator, Param, get_current_context, task
 
 from .. import statements as S
+from ..config import cached_config
 from ..dead_letters import MAX_MESSAGE_ID, REASONS, count, summary
 from ..names import NAME_REGEX
-from ..redrive import SPARK_THRESHOLD, RedriveRequest, redrive
+from ..redrive import RedriveRequest, redrive
 from ..settings import REPO_ROOT
 from ..spark.session import submit_environment
 from .dags import START
 from .env import SPARK_CONN_ID
 from .hooks import RedeliveryHook
-from .operators import spark_master
+from .operators import connect_session, spark_connection, spark_master
 
 #: A topic name, or empty (the form's blank field).
 OPTIONAL_NAME = f"^({NAME_REGEX})?$"
@@ -178,8 +179,9 @@ class RedriveOperator(BaseOperator):
     """Runs the redrive the DAG run's Params ask for (``redelivery.redrive.redrive``) under the run
     key ``dlq_redrive/<run id>``, so a retried or cleared task resumes its run. Marking the task
     failed stops it between batches (Airflow calls ``on_kill``, then kills the task 5 s later if it
-    is still running; a batch is one transaction either way). Selections over
-    ``SPARK_THRESHOLD`` (no max) run as a Spark job through the Spark provider."""
+    is still running; a batch is one transaction either way). Selections of at least the config's
+    ``spark_threshold`` (no max) run as Spark tasks: in this task's Spark Connect session, or as a
+    spark-submit of spark_jobs/dlq_redrive.py, as the ``redelivery_spark`` connection says."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -192,32 +194,53 @@ class RedriveOperator(BaseOperator):
         who = getattr(context["dag_run"], "triggering_user_name", None)
         hook = RedeliveryHook()
         url = hook.get_database_url()
+        spark = None
         if not request.dry_run and request.max_messages is None:
             with hook.get_conn() as conn:
                 selected = count(conn, request)
-            if selected > SPARK_THRESHOLD:
-                return self._redrive_with_spark(request, run_key, who, url)
-        return redrive(
-            request,
-            run_key=run_key,
-            triggered_by=who,
-            url=url,
-            log=self.log.info,
-            should_stop=self._stop.is_set,
-            wait=self._stop.wait,
-        )
+            if selected >= cached_config().spark_threshold:
+                connection = spark_connection(SPARK_CONN_ID)
+                if connection.conn_type == "spark":
+                    return self._redrive_with_spark_submit(request, run_key, who, url)
+                spark = connect_session(connection, "redelivery-dlq-redrive")
+        try:
+            return redrive(
+                request,
+                spark_threshold=cached_config().spark_threshold,
+                run_key=run_key,
+                triggered_by=who,
+                url=url,
+                log=self.log.info,
+                spark=spark,
+                should_stop=self._stop.is_set,
+                wait=self._stop.wait,
+            )
+        finally:
+            if spark is not None:
+                spark.stop()
 
     def on_kill(self) -> None:
         self._stop.set()
         if self._spark_hook is not None:
             self._spark_hook.on_kill()
 
-    def _redrive_with_spark(self, request: RedriveRequest, run_key: str, who: str | None, url: str) -> dict:
+    def _redrive_with_spark_submit(
+        self, request: RedriveRequest, run_key: str, who: str | None, url: str
+    ) -> dict:
         """Submit spark_jobs/dlq_redrive.py through the Spark provider and read back the audit row."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         env_vars, conf = submit_environment(spark_master(SPARK_CONN_ID), url)
-        args = ["--run-key", run_key, "--triggered-by", who or "", "--request", request.model_dump_json()]
+        args = [
+            "--run-key",
+            run_key,
+            "--triggered-by",
+            who or "",
+            "--request",
+            request.model_dump_json(),
+            "--spark-threshold",
+            str(cached_config().spark_threshold),
+        ]
         self._spark_hook = SparkSubmitHook(
             conn_id=SPARK_CONN_ID,
             conf=conf,
@@ -230,4 +253,10 @@ class RedriveOperator(BaseOperator):
             row = conn.execute(S.REDRIVE_RUN_RESULT, {"run_key": run_key}).fetchone()
         if row is None or row[0] != "success":
             raise RuntimeError(f"redrive {run_key!r} did not finish (status {row and row[0]})")
-        return {"run_key": run_key, "status": row[0], "moved": row[1], "selected": row[2], "engine": "spark"}
+        return {
+            "run_key": run_key,
+            "status": row[0],
+            "moved": row[1],
+            "selected": row[2],
+            "engine": "spark-submit",
+        }

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from .. import db
 from ..client import Client, ReceivedMessage
+from ..config import RedeliveryConfig, cached_config
 from .tasks import run_in_tasks
 
 #: A handler takes a batch and returns one outcome per message, in order: ("ack", None),
@@ -26,10 +27,12 @@ def consume_partition(
     batch_size: int,
     invisible_duration: int,
     at: datetime | None,
+    config: RedeliveryConfig | None = None,
 ) -> Counter:
-    """One consumer loop; returns counts of received, acked, retried and rejected messages."""
+    """One consumer loop; returns counts of received, acked, retried and rejected messages.
+    ``config``: the caller's (a Spark task gets it from the driver, whose config file it may not have)."""
     counts: Counter = Counter()
-    with Client(url) as client:
+    with Client(url, config=config) as client:
         while True:
             batch = client.receive(group, topic, batch_size, invisible_duration, at=at)
             if not batch:
@@ -72,12 +75,17 @@ def consume(
     ``invisible_duration``: the lease per batch in seconds. Returns summed counts
     ``{"received", "acked", "retried", "rejected"}`` (retried includes dead-lettered on exhaustion)."""
     url = url or db.database_url()
-    task = functools.partial(_consumer_task, url, group, topic, handler, batch_size, invisible_duration, at)
+    config = cached_config()
+    task = functools.partial(
+        _consumer_task, url, group, topic, handler, batch_size, invisible_duration, at, config
+    )
     total: Counter = Counter()
     for part in run_in_tasks(spark, task, list(range(consumers))):
         total.update(part)
     return {k: total.get(k, 0) for k in ("received", "acked", "retried", "rejected")}
 
 
-def _consumer_task(url, group, topic, handler, batch_size, invisible_duration, at, _index: int) -> Counter:
-    return consume_partition(url, group, topic, handler, batch_size, invisible_duration, at)
+def _consumer_task(
+    url, group, topic, handler, batch_size, invisible_duration, at, config, _index: int
+) -> Counter:
+    return consume_partition(url, group, topic, handler, batch_size, invisible_duration, at, config)

@@ -29,6 +29,7 @@ from .. import statements as S
 from ..client import STAGING_TYPES, check_batch_id, check_same_batch
 from ..codec import BINARY, JSON, add_fingerprints, fingerprint, row_hash
 from ..errors import MalformedMessageError, PublishError
+from .session import functions_for
 
 RESULT_SCHEMA = "part long, rows long, fingerprint string, staged boolean"
 #: PostgreSQL's answers to a body that is not JSON (invalid text, bad encoding, \u0000).
@@ -40,8 +41,7 @@ def message_columns(df):
     or binary: application/octet-stream), ``content_type`` (string, optional), ``properties`` (a
     map of strings or a JSON object as a string, optional). Raises ``MalformedMessageError`` naming
     a missing or wrongly typed column."""
-    from pyspark.sql import functions as F
-
+    F = functions_for(df)  # noqa: N806
     types = dict(df.dtypes)
     if "body" not in types:
         raise MalformedMessageError(f"the DataFrame has no 'body' column (columns: {sorted(types)})")

@@ -1,38 +1,14 @@
-"""Building the SparkSession of a job: local mode by default, any master through spark-submit.
-
-Spark's start is most of a small tier run's time (about 11 s here, 6 s of it the driver JVM
-loading classes). ``build_cds_archive`` records the classes a driver loads into a JDK class-data
-sharing archive under REDELIVERY_HOME once (``make`` set-up does it); drivers started with
-``driver_java_options()`` map it instead of loading classes one by one (about 3-4 s less).
-``-Xshare:auto``: a missing or stale archive is ignored, never an error.
-"""
+"""Building the SparkSession of a job: the warm Spark Connect server by default, a classic
+session on any master, or what spark-submit set up; and the environment of a spark-submit."""
 
 from __future__ import annotations
 
 import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
-from ..settings import REPO_ROOT, get_settings
-
-
-def cds_archive() -> Path:
-    """Where the archive of this Spark and Java version lives."""
-    import pyspark
-
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.split('"')
-    version = java[1] if len(java) > 1 else "unknown"
-    return (
-        get_settings().home.resolve() / f"spark-{pyspark.__version__}-java-{version}-{platform.machine()}.jsa"
-    )
-
-
-def driver_java_options() -> str:
-    """JVM options for a Spark driver: the class-data sharing archive when it exists."""
-    archive = cds_archive()
-    return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive.exists() else ""
+from ..settings import get_settings
+from .jvm import driver_java_options
 
 
 def runs_driver_here(master: str) -> bool:
@@ -62,50 +38,41 @@ def submit_environment(master: str, database_url: str | None = None) -> tuple[di
     return env, conf
 
 
-def build_cds_archive(force: bool = False) -> Path:
-    """Run a small Spark job that exercises what the jobs use and save the driver's loaded classes.
-    Returns the archive path. Raises ``subprocess.CalledProcessError`` if spark-submit fails."""
-    archive = cds_archive()
-    if archive.exists() and not force:
-        return archive
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    archive.unlink(missing_ok=True)
-    env_vars, _ = submit_environment("local[2]")
-    env = {**os.environ, **env_vars}
-    done = subprocess.run(
-        [
-            "spark-submit",
-            "--master",
-            "local[2]",
-            "--driver-java-options",
-            f"-XX:ArchiveClassesAtExit={archive}",
-            str(REPO_ROOT / "spark_jobs" / "cds_warmup.py"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        archive.unlink(missing_ok=True)
-        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
-    return archive
+def under_spark_submit() -> bool:
+    """Whether this process is a driver started by spark-submit (its session comes from there)."""
+    return "SPARK_SUBMIT_OPTS" in os.environ or bool(os.environ.get("SPARK_ENV_LOADED"))
 
 
 def get_spark(app_name: str, master: str | None = None):
-    """A SparkSession for ``app_name``. Under spark-submit the master comes from the command line;
-    run directly, ``master`` or ``SPARK_MASTER`` or ``local[2]`` is used. The PostgreSQL JDBC
-    driver (``REDELIVERY_JDBC_JAR``) is added when it exists."""
+    """A SparkSession for ``app_name``.
+
+    Under spark-submit: the session spark-submit set up. Otherwise ``master`` or the
+    ``REDELIVERY_SPARK`` setting decides: ``connect`` (default) is the project's warm Spark
+    Connect server, started on first use; an ``sc://`` URL is any Spark Connect server; anything
+    else (``local[2]``, ``spark://host:7077``) is a classic session with its driver in this
+    process. Raises ``SparkConnectError`` when the project's server cannot start."""
+    target = master or get_settings().spark
+    if not under_spark_submit() and (target == "connect" or target.startswith("sc://")):
+        from pyspark.sql.connect.session import SparkSession  # (a classic session may run beside it)
+
+        from . import connect_server
+
+        remote = connect_server.ensure_running() if target == "connect" else target
+        return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+    return classic_session(app_name, None if under_spark_submit() else target)
+
+
+def classic_session(app_name: str, master: str | None):
+    """A classic SparkSession (a JVM driver in this process): the one spark-submit made, or one
+    on ``master``."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    if "SPARK_SUBMIT_OPTS" not in os.environ and not os.environ.get("SPARK_ENV_LOADED"):
-        builder = builder.master(master or os.environ.get("SPARK_MASTER", "local[2]"))
+    if master is not None:
+        builder = builder.master(master)
         if driver_java_options():  # only when this process starts the driver JVM itself
             builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
-    jar = get_settings().jdbc_jar
-    if jar.exists():
-        builder = builder.config("spark.jars", str(jar))
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -113,3 +80,20 @@ def get_spark(app_name: str, master: str | None = None):
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
     )
     return builder.getOrCreate()
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def functions_for(df):
+    """``pyspark.sql.functions`` for ``df``'s kind of session: a process that holds a classic and a
+    Spark Connect session at once (tests) must build each one's columns with its own module."""
+    if type(df).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect import functions
+
+        return functions
+    from pyspark.sql import functions
+
+    return functions

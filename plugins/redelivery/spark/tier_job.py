@@ -22,6 +22,7 @@ from ..transitions import (
     LATENESS_BUCKET_MS,
     WindowResult,
     apply_window_range,
+    count_window,
     dlq_tables_needed,
     lateness_percentiles,
     plan_window,
@@ -70,12 +71,15 @@ def run_tier_window(
     url: str | None = None,
     config: RedeliveryConfig | None = None,
     max_partitions: int | None = None,
+    spark_threshold: int | None = None,
 ) -> dict:
     """Apply tier ``tier``'s window ending at ``window_end`` (timezone-aware) and return its summary.
 
     ``levels``: a subset of the tier's levels (default: all of them). ``spark``: a SparkSession
-    (classic or Spark Connect) whose tasks apply the ranges in parallel; ``None`` applies them one
-    after another in this process. ``run_key`` names the run in ``tier_runs`` (re-using a key
+    (classic or Spark Connect), or a function that makes one, whose tasks apply the ranges in
+    parallel when the window has at least ``spark_threshold`` candidates (default: the config's
+    ``spark_threshold``); otherwise, or with ``spark=None``, the ranges run one after another in
+    this process and no session is made. ``run_key`` names the run in ``tier_runs`` (re-using a key
     overwrites that run's record). Re-running a window, or overlapping runs, never move a message
     twice. A subscription whose policy cannot be resolved (a config changed after it was made) is
     left alone and listed in the summary's ``unresolved_subscriptions``; every other one moves.
@@ -118,6 +122,11 @@ def run_tier_window(
             policies = policy_table(conn, config, effective_policies(conn, config, problems=problems))
             if not dry_run:
                 ensure_dlq_tables(conn, dlq_tables_needed(conn, chosen, window_end, policies))
+            threshold = config.spark_threshold if spark_threshold is None else spark_threshold
+            if spark is not None and count_window(conn, chosen, window_end) < threshold:
+                spark = None  # a Spark round trip would cost more than the statements
+            if callable(spark):
+                spark = spark()
             partitions = max_partitions or (2 * default_parallelism(spark) if spark is not None else 1)
             ranges = plan_window(conn, chosen, window_end, partitions)
             task = functools.partial(apply_range, url, chosen, policies, window_end, dry_run)
@@ -139,6 +148,7 @@ def run_tier_window(
                 len(ranges),
                 time.perf_counter() - started,
             )
+            summary["engine"] = "spark" if spark is not None and ranges else "in-process"
             summary["unresolved_subscriptions"] = [
                 {"topic": topic, "group": group, "error": error}
                 for (topic, group), error in sorted(problems.items())
