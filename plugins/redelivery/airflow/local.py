@@ -1,0 +1,120 @@
+"""A real Airflow for this project, run in the background: api-server, scheduler and dag-processor
+(LocalExecutor) with their own AIRFLOW_HOME and metadata database on the embedded PostgreSQL. The
+end-to-end tests and the live lateness benchmark use it; ``airflow standalone`` is what a person
+runs (README).
+
+    with LocalAirflow(home, metadata_db="airflow_e2e", env={...}) as airflow:
+        requests.get(f"{airflow.url}/api/v2/dags")
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import requests
+from psycopg import sql
+
+from .. import embedded
+from .env import airflow_environ
+
+COMPONENTS = (("api-server",), ("scheduler",), ("dag-processor",))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalAirflow:
+    """Airflow's three servers; ``url`` is the api-server's base URL once entered. ``env``: extra
+    environment (connections, REDELIVERY_* settings, scheduler tuning). Anyone may call the API
+    (``SIMPLE_AUTH_MANAGER_ALL_ADMINS``): it listens on 127.0.0.1 only."""
+
+    def __init__(self, home: Path, metadata_db: str, env: dict | None = None, start_timeout: float = 240):
+        self.home, self.metadata_db, self.start_timeout = Path(home), metadata_db, start_timeout
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logs = self.home / "logs-local"
+        self.env = {
+            **os.environ,
+            **airflow_environ(),
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": embedded.url(metadata_db).replace(
+                "postgresql://", "postgresql+psycopg2://"
+            ),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+            **(env or {}),
+        }
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> LocalAirflow:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.metadata_db))
+            )
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.metadata_db)))
+        airflow = str(Path(sys.executable).parent / "airflow")
+        subprocess.run([airflow, "db", "migrate"], env=self.env, check=True, capture_output=True)
+        for command in COMPONENTS:
+            args = [*command, "--port", str(self.port)] if command[0] == "api-server" else list(command)
+            self.procs.append(
+                subprocess.Popen(
+                    [airflow, *args],
+                    env=self.env,
+                    start_new_session=True,
+                    stdout=open(self.logs / f"{command[0]}.log", "w"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            try:
+                dags = requests.get(f"{self.url}/api/v2/dags", timeout=5).json()
+                health = requests.get(f"{self.url}/api/v2/monitor/health", timeout=5).json()
+                if dags.get("total_entries") and health["scheduler"]["status"] == "healthy":
+                    return
+            except (requests.RequestException, ValueError, KeyError):
+                pass
+            time.sleep(2)
+        tails = "\n".join(path.read_text()[-2000:] for path in self.logs.iterdir())
+        raise RuntimeError(f"Airflow did not come up:\n{tails}")
+
+    def unpause(self, dag_id: str) -> None:
+        done = requests.patch(f"{self.url}/api/v2/dags/{dag_id}", json={"is_paused": False}, timeout=30)
+        done.raise_for_status()
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs = []
