@@ -4,10 +4,13 @@
     .venv/bin/python bench/bench_tier.py --sizes 100000 --rounds 1
 
 For each size, N messages are made due at level 1 (WAITING_RETRY), then promoted to READY by
-  sql         one UPDATE statement written by hand (the baseline),
-  spark-warm  the tier job in an already started Spark session (local[2]): Spark's start excluded,
-  spark-cold  `spark-submit spark_jobs/tier_window.py` as Airflow runs it: JVM and Spark start included
-              (with the class-data sharing archive that `make` set-up builds).
+  sql      one UPDATE statement written by hand (the baseline),
+  in-task  the tier job with its ranges in this process (a window under spark_threshold),
+  warm     the tier job in an already started local Spark session: Spark's start excluded,
+  connect  a fresh interpreter running the job on the warm Spark Connect server, as an Airflow
+           task does: interpreter start, imports, session, job, commit included,
+  submit   `spark-submit spark_jobs/tier_window.py`: JVM and Spark start included (with the
+           class-data sharing archive that `make` set-up builds).
 Every variant starts from the same freshly built, vacuumed table. Receive+ack: one and two
 consumers claim batches of 500 and ack them. Runs on a database of its own (redelivery_bench).
 """
@@ -18,6 +21,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -127,11 +131,23 @@ def run_spark_cold(url: str) -> float:
     confs = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
     start = time.perf_counter()
     subprocess.run(
-        ["spark-submit", "--master", "local[2]", *confs, str(ROOT / "spark_jobs" / "tier_window.py"),
-         "--tier", "seconds", "--window-end", WINDOW_END.isoformat(),
-         "--run-key", f"bench-cold-{time.time()}"],
-        check=True, env={**os.environ, **env_vars}, capture_output=True,
-    )  # fmt: skip
+        [
+            "spark-submit",
+            "--master",
+            "local[2]",
+            *confs,
+            str(ROOT / "spark_jobs" / "tier_window.py"),
+            "--tier",
+            "seconds",
+            "--window-end",
+            WINDOW_END.isoformat(),
+            "--run-key",
+            f"bench-cold-{time.time()}",
+        ],
+        check=True,
+        env={**os.environ, **env_vars},
+        capture_output=True,
+    )
     return time.perf_counter() - start
 
 
@@ -161,6 +177,49 @@ def receive_ack(url: str, n: int, consumers: int, batch: int = 500) -> float:
     return n / elapsed
 
 
+def run_in_task(url: str) -> float:
+    """The tier job with its ranges in this process (what a window under spark_threshold costs)."""
+    from redelivery.spark.tier_job import run_tier_window
+
+    start = time.perf_counter()
+    run_tier_window(tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}", url=url)
+    return time.perf_counter() - start
+
+
+def run_connect_task(url: str) -> float:
+    """A fresh interpreter running spark_jobs/tier_window.py on the warm Spark Connect server, as an
+    Airflow task does: interpreter start, imports, session, job and commit all included."""
+    env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "REDELIVERY_SPARK": "connect"}
+    start = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "spark_jobs" / "tier_window.py"),
+            "--tier",
+            "seconds",
+            "--window-end",
+            WINDOW_END.isoformat(),
+            "--run-key",
+            f"bench-connect-{time.time()}",
+            "--spark-threshold",
+            "0",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    return time.perf_counter() - start
+
+
+VARIANTS = {
+    "sql": "one UPDATE",
+    "in-task": "ranges in this process",
+    "warm": "started local session",
+    "connect": "fresh task, Connect",
+    "submit": "spark-submit",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000")
@@ -170,41 +229,42 @@ def main() -> None:
     parser.add_argument("--receive-messages", type=int, default=200_000)
     args = parser.parse_args()
     from redelivery.db import migrate
+    from redelivery.spark import connect_server
     from redelivery.spark.session import get_spark
 
     url = database()
     migrate(url)
+    connect_server.ensure_running()  # the warm server is up, as the set-up leaves it
     spark = get_spark("redelivery-bench", master="local[2]")
-    spark.sparkContext.setLogLevel("ERROR")
     build(url, 10_000)
     run_spark_warm(url, spark)  # warm the session up once on real work (Python workers, JIT)
-    print(
-        f"{'due retries':>12} {'sql s':>8} {'spark-warm s':>13} {'spark-cold s':>13} "
-        f"{'warm/sql':>9} {'cold/sql':>9}"
-    )
+    run_connect_task(url)
+    print("seconds to promote N due retries; ratio = variant / one UPDATE statement")
+    print(f"{'due retries':>12} " + " ".join(f"{v:>22}" for v in VARIANTS.values()))
     for n in (int(s) for s in args.sizes.split(",")):
-        times = {"sql": [], "warm": [], "cold": []}
+        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         for _ in range(args.rounds):
-            for name in times:
+            for name in VARIANTS:
                 build(url, n)
-                seconds = (
-                    run_sql(url)
-                    if name == "sql"
-                    else run_spark_warm(url, spark)
-                    if name == "warm"
-                    else run_spark_cold(url)
-                )
+                seconds = {
+                    "sql": lambda: run_sql(url),
+                    "in-task": lambda: run_in_task(url),
+                    "warm": lambda: run_spark_warm(url, spark),
+                    "connect": lambda: run_connect_task(url),
+                    "submit": lambda: run_spark_cold(url),
+                }[name]()
                 assert promoted(url) == n, f"{name} promoted {promoted(url)} of {n}"
                 times[name].append(seconds)
-        sql, warm, cold = (statistics.median(times[k]) for k in ("sql", "warm", "cold"))
-        print(
-            f"{n:>12,} {sql:>8.2f} {warm:>13.2f} {cold:>13.2f} {warm / sql:>8.2f}x {cold / sql:>8.2f}x",
-            flush=True,
-        )
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        cells = [f"{medians[name]:>8.2f} s ({medians[name] / medians['sql']:>5.2f}x)" for name in VARIANTS]
+        print(f"{n:>12,} " + " ".join(f"{c:>22}" for c in cells), flush=True)
     spark.stop()
     for consumers in (1, 2):
         rate = receive_ack(url, args.receive_messages, consumers)
-        print(f"receive+ack, batches of 500, {consumers} consumer(s): {rate:,.0f} messages/s", flush=True)
+        print(
+            f"receive+ack, batches of 500, bodies decoded, {consumers} consumer(s): {rate:,.0f} messages/s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

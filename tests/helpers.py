@@ -44,7 +44,7 @@ def reset(conn) -> None:
     conn.execute(
         "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
         "dead_letter_queues, tier_runs, publish_batches, publish_parts, publish_staging, redrive_runs, "
-        "redrive_moves "
+        "redrive_moves, settle_parts "
         "RESTART IDENTITY CASCADE"
     )
 

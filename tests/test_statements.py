@@ -28,6 +28,7 @@ SAMPLES = {
     "to": None, "topic_id": 1, "triggered_by": None, "window_end": "2026-03-01T12:00:10+00:00",
     "window_start": None, "fingerprint": "3:00000000000000ff", "seconds": 1.5, "rows": 3, "part": 0,
     "stage_run": "api", "level_count": 16,
+    "settle_run": "r", "acked": 1, "retried": 0, "dead_lettered": 0, "stale": 0,
 }  # fmt: skip
 NOT_EXPLAINABLE = {"COPY_STAGING", "DATA_DIRECTORY"}  # EXPLAIN takes neither COPY nor SHOW
 

@@ -19,7 +19,7 @@ ORDER = [
     "catalog", "transitions", "dead_letters",
     "client", "redrive", "maintenance",
     "spark.jvm", "spark.connect_server", "spark.session",
-    "spark.tier_job", "spark.publish_job", "spark.consumer_job",
+    "spark.tier_job", "spark.publish_job", "spark.consumer_job", "spark.dataframes",
     "airflow.env", "airflow.local", "airflow.hooks", "airflow.operators", "airflow.dags",
     "airflow.redrive_dag",
     "airflow.maintenance_dag", "airflow.ui",

@@ -26,6 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +34,16 @@ import psycopg
 
 from . import catalog, db
 from . import statements as S
-from .codec import STATES, Message, ReceivedMessage, batch_fingerprint, decode, encode, retry_properties
+from .codec import (
+    BINARY,
+    STATES,
+    Message,
+    ReceivedMessage,
+    batch_fingerprint,
+    decode,
+    encode,
+    retry_properties,
+)
 from .config import RedeliveryConfig, cached_config
 from .dead_letters import DlqFilter, select
 from .errors import (
@@ -61,6 +71,18 @@ API_STAGING_RUN = "api"
 MAX_BATCH_ID_LENGTH = 200
 MAX_LIST_LIMIT = 10_000
 UNDECODABLE_OUTCOME = "undecodable"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How to answer one receipt in ``Client.settle``: ``"ack"``, ``"retry"`` (``delay`` in
+    seconds or ``level``, else the next level) or ``"reject"``, with an optional error text."""
+
+    receipt: Any
+    outcome: str
+    error: str | None = None
+    delay: int | None = None
+    level: int | None = None
 
 
 def check_batch_id(batch_id: object) -> str:
@@ -363,20 +385,7 @@ class Client:
         out of range)."""
         group_id, _ = self._group(group)
         topic_id = self._topic(topic)
-        if (
-            isinstance(max_messages, bool)
-            or not isinstance(max_messages, int)
-            or not 1 <= max_messages <= MAX_INT
-        ):
-            raise ValueError(f"max_messages must be a positive integer, got {max_messages!r}")
-        if isinstance(invisible_duration, bool) or not (
-            isinstance(invisible_duration, (int, float))
-            and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS
-        ):
-            raise ValueError(
-                f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, "
-                f"got {invisible_duration!r}"
-            )
+        self._check_lease(max_messages, invisible_duration)
         policy, table = self._policy(topic_id, group_id, topic, group)  # NotSubscribedError
         params = {
             "g": group_id,
@@ -396,6 +405,72 @@ class Client:
             except _NeedDlqTable:  # rolled back: make the table, then claim again
                 catalog.ensure_dlq_tables(self.conn, {table["p_dlq"][0]})
         raise AssertionError("unreachable: the DLQ table exists on the second try")
+
+    @staticmethod
+    def _check_lease(max_messages, invisible_duration) -> None:
+        if (
+            isinstance(max_messages, bool)
+            or not isinstance(max_messages, int)
+            or not 1 <= max_messages <= MAX_INT
+        ):
+            raise ValueError(f"max_messages must be a positive integer, got {max_messages!r}")
+        if isinstance(invisible_duration, bool) or not (
+            isinstance(invisible_duration, (int, float))
+            and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS
+        ):
+            raise ValueError(
+                f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, "
+                f"got {invisible_duration!r}"
+            )
+
+    def lease_rows(
+        self, group: str, topic: str, max_messages: int, invisible_duration: float, at: datetime | None = None
+    ) -> list[dict]:
+        """``receive`` for DataFrames: the leased messages as dicts of plain values, bodies not
+        decoded (``body``: the text of a JSON or text body; ``body_binary``: the bytes of a binary
+        one). Committed before this returns; same arguments and errors as ``receive``."""
+        group_id, _ = self._group(group)
+        topic_id = self._topic(topic)
+        self._check_lease(max_messages, invisible_duration)
+        policy, _ = self._policy(topic_id, group_id, topic, group)
+        params = {
+            "g": group_id,
+            "topic_id": topic_id,
+            "n": max_messages,
+            "lease": float(invisible_duration),
+            "at": at,
+        }
+        with self.conn.transaction():
+            rows = self.conn.execute(S.RECEIVE, params).fetchall()
+        out = []
+        for mid, key, body, ctype, props, published, count, reconsumed, _, _, origin, error, redriven in rows:
+            props = retry_properties(
+                json.loads(props) if props != "{}" else {},
+                topic=topic,
+                origin_message_id=origin,
+                retry_topic=policy.retry_name,
+                reconsume_times=reconsumed,
+            )
+            binary = ctype == BINARY
+            out.append(
+                {
+                    "group": group,
+                    "topic": topic,
+                    "message_id": mid,
+                    "delivery_count": count,
+                    "reconsume_times": reconsumed,
+                    "key": key,
+                    "body": None if binary else bytes(body).decode("utf-8", errors="replace"),
+                    "body_binary": bytes(body) if binary else None,
+                    "content_type": ctype,
+                    "properties": list(props.items()),
+                    "published_at": published,
+                    "origin_message_id": origin,
+                    "last_error": error,
+                    "redrive_count": redriven,
+                }
+            )
+        return out
 
     @staticmethod
     def _decode_received(rows, group, topic, retry_topic) -> tuple[list[ReceivedMessage], list[tuple]]:
@@ -518,13 +593,33 @@ class Client:
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
         group_id, _ = self._group(group)
         items = _receipts(group, messages)
-        errors = _errors(error, len(items))
+        plans = self._plan_failures(
+            group_id, group, items, _errors(error, len(items)), at, mode, delay, level
+        )
+
+        def apply() -> int:
+            with self.conn.transaction():
+                retried, dead = self._apply_failures(plans)
+                if retried + dead < len(items):
+                    self.conn.execute(
+                        S.COUNT_STALE_RECEIPTS, {"g": group_id, "n": len(items) - retried - dead}
+                    )
+            return retried + dead
+
+        return db.retry_lock_conflicts(apply)
+
+    def _plan_failures(
+        self, group_id: int, group: str, items, errors, at, mode: str, delay=0, level=0
+    ) -> list:
+        """The parameters of FAIL_RETRY / FAIL_DEAD_LETTER for ``items`` (receipts), one set per
+        topic; everything is checked here, before anything changes; the DLQ tables they would need
+        are made (each in a short transaction of its own)."""
         outcome, reason, forced = self._MODES[mode]
         by_topic: dict[str, list[int]] = {}
         for index, item in enumerate(items):
             by_topic.setdefault(item.topic, []).append(index)
         plans = []
-        for topic, indexes in by_topic.items():  # everything is checked before anything changes
+        for topic, indexes in by_topic.items():
             policy, table = self._policy(self._topic(topic), group_id, topic, group)
             params = {**table, "g": group_id, "at": at, "dead_lettered_at": at, "outcome": outcome}
             params.update(reason=reason, force_dead_letter=forced, level=None, delay=None)
@@ -541,16 +636,102 @@ class Client:
             plans.append(params)
         for params in plans:  # DLQ tables are made before the dead-lettering transaction, when needed
             self._ensure_dlq_table(params)
+        return plans
 
-        def apply() -> int:
-            done = 0
+    def _apply_failures(self, plans: list) -> tuple[int, int]:
+        """(retried, dead-lettered) by ``plans``, in the caller's transaction."""
+        retried = dead = 0
+        for params in plans:
+            retried += self.conn.execute(S.FAIL_RETRY, params).fetchone()[0]
+            dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
+        return retried, dead
+
+    def settle(
+        self,
+        group: str,
+        outcomes: Iterable[Outcome],
+        *,
+        at: datetime | None = None,
+        marker: tuple[str, int] | None = None,
+    ) -> dict:
+        """Answer many receipts at once, each with its own outcome, in one transaction: all of
+        them or none. Each ``Outcome`` is a receipt (``ReceivedMessage``, or anything with
+        ``message_id``, ``delivery_count``, ``topic`` and ``group``), ``"ack"``, ``"retry"``
+        (with an optional ``delay`` in seconds or ``level``, as ``reconsume_later``) or
+        ``"reject"``, and an optional error text. ``marker`` (a job run id and a part number)
+        makes a repeated call with the same marker change nothing and return the first call's
+        counts: a Spark task that runs twice settles its partition once.
+
+        Returns ``{"acked", "retried", "dead_lettered", "stale"}``. Raises, before changing
+        anything: ``ForeignReceiptError``, ``ValueError`` (an unknown outcome), and the errors of
+        ``reconsume_later`` for a bad delay or level."""
+        group_id, _ = self._group(group)
+        items = list(outcomes)
+        acks, failures = [], {}
+        for item in items:
+            receipt = item.receipt
+            if receipt.group != group:
+                raise ForeignReceiptError(
+                    f"message {receipt.message_id} was received by group {receipt.group!r}: "
+                    f"group {group!r} cannot answer for it"
+                )
+            if item.outcome == "ack":
+                acks.append(receipt)
+                continue
+            if item.outcome == "reject":
+                key = ("reject", 0, 0)
+            elif item.outcome != "retry":
+                raise ValueError(
+                    f"unknown outcome {item.outcome!r} for message {receipt.message_id}: "
+                    "use 'ack', 'retry' or 'reject'"
+                )
+            elif item.delay is not None and item.level is not None:
+                raise ValueError("give a delay or a level, not both")
+            elif item.delay is not None:
+                key = ("delay", check_delay(item.delay), 0)
+            elif item.level is not None and item.level < 0:
+                key = ("negative", 0, 0)
+            elif item.level:
+                key = ("level", 0, item.level)
+            else:
+                key = ("next", 0, 0)
+            failures.setdefault(key, []).append(item)
+        plans = []
+        for (mode, delay, level), group_items in failures.items():
+            receipts = sorted(
+                (i.receipt for i in group_items), key=lambda r: (r.message_id, r.delivery_count)
+            )
+            by_id = {(i.receipt.message_id, i.receipt.delivery_count): i.error for i in group_items}
+            errors = [by_id[(r.message_id, r.delivery_count)] for r in receipts]
+            plans += self._plan_failures(group_id, group, receipts, errors, at, mode, delay, level)
+        acks.sort(key=lambda r: (r.message_id, r.delivery_count))
+        ack_params = {
+            "g": group_id,
+            "ids": [r.message_id for r in acks],
+            "counts": [r.delivery_count for r in acks],
+        }
+
+        def apply() -> dict:
             with self.conn.transaction():
-                for params in plans:
-                    done += self.conn.execute(S.FAIL_RETRY, params).fetchone()[0]
-                    done += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
-                if done < len(items):
-                    self.conn.execute(S.COUNT_STALE_RECEIPTS, {"g": group_id, "n": len(items) - done})
-            return done
+                if marker is not None:
+                    keys = {"settle_run": marker[0], "part": marker[1]}
+                    if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
+                        done = self.conn.execute(S.SETTLE_PART, keys).fetchone()
+                        return dict(zip(("acked", "retried", "dead_lettered", "stale"), done, strict=True))
+                acked = self.conn.execute(S.ACK, ack_params).fetchone()[0] if acks else 0
+                retried, dead = self._apply_failures(plans)
+                failed = sum(len(v) for v in failures.values())
+                if retried + dead < failed:
+                    self.conn.execute(S.COUNT_STALE_RECEIPTS, {"g": group_id, "n": failed - retried - dead})
+                counts = {
+                    "acked": acked,
+                    "retried": retried,
+                    "dead_lettered": dead,
+                    "stale": len(items) - acked - retried - dead,
+                }
+                if marker is not None:
+                    self.conn.execute(S.SETTLE_PART_RECORD, {**keys, **counts})
+                return counts
 
         return db.retry_lock_conflicts(apply)
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import MalformedMessageError
 
@@ -75,6 +75,16 @@ class ReceivedMessage:
     origin_message_id: int
     last_error: str | None
     redrive_count: int = 0
+
+
+class Receipt(NamedTuple):
+    """A receipt without the message: the delivery ``delivery_count`` of ``message_id`` to
+    ``group`` (``Client.settle``, ``spark.dataframes.settle``)."""
+
+    message_id: int
+    delivery_count: int
+    topic: str
+    group: str
 
 
 def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, str, dict]:

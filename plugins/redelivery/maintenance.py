@@ -15,6 +15,7 @@ CLEANUPS = (
     ("publish_parts", S.CLEANUP_PUBLISH_PARTS, "publish_staging"),
     ("publish_staging", S.CLEANUP_PUBLISH_STAGING, "publish_staging"),
     ("tier_runs", S.CLEANUP_TIER_RUNS, "tier_runs"),
+    ("settle_parts", S.CLEANUP_SETTLE_PARTS, "tier_runs"),
     ("redrive_runs", S.CLEANUP_REDRIVE_RUNS, "redrive_runs"),
 )
 

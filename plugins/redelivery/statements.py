@@ -289,6 +289,21 @@ ACK = _named("ACK", f"""
     SELECT acked FROM n""")
 GROUP_STALE_RECEIPTS = _named("GROUP_STALE_RECEIPTS", """
     SELECT stale_receipts FROM consumer_groups WHERE id = %(g)s""")
+#: Settle markers: a job run's part answered once (``Client.settle(marker=...)``).
+SETTLE_PART_CLAIM = _named("SETTLE_PART_CLAIM", """
+    INSERT INTO settle_parts (run_id, part) VALUES (%(settle_run)s, %(part)s)
+    ON CONFLICT DO NOTHING RETURNING 1""")
+SETTLE_PART = _named("SETTLE_PART", """
+    SELECT acked, retried, dead_lettered, stale FROM settle_parts
+    WHERE run_id = %(settle_run)s AND part = %(part)s""")
+SETTLE_PART_RECORD = _named("SETTLE_PART_RECORD", """
+    UPDATE settle_parts SET acked = %(acked)s, retried = %(retried)s, dead_lettered = %(dead_lettered)s,
+        stale = %(stale)s
+    WHERE run_id = %(settle_run)s AND part = %(part)s""")
+CLEANUP_SETTLE_PARTS = _named("CLEANUP_SETTLE_PARTS", """
+    DELETE FROM settle_parts WHERE (run_id, part) IN (
+      SELECT run_id, part FROM settle_parts
+      WHERE settled_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s)""")
 #: Receipts a nack or reject found stale (the caller counts them in the same transaction).
 COUNT_STALE_RECEIPTS = _named("COUNT_STALE_RECEIPTS", """
     UPDATE consumer_groups SET stale_receipts = stale_receipts + %(n)s WHERE id = %(g)s""")

