@@ -5,21 +5,14 @@ Playwright) and through the REST API."""
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 import requests
 
 from helpers import at
-from redelivery import embedded
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = [
@@ -42,76 +35,18 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def airflow(database_url, tmp_path_factory):
     """A running Airflow with its own metadata database and AIRFLOW_HOME; yields the base URL."""
-    home = tmp_path_factory.mktemp("airflow-home")
-    port = free_port()
-    with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS airflow_e2e WITH (FORCE)")
-        conn.execute("CREATE DATABASE airflow_e2e")
+    from redelivery.airflow.local import LocalAirflow
+
     env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": embedded.url("airflow_e2e").replace(
-            "postgresql://", "postgresql+psycopg2://"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "REDELIVERY_DATABASE_URL": database_url,
     }
-    airflow_bin = str(Path(sys.executable).parent / "airflow")
-    subprocess.run([airflow_bin, "db", "migrate"], env=env, check=True, capture_output=True)
-    logs = home / "logs-e2e"
-    logs.mkdir()
-    procs = [
-        subprocess.Popen(
-            [airflow_bin, *cmd],
-            env=env,
-            stdout=open(logs / f"{cmd[0]}.log", "w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for cmd in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"])
-    ]
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            try:
-                dags = requests.get(
-                    f"{base}/api/v2/dags", params={"dag_id_pattern": "dlq_redrive"}, timeout=5
-                ).json()
-                health = requests.get(f"{base}/api/v2/monitor/health", timeout=5).json()
-                if dags.get("total_entries") and health["scheduler"]["status"] == "healthy":
-                    break
-            except (requests.RequestException, ValueError, KeyError):
-                pass
-            time.sleep(2)
-        else:
-            raise RuntimeError(
-                "Airflow did not come up:\n"
-                + "\n".join((logs / f).read_text()[-2000:] for f in os.listdir(logs))
-            )
-        yield base
-    finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    with LocalAirflow(tmp_path_factory.mktemp("airflow-home"), "airflow_e2e", env) as running:
+        yield running.url
 
 
 @pytest.fixture()
@@ -238,3 +173,108 @@ def test_dead_letters_page_in_the_airflow_ui(airflow, browser, dead_letters, tmp
     text = frame.locator("body").inner_text()
     assert "%DLQ%billing" in text and "REJECTED" in text and "schema violation" in text
     assert requests.get(f"{airflow}/redelivery/dlq.json", timeout=10).json()[0]["count"] == 30
+
+
+BAD_CONFS = [
+    ({"group": "billing", "dead_lettered_from": "yesterday"}, "date-time"),
+    ({"group": "billing", "dead_lettered_from": "2026-01-01T00:00:00"}, "date-time"),  # no zone
+    ({"group": "billing", "message_ids": [2**63]}, "maximum"),
+    ({"group": "billing", "rate_limit": 0}, "exclusiveMinimum"),
+    ({"group": "g" * 57}, "pattern"),
+    ({"group": "billing", "topic": "bad name"}, "pattern"),
+    ({"group": "billing", "reasons": ["SOMETIMES"]}, "enum"),
+]
+
+
+@pytest.mark.parametrize("conf,needle", BAD_CONFS)
+def test_params_the_form_cannot_take_are_refused_before_a_run(airflow, dead_letters, conf, needle):
+    """The form posts to this same endpoint: a value its schema refuses creates no run."""
+    known = {r["dag_run_id"] for r in runs(airflow)}
+    refused = requests.post(
+        f"{airflow}/api/v2/dags/dlq_redrive/dagRuns", json={"logical_date": None, "conf": conf}, timeout=30
+    )
+    assert refused.status_code == 400 and needle in refused.text, refused.text
+    assert {r["dag_run_id"] for r in runs(airflow)} == known and dlq_state(dead_letters)["DLQ"] == 30
+
+
+def test_a_backwards_time_range_fails_before_anything_moves(airflow, dead_letters):
+    known = {r["dag_run_id"] for r in runs(airflow)}
+    conf = {
+        "group": "billing",
+        "dry_run": False,
+        "dead_lettered_from": "2026-02-01T00:00:00Z",
+        "dead_lettered_to": "2026-01-01T00:00:00Z",
+    }
+    created = requests.post(
+        f"{airflow}/api/v2/dags/dlq_redrive/dagRuns", json={"logical_date": None, "conf": conf}, timeout=30
+    )
+    assert created.status_code == 200, created.text
+    run = wait_for_run(airflow, known)
+    assert run["state"] == "failed" and dlq_state(dead_letters)["DLQ"] == 30
+
+
+def task_state(base: str, run_id: str, task_id: str = "redrive") -> str | None:
+    return (
+        requests.get(f"{base}/api/v2/dags/dlq_redrive/dagRuns/{run_id}/taskInstances/{task_id}", timeout=30)
+        .json()
+        .get("state")
+    )
+
+
+def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, dead_letters):
+    """An operator marks a slow redrive failed: it stops between batches with every message in
+    one place; clearing the task runs it again under the same run key and it moves the rest."""
+    conf = {"group": "billing", "dry_run": False, "rate_limit": 2}  # 30 messages: about 15 s
+    created = requests.post(
+        f"{airflow}/api/v2/dags/dlq_redrive/dagRuns", json={"logical_date": None, "conf": conf}, timeout=30
+    ).json()
+    run_id = created["dag_run_id"]
+    key = f"dlq_redrive/{run_id}"
+    moved = lambda: dead_letters.conn.execute(  # noqa: E731
+        "SELECT moved FROM redrive_runs WHERE run_key = %s", (key,)
+    ).fetchone()
+    deadline = time.monotonic() + 120
+    while not (moved() and moved()[0] >= 4) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    marked = requests.patch(
+        f"{airflow}/api/v2/dags/dlq_redrive/dagRuns/{run_id}/taskInstances/redrive",
+        json={"new_state": "failed"},
+        timeout=30,
+    )
+    assert marked.status_code == 200, marked.text
+    deadline = time.monotonic() + 60
+    status = None
+    while time.monotonic() < deadline:
+        status = dead_letters.conn.execute(
+            "SELECT status, moved FROM redrive_runs WHERE run_key = %s", (key,)
+        ).fetchone()
+        if status[0] != "running":
+            break
+        time.sleep(0.5)
+    assert status[0] == "stopped" and 4 <= status[1] < 30, status
+    state = dlq_state(dead_letters)
+    assert state["READY"] == status[1] and state["READY"] + state["DLQ"] == 30  # every message in one place
+    cleared = requests.post(
+        f"{airflow}/api/v2/dags/dlq_redrive/clearTaskInstances",
+        json={
+            "dag_run_id": run_id,
+            "task_ids": ["redrive"],
+            "dry_run": False,
+            "only_failed": False,
+            "reset_dag_runs": True,
+        },
+        timeout=30,
+    )
+    assert cleared.status_code == 200, cleared.text
+    deadline = time.monotonic() + 180
+    while dlq_state(dead_letters)["READY"] < 30 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert dlq_state(dead_letters)["READY"] == 30
+    row = dead_letters.conn.execute(
+        "SELECT status, moved FROM redrive_runs WHERE run_key = %s", (key,)
+    ).fetchone()
+    assert row == ("success", 30)
+    moves = dead_letters.conn.execute(
+        "SELECT count(*), count(DISTINCT message_id) FROM redrive_moves"
+    ).fetchone()
+    assert moves == (30, 30)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import orjson
+
 from .errors import MalformedMessageError
 
 JSON = "application/json"
@@ -177,9 +179,14 @@ def add_fingerprints(fingerprints: Iterable[str]) -> str:
 
 
 def decode(body: bytes, content_type: str) -> Any:
-    """A stored body as its content type says: a JSON value, ``str`` or ``bytes``."""
+    """A stored body as its content type says: a JSON value, ``str`` or ``bytes``. Raises
+    ``ValueError`` or ``RecursionError`` for JSON that Python cannot take (nesting deeper than the
+    interpreter allows, an integer over 4300 digits)."""
     if content_type == JSON:
-        return json.loads(body)
+        try:
+            return orjson.loads(body)  # several times faster than json for the common case
+        except orjson.JSONDecodeError:  # integers past 64 bits, deep nesting: the standard decoder
+            return json.loads(body)
     if content_type == TEXT:
         return bytes(body).decode()
     return bytes(body)
