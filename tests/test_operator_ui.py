@@ -46,6 +46,7 @@ def airflow(database_url, tmp_path_factory):
         "REDELIVERY_DATABASE_URL": database_url,
     }
     with LocalAirflow(tmp_path_factory.mktemp("airflow-home"), "airflow_e2e", env) as running:
+        running.unpause("dlq_redrive")  # runs triggered through the API run (the form unpauses by itself)
         yield running.url
 
 
@@ -267,13 +268,15 @@ def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, de
     )
     assert cleared.status_code == 200, cleared.text
     deadline = time.monotonic() + 180
-    while dlq_state(dead_letters)["READY"] < 30 and time.monotonic() < deadline:
+    row = None
+    while time.monotonic() < deadline:
+        row = dead_letters.conn.execute(
+            "SELECT status, moved FROM redrive_runs WHERE run_key = %s", (key,)
+        ).fetchone()
+        if row[0] == "success":
+            break
         time.sleep(1)
-    assert dlq_state(dead_letters)["READY"] == 30
-    row = dead_letters.conn.execute(
-        "SELECT status, moved FROM redrive_runs WHERE run_key = %s", (key,)
-    ).fetchone()
-    assert row == ("success", 30)
+    assert row == ("success", 30) and dlq_state(dead_letters)["READY"] == 30
     moves = dead_letters.conn.execute(
         "SELECT count(*), count(DISTINCT message_id) FROM redrive_moves"
     ).fetchone()
