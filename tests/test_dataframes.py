@@ -47,6 +47,7 @@ def test_lease_then_plain_spark_then_settle(client, topic_group, database_url, a
     }
     stats = client.stats()["orders"]["billing"]
     assert (stats["COMMITTED"], stats["WAITING_RETRY"], stats["DLQ"]) == (30, 10, 1)
+    assert lease(any_spark, "billing", "orders", url=database_url).count() == 0  # nothing READY: empty
     # settling the same outcomes again (another job run): every receipt is stale now
     assert settle(outcomes, "billing", "orders", url=database_url)["stale"] == 41
 

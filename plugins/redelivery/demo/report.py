@@ -85,35 +85,42 @@ def check(
     return failures
 
 
-def write_chart(path: Path, timeline, runs, group: str) -> Path:
-    """Messages per state over simulated time for ``group``, and the lateness histogram of every
-    tier run (window end minus due time)."""
+def write_chart(path: Path, timeline, runs, groups: list[str]) -> Path:
+    """Messages per state over simulated time, one small panel per state and group, each on its
+    own linear scale (so that 8,000 dead letters stay readable beside 300,000 commits), and the
+    lateness of every tier run's promotions (window end minus due time)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8))
+    fig = plt.figure(figsize=(12, 13))
+    grid = fig.add_gridspec(len(STATES) + 1, len(groups), height_ratios=[1] * len(STATES) + [1.6])
     start = timeline[0][0]
     minutes = [(t - start).total_seconds() / 60 for t, _ in timeline]
-    for state in STATES:
-        values = [snapshot[group][state] for _, snapshot in timeline]
-        if any(values):
-            top.step(minutes, [max(v, 0.8) for v in values], where="post", label=state)
-    top.set_yscale("log")
-    top.set_xlabel("simulated minutes since publish")
-    top.set_ylabel("messages")
-    top.set_title(f"group {group}: messages per state after each step")
-    top.legend(loc="center right")
+    for column, group in enumerate(groups):
+        for row, state in enumerate(STATES):
+            axis = fig.add_subplot(grid[row, column])
+            values = [snapshot[group][state] for _, snapshot in timeline]
+            axis.step(minutes, values, where="post", color=f"C{row}")
+            axis.fill_between(minutes, values, step="post", alpha=0.2, color=f"C{row}")
+            axis.set_ylim(bottom=0, top=max(1, max(values)) * 1.1)
+            axis.set_ylabel(state, fontsize=8)
+            axis.tick_params(labelsize=7)
+            axis.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            if row == 0:
+                axis.set_title(f"group {group}: messages per state", fontsize=10)
+            if row == len(STATES) - 1:
+                axis.set_xlabel("simulated minutes since publish", fontsize=8)
+    bottom = fig.add_subplot(grid[len(STATES), :])
     histogram: dict[int, int] = {}
     for summary in runs:
         for start_ms, n in summary.get("lateness_histogram", {}).get("counts", {}).items():
             histogram[int(start_ms)] = histogram.get(int(start_ms), 0) + n
     if histogram:
         starts = sorted(histogram)
-        bottom.hist([s / 1000 for s in starts], weights=[histogram[s] for s in starts], bins=50)
-        bottom.set_yscale("log")
-        bottom.set_ylim(bottom=0.8)  # so that the smallest bars show above the axis
+        bottom.hist([s / 1000 for s in starts], weights=[histogram[s] for s in starts], bins=60)
     bottom.set_xlabel("lateness: window end - due time (s)")
     bottom.set_ylabel("promoted messages")
     bottom.set_title("lateness of promotions, all tier runs")

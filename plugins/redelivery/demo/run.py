@@ -97,14 +97,19 @@ def align_up(moment: datetime, window: int, origin: datetime) -> datetime:
     return origin + timedelta(seconds=k * window)
 
 
-def next_windows(conn, config, origin) -> dict[str, datetime]:
-    """For each tier with something due: the end of the first window that promotes it."""
+def next_windows(conn, config, origin, topic_id: int) -> dict[str, datetime]:
+    """For each tier with something of the demo's topic due: the end of the first window that
+    promotes it (other topics in the same database have their own clocks)."""
     due = dict(
         conn.execute(
-            "SELECT delay_level, min(due_at) FROM deliveries WHERE state = 'WAITING_RETRY' GROUP BY 1"
+            "SELECT delay_level, min(due_at) FROM deliveries WHERE state = 'WAITING_RETRY' AND topic_id = %s "
+            "GROUP BY 1",
+            (topic_id,),
         )
     )
-    lease = conn.execute("SELECT min(invisible_until) FROM deliveries WHERE state = 'INFLIGHT'").fetchone()[0]
+    lease = conn.execute(
+        "SELECT min(invisible_until) FROM deliveries WHERE state = 'INFLIGHT' AND topic_id = %s", (topic_id,)
+    ).fetchone()[0]
     ends = {}
     for tier in config.tiers:
         times = [due[lvl] for lvl in tier.levels if lvl in due]
@@ -154,7 +159,7 @@ def main(argv=None) -> int:
     client = Client()
     if client.conn.execute("SELECT 1 FROM topics WHERE name = %s", (TOPIC,)).fetchone():
         client.delete_topic(TOPIC)  # a fresh demo every time
-    client.create_topic(TOPIC)
+    topic_id = client.create_topic(TOPIC)
     for group in (HTTP_GROUP, STATS_GROUP):
         client.create_group(group, max_reconsume_times=args.max_reconsume_times)
         client.subscribe(group, TOPIC)
@@ -198,7 +203,7 @@ def main(argv=None) -> int:
                         f"rejected {counts['rejected']:>3,}  ({time.perf_counter() - t1:.1f} s)"
                     )
             timeline.append((clock, client.stats()[TOPIC]))
-            ends = next_windows(client.conn, config, START)
+            ends = next_windows(client.conn, config, START, topic_id)
             if not ends:
                 break
             clock = min(ends.values())
@@ -233,7 +238,7 @@ def main(argv=None) -> int:
             max_reconsume_times=args.max_reconsume_times,
         )
         args.out.mkdir(parents=True, exist_ok=True)
-        chart = write_chart(args.out / "redelivery-demo.png", timeline, runs, HTTP_GROUP)
+        chart = write_chart(args.out / "redelivery-demo.png", timeline, runs, [HTTP_GROUP, STATS_GROUP])
         (args.out / "summary.json").write_text(
             json.dumps(
                 {

@@ -86,6 +86,8 @@ def lease(
 
     with Client(url or db.database_url()) as client:
         rows = client.lease_rows(group, topic, max_messages, invisible_duration, at=at)
+    if not rows:  # (Spark cannot take the schema of an empty Arrow table)
+        return spark.createDataFrame([], LEASE_SCHEMA)
     return spark.createDataFrame(pa.Table.from_pylist(rows, schema=_arrow_schema()))
 
 
