@@ -44,7 +44,7 @@ def reset(conn) -> None:
     conn.execute(
         "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
         "dead_letter_queues, tier_runs, publish_batches, publish_parts, publish_staging, redrive_runs, "
-        "redrive_moves, settle_parts "
+        "redrive_moves, settle_parts, asset_watermarks, tier_histograms "
         "RESTART IDENTITY CASCADE"
     )
 
@@ -73,3 +73,30 @@ def run_cli(
         timeout=timeout,
         env={**os.environ, "REDELIVERY_DATABASE_URL": database_url, **(env or {})},
     )
+
+
+def page_state(client, url) -> None:
+    """The state the operator page's tests chart (topic orders with group billing exists).
+    payments -> audit: 4 messages nacked at 1 s (due 11 s) promoted by the seconds tier's window
+    ending at 13 s (2 s late each), nacked again at 21 s (level 2, due 51 s) and promoted by the
+    window ending at 56 s (5 s late), then a window ending at 60 s that promotes nothing.
+    orders -> billing: 30 messages received at 100 s: 10 rejected, 6 nacked (level 1), 4 retried
+    after 60 s (level 3), 3 acked, 7 left in flight; then 5 more published (READY)."""
+    from redelivery.spark.tier_job import run_tier_window
+
+    client.create_topic("payments")
+    client.create_group("audit")
+    client.subscribe("audit", "payments")
+    client.publish("payments", [{"n": i} for i in range(4)], at=at(0))
+    client.nack("audit", client.receive("audit", "payments", 4, 30, at=at(0)), error="timeout", at=at(1))
+    assert run_tier_window(tier="seconds", window_end=at(13), run_key="t1", url=url)["promoted"] == 4
+    client.nack("audit", client.receive("audit", "payments", 4, 30, at=at(20)), error="timeout", at=at(21))
+    assert run_tier_window(tier="seconds", window_end=at(56), run_key="t2", url=url)["promoted"] == 4
+    assert run_tier_window(tier="seconds", window_end=at(60), run_key="t3", url=url)["promoted"] == 0
+    client.publish("orders", [{"n": i} for i in range(30)], at=at(100))
+    got = client.receive("billing", "orders", 30, 30, at=at(100))
+    client.reject("billing", got[:10], error="schema violation", at=at(101))
+    client.nack("billing", got[10:16], error="boom", at=at(101))
+    client.reconsume_later("billing", got[16:20], delay=60, at=at(101))
+    client.ack("billing", got[20:23])
+    client.publish("orders", [{"n": i} for i in range(5)], at=at(102))

@@ -22,6 +22,7 @@ def test_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
     assert sorted(dagbag.dag_ids) == [
         "dlq_redrive",
+        "redelivery_flights_consumer",
         "redelivery_maintenance",
         "redelivery_tier_half_hours",
         "redelivery_tier_hours",

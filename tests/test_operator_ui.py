@@ -5,14 +5,16 @@ Playwright) and through the REST API."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import pytest
 import requests
 
-from helpers import at
+from helpers import at, page_state
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = [
@@ -174,6 +176,10 @@ def test_dead_letters_page_in_the_airflow_ui(airflow, browser, dead_letters, tmp
     text = frame.locator("body").inner_text()
     assert "%DLQ%billing" in text and "REJECTED" in text and "schema violation" in text
     assert requests.get(f"{airflow}/redelivery/dlq.json", timeout=10).json()[0]["count"] == 30
+    scraped = requests.get(f"{airflow}/redelivery/metrics", timeout=10)  # Prometheus, same permission
+    assert scraped.headers["content-type"].startswith("text/plain") and (
+        'redelivery_dlq_messages{dlq="%DLQ%billing",group="billing",reason="REJECTED"} 30.0' in scraped.text
+    )
 
 
 BAD_CONFS = [
@@ -281,3 +287,144 @@ def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, de
         "SELECT count(*), count(DISTINCT message_id) FROM redrive_moves"
     ).fetchone()
     assert moves == (30, 30)
+
+
+# ---- the Dead letters page: its charts, its dry-run redrive form, and what that form refuses ------
+
+#: Screenshots kept after the run as test artifacts (repository root; ignored by git).
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+@pytest.fixture()
+def charted(client, topic_group, database_url):
+    """helpers.page_state: billing has 10 dead letters (REJECTED, "schema violation"), retries at
+    levels 1 (6) and 3 (4), 5 READY and 7 in flight; audit 4 READY; the seconds tier's runs were
+    2 s and 5 s late."""
+    page_state(client, database_url)
+    return client
+
+
+def drawn(frame, chart: str, key: str, value: str) -> dict:
+    """{data-label: (data-value, title)} of each bar or point of one chart, read from the DOM."""
+    marks = frame.locator(f'svg[data-chart="{chart}"][data-{key}="{value}"] g[data-label]')
+    return {
+        m["label"]: (m["value"], m["title"])
+        for m in marks.evaluate_all(
+            "els => els.map(e => ({label: e.dataset.label, value: e.dataset.value,"
+            " title: e.querySelector('title').textContent}))"
+        )
+    }
+
+
+def open_page(page, base: str):
+    page.goto(f"{base}/plugin/dead-letters", wait_until="networkidle")
+    frame = page.frame_locator("iframe").first
+    frame.get_by_text("Group billing: 10 dead letters").wait_for(timeout=20_000)
+    return frame
+
+
+def test_the_page_charts_the_state_in_the_airflow_ui(airflow, browser, charted):
+    frame = open_page(browser, airflow)
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.screenshot(path=str(ARTIFACTS / "dead-letters.png"))
+    assert drawn(frame, "states", "group", "billing") == {
+        "READY": ("5", "READY: 5 messages"),
+        "INFLIGHT": ("7", "INFLIGHT: 7 messages"),
+        "WAITING_RETRY": ("10", "WAITING_RETRY: 10 messages"),
+        "DLQ": ("10", "DLQ: 10 messages"),
+    }
+    assert drawn(frame, "states", "group", "audit")["READY"] == ("4", "READY: 4 messages")
+    levels = drawn(frame, "levels", "group", "billing")
+    assert {k: v for k, v in levels.items() if v[0] != "0"} == {
+        "level 1": ("6", "level 1 (10s): 6 retries waiting"),
+        "level 3": ("4", "level 3 (1m): 4 retries waiting"),
+    }
+    assert len(levels) == 16
+    lateness = drawn(frame, "lateness", "tier", "seconds")
+    assert sorted(v[1] for v in lateness.values()) == [
+        "2026-03-01 12:00:13: p50 2 s",
+        "2026-03-01 12:00:13: p99 2 s",
+        "2026-03-01 12:00:56: p50 5 s",
+        "2026-03-01 12:00:56: p99 5 s",
+    ]
+    # the counts are drawn as text, not only in the titles
+    bar_texts = frame.locator('svg[data-chart="states"][data-group="billing"] text').all_text_contents()
+    assert {"5", "7", "10"} <= set(bar_texts)
+    # the whole page as well, outside the iframe (the Airflow UI's frame cuts it at the viewport)
+    browser.goto(f"{airflow}/redelivery/dlq", wait_until="networkidle")
+    browser.screenshot(path=str(ARTIFACTS / "dead-letters-page.png"), full_page=True)
+
+
+def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, browser, charted, tmp_path):
+    """The form posts in the UI's sandboxed frame; the answer takes the whole UI to the run's page."""
+    known = {r["dag_run_id"] for r in runs(airflow)}
+    frame = open_page(browser, airflow)
+    form = frame.locator('form[data-group="billing"]')
+    form.locator('select[name="reason"]').select_option("REJECTED")
+    form.locator('input[name="error_contains"]').fill("schema")
+    form.get_by_role("button").click()
+    browser.wait_for_url(re.compile(r"/dags/dlq_redrive/runs/[^/?#]+"), timeout=30_000)
+    run = wait_for_run(airflow, known)
+    shown = re.search(r"/dags/dlq_redrive/runs/([^/?#]+)", browser.url).group(1)
+    assert browser.url.startswith(f"{airflow}/dags/") and unquote(shown) == run["dag_run_id"], browser.url
+    browser.get_by_text(run["dag_run_id"]).first.wait_for(timeout=20_000)  # the UI shows the run
+    browser.screenshot(path=str(tmp_path / "dry-run-page.png"))
+    assert run["state"] == "success"
+    assert run["conf"] == {
+        "group": "billing",
+        "dry_run": True,
+        "reasons": ["REJECTED"],
+        "error_contains": "schema",
+    }
+    assert dlq_state(charted) == {"READY": 5, "INFLIGHT": 7, "WAITING_RETRY": 10, "COMMITTED": 3, "DLQ": 10}
+    audit = charted.conn.execute(
+        "SELECT run_key, triggered_by, dry_run, status, selected, moved FROM redrive_runs"
+    ).fetchall()
+    assert (
+        audit == [(f"dlq_redrive/{run['dag_run_id']}", audit[0][1], True, "success", 10, 0)] and audit[0][1]
+    )
+    # a top-level page posting the form goes straight to the run; the page after the form names it
+    known.add(run["dag_run_id"])
+    direct = post_form(airflow, {"group": "billing"}, Origin=airflow, **{"Sec-Fetch-Dest": "document"})
+    assert direct.status_code == 303, direct.text
+    second = wait_for_run(airflow, known)
+    assert direct.headers["location"] == f"/dags/dlq_redrive/runs/{quote(second['dag_run_id'], safe='')}"
+    assert second["conf"] == {"group": "billing", "dry_run": True} and second["state"] == "success"
+    after = requests.get(f"{airflow}/redelivery/dlq/runs/{quote(second['dag_run_id'], safe='')}", timeout=30)
+    assert after.status_code == 200 and second["dag_run_id"] in after.text
+    assert dlq_state(charted)["DLQ"] == 10
+
+
+def post_form(base: str, data: dict, **headers) -> requests.Response:
+    return requests.post(
+        f"{base}/redelivery/dlq/redrive", data=data, headers=headers, allow_redirects=False, timeout=30
+    )
+
+
+def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airflow, browser, charted):
+    known = {r["dag_run_id"] for r in runs(airflow)}
+    frame = open_page(browser, airflow)
+    frame.locator('form[data-group="billing"] input[name="error_contains"]').fill("x" * 1001)
+    frame.locator('form[data-group="billing"]').get_by_role("button").click()
+    refusal = frame.locator("p.refused")  # in the frame, under the UI's navigation
+    refusal.wait_for(timeout=30_000)
+    text = refusal.inner_text()
+    assert "error_contains" in text and "is too long" in text and "maxLength" in text and "\n" not in text
+    assert len(text) <= 320
+    base = {"group": "billing"}
+    same = {"Origin": airflow}
+    refused = post_form(airflow, {**base, "reason": "SOMETIMES"}, **same)
+    assert refused.status_code == 400 and "enum" in refused.text, refused.text
+    refused = post_form(airflow, {"group": "bad group!"}, **same)
+    assert refused.status_code == 400 and "pattern" in refused.text, refused.text
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Referer": "http://127.0.0.2:1/x"},
+        {},
+        {"Origin": "null"},
+    ):
+        refused = post_form(airflow, base, **headers)
+        assert refused.status_code == 403, (headers, refused.status_code, refused.text)
+    time.sleep(3)
+    assert {r["dag_run_id"] for r in runs(airflow)} == known
+    assert dlq_state(charted)["DLQ"] == 10

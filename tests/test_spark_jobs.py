@@ -42,6 +42,8 @@ def test_tier_job_on_spark_moves_each_message_once_across_partitions(
         spark_threshold=0,
     )
     assert again["promoted"] == 0 and again["dead_lettered"] == 0
+    totals = "SELECT name, promoted, dead_lettered FROM consumer_groups ORDER BY 1"  # the metrics' counters
+    assert client.conn.execute(totals).fetchall() == [("billing", 20_000, 0), ("strict", 0, 20_000)]
     row = client.conn.execute(
         "SELECT status, (summary->>'promoted')::int FROM tier_runs WHERE run_key = 'spark-1'"
     ).fetchone()

@@ -129,7 +129,9 @@ def test_ranges_split_candidates_evenly_and_cover_them(client, topic_group, data
     config = cached_config()
     policies = policy_table(client.conn, config, effective_policies(client.conn, config))
     moved = [
-        apply_window_range(client.conn, levels=[1, 2], policies=policies, window_end=at(10), low=lo, high=hi)
+        apply_window_range(
+            client.conn, tier="seconds", levels=[1, 2], policies=policies, window_end=at(10), low=lo, high=hi
+        )
         for lo, hi in ranges
     ]
     sizes = [sum(m.promoted.values()) for m in moved]

@@ -53,6 +53,35 @@ def ready_count(conn: psycopg.Connection, group_id: int, topic: int) -> int:
     return conn.execute(S.READY_COUNT, {"g": group_id, "topic_id": topic}).fetchone()[0]
 
 
+def add_group_totals(
+    conn: psycopg.Connection,
+    *,
+    promoted: dict[int, int] | None = None,
+    dead_lettered: dict[int, int] | None = None,
+    stale: dict[int, int] | None = None,
+) -> None:
+    """Add to groups' totals (``{group id: n}`` each; the counters of ``redelivery.metrics``) in
+    the caller's transaction, as its last statement: the group rows are locked in id order, after
+    the delivery rows of the change they count, so two such transactions never wait for each other
+    in a circle. Nothing to add, no statement."""
+    totals = {}
+    for column, values in enumerate((promoted, dead_lettered, stale)):
+        for group_id, n in (values or {}).items():
+            totals.setdefault(group_id, [0, 0, 0])[column] += n
+    groups = sorted(g for g, added in totals.items() if any(added))
+    if not groups:
+        return
+    conn.execute(
+        S.ADD_GROUP_TOTALS,
+        {
+            "total_groups": groups,
+            "total_promoted": [totals[g][0] for g in groups],
+            "total_dead_lettered": [totals[g][1] for g in groups],
+            "total_stale": [totals[g][2] for g in groups],
+        },
+    )
+
+
 # ---- policies -----------------------------------------------------------------------------------
 
 

@@ -253,6 +253,35 @@ def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = 
     _emit(data, as_json, "\n".join(lines))
 
 
+@app.command("metrics")
+def metrics_command(
+    textfile: Annotated[
+        Path | None,
+        typer.Option(
+            help="write them to this file (node-exporter's textfile collector: a name ending in .prom) "
+            "through a file renamed over it, instead of printing them",
+        ),
+    ] = None,
+) -> None:
+    """The Prometheus metrics of the state store (text exposition format), read now."""
+    from .db import connect
+    from .metrics import render, write_textfile
+
+    if textfile is not None and textfile.suffix != ".prom":
+        raise RedeliveryError(
+            f"--textfile {str(textfile)!r} must end in .prom (node-exporter reads only those)"
+        )
+    _migrated()
+    with connect() as conn:
+        if textfile is None:
+            sys.stdout.write(render(conn).decode())
+            return
+        try:
+            write_textfile(conn, str(textfile))
+        except OSError as exc:
+            raise RedeliveryError(f"cannot write {str(textfile)!r}: {exc.strerror or exc}") from None
+
+
 def _filter(group, topic, since, before, reason, error_contains, message_id, **extra):
     from .dead_letters import DlqFilter
     from .redrive import RedriveRequest

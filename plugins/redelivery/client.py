@@ -504,7 +504,8 @@ class Client:
         params = {**table, "g": group_id, "at": at, "dead_lettered_at": at, "outcome": UNDECODABLE_OUTCOME}
         params.update(reason="UNDECODABLE", force_dead_letter=True, level=None, delay=None)
         params.update(ids=[b[0] for b in bad], counts=[b[1] for b in bad], errors=[b[2] for b in bad])
-        self.conn.execute(S.FAIL_DEAD_LETTER, params)
+        dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
+        catalog.add_group_totals(self.conn, dead_lettered={group_id: dead})
 
     def ack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> int:
         """Commit received messages; return how many were acknowledged.
@@ -600,10 +601,9 @@ class Client:
         def apply() -> int:
             with self.conn.transaction():
                 retried, dead = self._apply_failures(plans)
-                if retried + dead < len(items):
-                    self.conn.execute(
-                        S.COUNT_STALE_RECEIPTS, {"g": group_id, "n": len(items) - retried - dead}
-                    )
+                catalog.add_group_totals(
+                    self.conn, dead_lettered={group_id: dead}, stale={group_id: len(items) - retried - dead}
+                )
             return retried + dead
 
         return db.retry_lock_conflicts(apply)
@@ -721,8 +721,9 @@ class Client:
                 acked = self.conn.execute(S.ACK, ack_params).fetchone()[0] if acks else 0
                 retried, dead = self._apply_failures(plans)
                 failed = sum(len(v) for v in failures.values())
-                if retried + dead < failed:
-                    self.conn.execute(S.COUNT_STALE_RECEIPTS, {"g": group_id, "n": failed - retried - dead})
+                catalog.add_group_totals(
+                    self.conn, dead_lettered={group_id: dead}, stale={group_id: failed - retried - dead}
+                )
                 counts = {
                     "acked": acked,
                     "retried": retried,

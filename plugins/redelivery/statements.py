@@ -92,11 +92,34 @@ _DUE = """d.state = 'WAITING_RETRY' AND d.delay_level = ANY(%(levels)s::smallint
 _EXPIRED = "d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s"
 _IN_RANGE = f"d.message_id >= %(low)s AND d.message_id < %(high)s AND {POLICY_JOIN}"
 _LEASE_FAILED = _attempt("d.invisible_until", "'lease_expired'", "%(lease_error)s::text")
-# Promoted rows per (group, level, lateness bucket): lateness = window end - due time.
-_PROMOTED_COUNTS = """RETURNING d.group_id, d.delay_level,
+#: Adds one batch of observations to a tier's cumulative histogram ``metric`` (table tier_histograms):
+#: ``bucket_counts`` per bucket of ``bucket_bounds`` (seconds; the last count: above every bound),
+#: ``observed_sum`` their sum in seconds; ``rows`` selects the tier from the CTE "finished". Other
+#: bounds than the stored ones restart the histogram (Prometheus sees a counter reset).
+_HISTOGRAM_ADD = """INSERT INTO tier_histograms AS h (tier, metric, bounds, counts, sum)
+    SELECT tier, '{metric}', %(bucket_bounds)s::float8[], %(bucket_counts)s::bigint[],
+           %(observed_sum)s::float8
+    {rows}
+    ON CONFLICT (tier, metric) DO UPDATE SET
+        counts = CASE WHEN h.bounds = EXCLUDED.bounds
+                      THEN ARRAY(SELECT a + b FROM unnest(h.counts, EXCLUDED.counts)
+                                                   WITH ORDINALITY AS u(a, b, i) ORDER BY i)
+                      ELSE EXCLUDED.counts END,
+        sum = CASE WHEN h.bounds = EXCLUDED.bounds THEN h.sum + EXCLUDED.sum ELSE EXCLUDED.sum END,
+        bounds = EXCLUDED.bounds, updated_at = now()"""
+# The bucket of the tier's lateness histogram (``lateness_le``, bounds in seconds, ascending): the
+# index of the first bound at least ``lateness`` (= how many bounds are below it), cardinality when
+# none is. width_bucket counts thresholds <= its operand; on negated bounds, the bounds >= lateness.
+_LATENESS_BUCKET = """cardinality(%(lateness_le)s::float8[]) - width_bucket(-lateness,
+           (SELECT array_agg(-b ORDER BY -b) FROM unnest(%(lateness_le)s::float8[]) AS b))"""
+# Promoted rows per (group, level, lateness bucket, histogram bucket): lateness = window end - due
+# time, seconds; with its largest value and sum.
+# The topic is returned too: a tier run emits an asset event per subscription with promotions.
+_PROMOTED_COUNTS = f"""RETURNING d.group_id, d.delay_level, d.topic_id,
                             extract(epoch FROM %(window_end)s - d.due_at)::float8 AS lateness)
-SELECT group_id, delay_level, floor(lateness * 1000 / %(bucket_ms)s)::int, count(*), max(lateness)
-FROM promoted GROUP BY 1, 2, 3"""
+SELECT group_id, delay_level, floor(lateness * 1000 / %(bucket_ms)s)::int, count(*), max(lateness), topic_id,
+       sum(lateness), {_LATENESS_BUCKET}
+FROM promoted GROUP BY 1, 2, 3, 6, 8"""
 
 #: A dead-letter filter of values (never SQL): every condition is a parameter, NULL = no condition;
 #: text matches with strpos, so '%' and '_' are plain characters.
@@ -165,6 +188,7 @@ CREATE_DATABASE = sql.SQL("/* redelivery:CREATE_DATABASE */ CREATE DATABASE {nam
 SET_ROLE_PASSWORD = sql.SQL("/* redelivery:SET_ROLE_PASSWORD */ ALTER ROLE {role} PASSWORD {password}")
 RELOAD_CONF = _named("RELOAD_CONF", "SELECT pg_reload_conf()")
 GROUP_NAMES = _named("GROUP_NAMES", "SELECT id, name FROM consumer_groups")
+TOPIC_NAMES = _named("TOPIC_NAMES", "SELECT id, name FROM topics")
 DB_NOW = _named("DB_NOW", "SELECT now()")
 
 # ---- dead-letter queues ---------------------------------------------------------------------------
@@ -304,9 +328,21 @@ CLEANUP_SETTLE_PARTS = _named("CLEANUP_SETTLE_PARTS", """
     DELETE FROM settle_parts WHERE (run_id, part) IN (
       SELECT run_id, part FROM settle_parts
       WHERE settled_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s)""")
-#: Receipts a nack or reject found stale (the caller counts them in the same transaction).
-COUNT_STALE_RECEIPTS = _named("COUNT_STALE_RECEIPTS", """
-    UPDATE consumer_groups SET stale_receipts = stale_receipts + %(n)s WHERE id = %(g)s""")
+#: Add to groups' totals, the counters of ``redelivery.metrics`` (``catalog.add_group_totals``):
+#: promoted and dead-lettered messages, stale receipts of a nack or reject, one entry per group id
+#: in ``total_groups``. The last statement of the transaction whose moves it counts; the group rows
+#: are locked in id order (locking happens after ORDER BY), after that transaction's delivery rows.
+ADD_GROUP_TOTALS = _named("ADD_GROUP_TOTALS", """
+    WITH added AS (
+      SELECT * FROM unnest(%(total_groups)s::int[], %(total_promoted)s::bigint[],
+                           %(total_dead_lettered)s::bigint[], %(total_stale)s::bigint[])
+        AS a(group_id, promoted, dead_lettered, stale)),
+    locked AS MATERIALIZED (
+      SELECT g.id FROM consumer_groups g WHERE g.id IN (SELECT group_id FROM added) ORDER BY g.id FOR UPDATE)
+    UPDATE consumer_groups g SET promoted = g.promoted + a.promoted,
+        dead_lettered = g.dead_lettered + a.dead_lettered, stale_receipts = g.stale_receipts + a.stale
+    FROM locked l JOIN added a ON a.group_id = l.id
+    WHERE g.id = l.id""")
 
 #: A failed delivery that may be retried: the retry's level and wait are ``level`` / ``delay``
 #: (seconds) when given, else the policy's next ones. ``force_dead_letter`` (reject, negative
@@ -426,9 +462,18 @@ TIER_RUN_START = _named("TIER_RUN_START", """
         dry_run = EXCLUDED.dry_run, status = 'running', started_at = now(),
         finished_at = NULL, summary = NULL""")
 #: ``status`` 'success' with the summary, or 'failed' (summary NULL).
-TIER_RUN_FINISH = _named("TIER_RUN_FINISH", """
-    UPDATE tier_runs SET status = %(status)s, finished_at = now(), summary = %(summary)s::jsonb
-    WHERE run_key = %(run_key)s""")
+#: A run that is not a dry run is one observation of its tier's run-duration histogram
+#: (``bucket_*``, ``observed_sum``: its duration, seconds), in the same transaction.
+TIER_RUN_FINISH = _named("TIER_RUN_FINISH", f"""
+    WITH finished AS (
+      UPDATE tier_runs SET status = %(status)s, finished_at = now(), summary = %(summary)s::jsonb
+      WHERE run_key = %(run_key)s RETURNING tier, dry_run)
+    {_HISTOGRAM_ADD.format(metric="run_duration", rows="FROM finished WHERE NOT dry_run")}""")
+#: The lateness of a tier run's transaction's promotions (``bucket_*``, ``observed_sum`` in seconds:
+#: ``transitions.count_moves``), after its ADD_GROUP_TOTALS.
+ADD_RETRY_LATENESS = _named("ADD_RETRY_LATENESS", f"""
+    WITH finished AS (SELECT %(tier)s::text AS tier)
+    {_HISTOGRAM_ADD.format(metric="retry_lateness", rows="FROM finished")}""")
 #: Messages waiting at levels a table of ``level_count`` levels does not have: (level, count).
 WAITING_BEYOND_LEVELS = _named("WAITING_BEYOND_LEVELS", """
     SELECT delay_level, count(*) FROM deliveries
@@ -542,7 +587,11 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       INSERT INTO redrive_moves (run_id, group_id, message_id)
       SELECT %(run)s, group_id, message_id FROM revived RETURNING 1),
     counted AS (
-      UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s RETURNING 1)
+      UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s RETURNING 1),
+    -- the group's redriven total: its new value reads all of revived, so the row is locked last
+    totals AS (
+      UPDATE consumer_groups SET redriven = redriven + (SELECT count(*) FROM revived)
+      WHERE id = %(g)s AND EXISTS (SELECT 1 FROM revived))
     SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM revived) FROM counted""")
 #: Close a redrive run: ``status`` and, when given, ``selected`` and ``sample``.
 REDRIVE_RUN_FINISH = _named("REDRIVE_RUN_FINISH", """
@@ -556,6 +605,81 @@ REDRIVE_RUN_RESULT = _named("REDRIVE_RUN_RESULT",
 LATEST_REDRIVES = _named("LATEST_REDRIVES", """
     SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.selected, r.moved, r.started_at
     FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DESC LIMIT 10""")
+
+# ---- operator page --------------------------------------------------------------------------------
+# The "Dead letters" page (``redelivery.airflow.ui``), read on each page load. Like the metrics, each
+# costs what it counts (a live state through its partial index, dead letters through their narrow
+# index, a tier's latest runs through tier_runs_window): the deliveries' history (COMMITTED) is not read.
+
+#: Deliveries per group and live state, summed over the group's topics: READY, INFLIGHT,
+#: WAITING_RETRY, and DLQ counted as its dead-letter rows (the same, row for row: invariant 2).
+GROUP_STATE_COUNTS = _named("GROUP_STATE_COUNTS", """
+    SELECT g.name, c.state, c.n
+    FROM (SELECT group_id, 'READY' AS state, count(*) AS n FROM deliveries WHERE state = 'READY' GROUP BY 1
+          UNION ALL
+          SELECT group_id, 'INFLIGHT', count(*) FROM deliveries WHERE state = 'INFLIGHT' GROUP BY 1
+          UNION ALL
+          SELECT group_id, 'WAITING_RETRY', count(*) FROM deliveries WHERE state = 'WAITING_RETRY' GROUP BY 1
+          UNION ALL
+          SELECT group_id, 'DLQ', count(*) FROM dlq_messages GROUP BY 1) c
+    JOIN consumer_groups g ON g.id = c.group_id ORDER BY 1, 2""")
+#: Retries waiting (WAITING_RETRY) per group and delay level, summed over the group's topics.
+GROUP_WAITING_PER_LEVEL = _named("GROUP_WAITING_PER_LEVEL", """
+    SELECT g.name, c.delay_level, c.n
+    FROM (SELECT group_id, delay_level, count(*) AS n FROM deliveries
+          WHERE state = 'WAITING_RETRY' GROUP BY 1, 2) c
+    JOIN consumer_groups g ON g.id = c.group_id ORDER BY 1, 2""")
+#: The latest ``n`` successful real runs of each tier, oldest first: window end, promoted, and the
+#: lateness (window end minus due time) p50, p99 and max in seconds (NULL: the run promoted nothing).
+#: The tiers are found by a skip scan of tier_runs_window, then each tier's runs read backwards from it.
+RECENT_TIER_LATENESS = _named("RECENT_TIER_LATENESS", """
+    WITH RECURSIVE tiers AS (
+        SELECT min(tier) AS tier FROM tier_runs
+        UNION ALL
+        SELECT (SELECT min(r.tier) FROM tier_runs r WHERE r.tier > t.tier)
+        FROM tiers t WHERE t.tier IS NOT NULL)
+    SELECT t.tier, r.window_end, (r.summary->>'promoted')::bigint,
+           (r.summary->'lateness_seconds'->>'p50')::float8, (r.summary->'lateness_seconds'->>'p99')::float8,
+           (r.summary->'lateness_seconds'->>'max')::float8
+    FROM tiers t CROSS JOIN LATERAL (
+        SELECT window_end, summary FROM tier_runs
+        WHERE tier = t.tier AND status = 'success' AND NOT dry_run
+        ORDER BY window_end DESC LIMIT %(n)s) r
+    WHERE t.tier IS NOT NULL ORDER BY 1, 2""")
+
+# ---- metrics --------------------------------------------------------------------------------------
+# Read at scrape time (``redelivery.metrics``), together in one read-only snapshot. Each costs what
+# it counts: a live state's rows through its partial index, the dead letters through their narrow
+# index, the groups, the tiers; never the deliveries' history (COMMITTED is not counted).
+
+#: READY deliveries per subscription: how many, and the age in seconds (at ``at``, default the
+#: database clock) of the one READY the longest (ready_at: when it last became READY; rows made
+#: READY before migration 0003 have none). Both from the index deliveries_ready_at (0006) alone.
+METRICS_READY = _named("METRICS_READY", f"""
+    SELECT t.name, g.name, r.n, coalesce(greatest(extract(epoch FROM {AT} - r.oldest), 0), 0)::float8
+    FROM (SELECT group_id, topic_id, count(*) AS n, min(ready_at) AS oldest
+          FROM deliveries WHERE state = 'READY' GROUP BY 1, 2) r
+    JOIN topics t ON t.id = r.topic_id JOIN consumer_groups g ON g.id = r.group_id""")
+METRICS_INFLIGHT = _named("METRICS_INFLIGHT", """
+    SELECT t.name, g.name, c.n
+    FROM (SELECT topic_id, group_id, count(*) AS n FROM deliveries WHERE state = 'INFLIGHT' GROUP BY 1, 2) c
+    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
+#: WAITING_RETRY deliveries per subscription and delay level.
+METRICS_WAITING = _named("METRICS_WAITING", """
+    SELECT t.name, g.name, c.delay_level, c.n
+    FROM (SELECT topic_id, group_id, delay_level, count(*) AS n FROM deliveries
+          WHERE state = 'WAITING_RETRY' GROUP BY 1, 2, 3) c
+    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
+#: Dead letters per DLQ, topic, group and reason (the DLQ state of the deliveries, row for row).
+METRICS_DEAD_LETTERS = _named("METRICS_DEAD_LETTERS", """
+    SELECT dq.name, t.name, g.name, c.reason::text, c.n
+    FROM (SELECT dlq_id, group_id, topic_id, reason, count(*) AS n FROM dlq_messages GROUP BY 1, 2, 3, 4) c
+    JOIN dead_letter_queues dq ON dq.id = c.dlq_id JOIN topics t ON t.id = c.topic_id
+    JOIN consumer_groups g ON g.id = c.group_id""")
+METRICS_GROUP_TOTALS = _named("METRICS_GROUP_TOTALS", """
+    SELECT name, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups""")
+METRICS_HISTOGRAMS = _named("METRICS_HISTOGRAMS", """
+    SELECT tier, metric, bounds, counts, sum FROM tier_histograms ORDER BY 1, 2""")
 
 # ---- retention ------------------------------------------------------------------------------------
 # Records older than their retention (seconds), deleted a bounded number of rows at a time.
@@ -583,6 +707,37 @@ CLEANUP_REDRIVE_RUNS = _named("CLEANUP_REDRIVE_RUNS", """
     DELETE FROM redrive_runs WHERE id = ANY(ARRAY(
       SELECT id FROM redrive_runs
       WHERE finished_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s))""")
+
+# ---- asset watchers -------------------------------------------------------------------------------
+# ``airflow.triggers.ReadyMessagesTrigger``: new READY deliveries of a subscription since a watermark.
+
+#: The watermark's horizon: the start of the oldest transaction open in this database (client
+#: sessions but this one), or now; never more than ``settle`` seconds ago. A delivery's ready_at is
+#: its transaction's start, so every delivery with an older ready_at is committed by then.
+READY_HORIZON = _named("READY_HORIZON", """
+    SELECT least(now(), greatest(coalesce(min(a.xact_start), now()),
+                                 now() - make_interval(secs => %(settle)s::float8)))
+    FROM pg_stat_activity a
+    WHERE a.datname = current_database() AND a.backend_type = 'client backend'
+      AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL""")
+#: How many deliveries of (topic, group) are READY with ready_at in [watermark, horizon)
+#: (watermark NULL: from the beginning).
+READY_SINCE = _named("READY_SINCE", """
+    SELECT count(*) FROM deliveries d
+    WHERE d.group_id = (SELECT id FROM consumer_groups WHERE name = %(group)s)
+      AND d.topic_id = (SELECT id FROM topics WHERE name = %(topic)s) AND d.state = 'READY'
+      AND d.ready_at >= coalesce(%(watermark)s::timestamptz, '-infinity') AND d.ready_at < %(horizon)s""")
+ASSET_WATERMARK = _named("ASSET_WATERMARK", """
+    SELECT watermark FROM asset_watermarks WHERE asset_uri = %(asset_uri)s""")
+#: Move an asset's watermark from ``previous`` (NULL: none stored yet) to ``watermark`` and count the
+#: event; returns nothing when the stored watermark is no longer ``previous`` (another copy of the
+#: trigger fired first).
+ADVANCE_ASSET_WATERMARK = _named("ADVANCE_ASSET_WATERMARK", """
+    INSERT INTO asset_watermarks (asset_uri, watermark) VALUES (%(asset_uri)s, %(watermark)s)
+    ON CONFLICT (asset_uri) DO UPDATE
+        SET watermark = EXCLUDED.watermark, events = asset_watermarks.events + 1, fired_at = now()
+        WHERE asset_watermarks.watermark IS NOT DISTINCT FROM %(previous)s::timestamptz
+    RETURNING watermark""")
 
 #: The statements that move deliveries between states (docs/ARCHITECTURE.md, "State changes").
 STATE_CHANGES = ("FAN_OUT", "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",

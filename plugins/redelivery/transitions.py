@@ -19,10 +19,15 @@ from datetime import datetime
 import psycopg
 
 from . import statements as S
-from .catalog import lock_backlog, missing_dlq_tables, ready_count
+from .catalog import add_group_totals, lock_backlog, missing_dlq_tables, ready_count
 
 LEASE_EXPIRED_ERROR = "lease expired: no ack or nack within the invisible duration"
 LATENESS_BUCKET_MS = 100
+#: Bucket upper bounds (seconds) of each tier's cumulative histograms (``redelivery.metrics``): the
+#: lateness of promoted retries (tier windows are 10 s to 10 min long) and the duration of tier
+#: runs. Changing them restarts those histograms (a counter reset to Prometheus).
+LATENESS_BOUNDS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
+RUN_DURATION_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 
 @dataclass
@@ -32,13 +37,20 @@ class WindowResult:
     ``promoted``: {(group_id, level): n}; ``retried``: {group_id: n} leases expired into a retry;
     ``dead_lettered``: {(group_id, reason): n}; ``lateness``: {bucket: (n, max_seconds)} where a
     bucket is ``LATENESS_BUCKET_MS`` wide and lateness = window end - due time; ``held_back``:
-    {group_id: n} due messages left waiting by a ready-backlog cap."""
+    {group_id: n} due messages left waiting by a ready-backlog cap; ``promoted_by_topic``:
+    {(group_id, topic_id): n}, the promotions per subscription (its asset events);
+    ``lateness_counts``: {i: n} promotions per bucket of ``LATENESS_BOUNDS`` (i: the first bound at
+    least the lateness; ``len(LATENESS_BOUNDS)``: above them all) and ``lateness_sum`` their
+    lateness in seconds."""
 
     promoted: dict = field(default_factory=dict)
     retried: dict = field(default_factory=dict)
     dead_lettered: dict = field(default_factory=dict)
     lateness: dict = field(default_factory=dict)
     held_back: dict = field(default_factory=dict)
+    promoted_by_topic: dict = field(default_factory=dict)
+    lateness_counts: dict = field(default_factory=dict)
+    lateness_sum: float = 0.0
 
     def merge(self, other: WindowResult) -> WindowResult:
         for mine, theirs in (
@@ -46,19 +58,26 @@ class WindowResult:
             (self.retried, other.retried),
             (self.dead_lettered, other.dead_lettered),
             (self.held_back, other.held_back),
+            (self.promoted_by_topic, other.promoted_by_topic),
+            (self.lateness_counts, other.lateness_counts),
         ):
             for key, n in theirs.items():
                 mine[key] = mine.get(key, 0) + n
+        self.lateness_sum += other.lateness_sum
         for bucket, (n, top) in other.lateness.items():
             count, best = self.lateness.get(bucket, (0, 0.0))
             self.lateness[bucket] = (count + n, max(best, top))
         return self
 
     def add_promoted(self, rows) -> None:
-        for group_id, level, bucket, n, top in rows:
+        for group_id, level, bucket, n, top, topic_id, total, le in rows:
             self.promoted[(group_id, level)] = self.promoted.get((group_id, level), 0) + n
+            subscription = (group_id, topic_id)
+            self.promoted_by_topic[subscription] = self.promoted_by_topic.get(subscription, 0) + n
             count, best = self.lateness.get(bucket, (0, 0.0))
             self.lateness[bucket] = (count + n, max(best, top))
+            self.lateness_counts[le] = self.lateness_counts.get(le, 0) + n
+            self.lateness_sum += total
 
     def add_dead_lettered(self, rows) -> None:
         for group_id, reason, n in rows:
@@ -88,7 +107,37 @@ def window_params(policies: dict, levels: list[int], window_end: datetime) -> di
         "dead_lettered_at": window_end,
         "lease_error": LEASE_EXPIRED_ERROR,
         "bucket_ms": LATENESS_BUCKET_MS,
+        "lateness_le": list(LATENESS_BOUNDS),
     }
+
+
+def histogram_params(bounds, counts: dict[int, int], total: float) -> dict:
+    """The parameters of a histogram observation (ADD_RETRY_LATENESS, TIER_RUN_FINISH): ``counts``
+    {bucket index: n} (index ``len(bounds)``: above every bound) as an array, ``total`` the sum of
+    the observations in seconds."""
+    return {
+        "bucket_bounds": list(bounds),
+        "bucket_counts": [counts.get(i, 0) for i in range(len(bounds) + 1)],
+        "observed_sum": float(total),
+    }
+
+
+def count_moves(conn: psycopg.Connection, tier: str, result: WindowResult) -> None:
+    """Add what one transaction of a tier run moved to the totals that never decrease (the groups'
+    promoted and dead-lettered, the tier's lateness histogram): the transaction's last statements,
+    so the group rows (in id order) and then the histogram row are locked after every delivery row.
+    The numbers are what the guarded statements moved: a re-run or an overlapping run adds only
+    its own moves."""
+    promoted: dict[int, int] = {}
+    dead: dict[int, int] = {}
+    for (group_id, _), n in result.promoted.items():
+        promoted[group_id] = promoted.get(group_id, 0) + n
+    for (group_id, _), n in result.dead_lettered.items():
+        dead[group_id] = dead.get(group_id, 0) + n
+    add_group_totals(conn, promoted=promoted, dead_lettered=dead)
+    if result.lateness_counts:
+        params = histogram_params(LATENESS_BOUNDS, result.lateness_counts, result.lateness_sum)
+        conn.execute(S.ADD_RETRY_LATENESS, {"tier": tier, **params})
 
 
 def plan_window(
@@ -120,6 +169,7 @@ def dlq_tables_needed(
 def apply_window_range(
     conn: psycopg.Connection,
     *,
+    tier: str,
     levels: list[int],
     policies: dict,
     window_end: datetime,
@@ -136,8 +186,10 @@ def apply_window_range(
        with a ready-backlog cap excepted: see ``promote_capped``), or to the DLQ
        (MAX_DELIVERIES_EXCEEDED) if their policy's max reconsume times is now below theirs.
 
-    ``policies``: parameters from ``policy_table``. With ``dry_run`` the transaction is rolled back
-    and the result says what would have moved."""
+    The same transaction adds its moves to the totals of ``count_moves`` (``tier``: the tier
+    whose lateness histogram counts the promotions). ``policies``: parameters from
+    ``policy_table``. With ``dry_run`` the transaction is rolled back and the result says what would
+    have moved."""
     params = {**window_params(policies, levels, window_end), "low": low, "high": high}
     result = WindowResult()
     with conn.transaction(force_rollback=dry_run):
@@ -150,12 +202,14 @@ def apply_window_range(
         result.add_dead_lettered(
             conn.execute(S.DEAD_LETTER_OVER_MAX, {**params, "reason": "MAX_DELIVERIES_EXCEEDED"})
         )
+        count_moves(conn, tier, result)
     return result
 
 
 def promote_capped(
     conn: psycopg.Connection,
     *,
+    tier: str,
     levels: list[int],
     policies: dict,
     window_end: datetime,
@@ -163,19 +217,23 @@ def promote_capped(
 ) -> WindowResult:
     """Promote the due messages of subscriptions with a ready-backlog cap, oldest due first, up to
     the room under the cap; the rest stay WAITING_RETRY for a later window (nothing lost, nothing
-    early). One transaction per subscription, serialised with publishers by an advisory lock."""
+    early). One transaction per subscription, serialised with publishers by an advisory lock; each
+    adds its promotions to the totals (``count_moves``)."""
     result = WindowResult()
     for topic, group_id, cap in zip(policies["p_topic"], policies["p_group"], policies["p_cap"], strict=True):
         if cap is None:
             continue
         params = {**window_params(policies, levels, window_end), "topic_id": topic, "g": group_id}
+        part = WindowResult()
         with conn.transaction(force_rollback=dry_run):
             lock_backlog(conn, topic)
             params["room"] = max(cap - ready_count(conn, group_id, topic), 0)
-            result.add_promoted(conn.execute(S.PROMOTE_CAPPED, params))
+            part.add_promoted(conn.execute(S.PROMOTE_CAPPED, params))
             left = conn.execute(S.DUE_COUNT, params).fetchone()[0]
             if left:
-                result.held_back[group_id] = result.held_back.get(group_id, 0) + left
+                part.held_back[group_id] = left
+            count_moves(conn, tier, part)
+        result.merge(part)
     return result
 
 

@@ -42,17 +42,35 @@ class RedeliveryHook(BaseHook):
             conn = self.get_connection(self.redelivery_conn_id)
         except AirflowNotFoundException:
             return db.database_url()
-        keywords = _libpq_keywords()
-        extra = {k: str(v) for k, v in (conn.extra_dejson or {}).items() if k in keywords}
-        return make_conninfo(
-            host=conn.host,
-            port=conn.port or 5432,
-            user=conn.login,
-            password=conn.password or None,
-            dbname=conn.schema or "redelivery",
-            **extra,
-        )
+        return _conninfo(conn)
+
+    async def aget_database_url(self) -> str:
+        """``get_database_url`` for code on an event loop (a trigger in the triggerer): the
+        connection is read with Airflow's async call, a blocking fallback runs in a thread."""
+        import asyncio
+
+        from airflow.exceptions import AirflowNotFoundException
+
+        try:
+            conn = await self.aget_connection(self.redelivery_conn_id)
+        except AirflowNotFoundException:
+            return await asyncio.to_thread(db.database_url)
+        return _conninfo(conn)
 
     def get_conn(self) -> psycopg.Connection:
         """A psycopg connection with ``search_path`` set to the ``redelivery`` schema."""
         return db.connect(self.get_database_url())
+
+
+def _conninfo(conn) -> str:
+    """A libpq connection string for an Airflow connection of type postgres."""
+    keywords = _libpq_keywords()
+    extra = {k: str(v) for k, v in (conn.extra_dejson or {}).items() if k in keywords}
+    return make_conninfo(
+        host=conn.host,
+        port=conn.port or 5432,
+        user=conn.login,
+        password=conn.password or None,
+        dbname=conn.schema or "redelivery",
+        **extra,
+    )

@@ -25,6 +25,7 @@ from ..config import cached_config
 from ..settings import REPO_ROOT, get_settings
 from ..spark.session import submit_environment
 from ..transitions import count_window
+from .assets import emit_promotions, promotions_alias
 from .env import SPARK_CONN_ID
 from .hooks import RedeliveryHook
 
@@ -77,11 +78,16 @@ class TierWindowOperator(BaseOperator):
     """Apply one tier window. ``tier``: tier name from the config file; the window end is
     ``params.window_end`` if given, else the run's ``data_interval_end``; ``params.levels`` a
     subset of the tier's levels; ``params.dry_run``. Returns the summary
-    (``redelivery.spark.tier_job.run_tier_window``) with ``engine`` saying where it ran."""
+    (``redelivery.spark.tier_job.run_tier_window``) with ``engine`` saying where it ran.
+
+    Its outlet is the alias ``redelivery_promotions``: a run that promoted messages emits one
+    asset event per subscription, on ``redelivery://<topic>/<group>`` (``airflow.assets``), extra
+    ``{"promoted": n, "tier", "window_end"}``; a dry run emits nothing."""
 
     template_fields = ("window_end", "window_start", "run_key", "levels", "dry_run")
 
     def __init__(self, *, tier: str, conn_id: str = SPARK_CONN_ID, **kwargs):
+        kwargs.setdefault("outlets", [promotions_alias()])
         super().__init__(**kwargs)
         self.tier, self.conn_id = tier, conn_id
         self.window_end = "{{ params.window_end or data_interval_end.isoformat() }}"
@@ -139,6 +145,8 @@ class TierWindowOperator(BaseOperator):
                 moved["retried_after_lease_expiry"],
                 moved["dead_lettered"],
             )
+        for topic, group, n in emit_promotions(context, summary):
+            self.log.info("asset event for %s/%s: %s promoted", topic, group, n)
         if summary.get("unresolved_subscriptions"):  # every other subscription moved; this one needs a fix
             problems = "; ".join(
                 f"{p['topic']}/{p['group']}: {p['error']}" for p in summary["unresolved_subscriptions"]

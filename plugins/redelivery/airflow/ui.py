@@ -1,93 +1,226 @@
-"""The operator's page in the Airflow UI (plugin ``redelivery``): dead letters per group (count,
-oldest, DLQs, top reasons and errors) and the latest tier and redrive runs. Served by the
-api-server under /redelivery to users allowed to read the dlq_redrive DAG; the plugin adds it to
-the navigation as "Dead letters"."""
+"""The operator's page in the Airflow UI (plugin ``redelivery``), a FastAPI app the api-server
+mounts under /redelivery; the plugin adds ``/redelivery/dlq`` to the navigation as "Dead letters"
+(the UI shows it in an iframe of the same origin).
+
+- ``GET /redelivery/dlq``: the page (``redelivery.airflow.dlq_page``): per group, deliveries per
+  state and retries waiting per delay level as charts, its dead letters, a dry-run redrive form;
+  the lateness of recent tier runs; the latest redrives. ``GET /redelivery/dlq.json``: the dead
+  letters per group (``dead_letters.summary``).
+- ``POST /redelivery/dlq/redrive`` (the page's form; fields ``group``, ``reason``,
+  ``error_contains``): triggers a ``dlq_redrive`` run with ``{"group", "dry_run": true,
+  "reasons": [reason], "error_contains"}`` (empty fields left out) through Airflow's own REST
+  trigger endpoint function, so the DAG's Params validate the conf. Answers 303 to the run's page
+  in the Airflow UI when the form was posted by a top-level page (``Sec-Fetch-Dest: document``),
+  otherwise 303 to ``GET /redelivery/dlq/runs/<run id>``; or a page with a one-line message (400:
+  a value the Params refuse; nothing is created). Dry run is always on: moving happens only from
+  the DAG's own trigger form or the API.
+- ``GET /redelivery/dlq/runs/<run id>``: "dry run triggered", and the way to the run's page. The UI
+  shows plugin pages in an iframe sandboxed without ``allow-top-navigation`` (Airflow 3.3: scripts,
+  same origin, forms, downloads), so neither a form with ``target=_top`` nor a link can take the UI
+  to the run; a tiny inline script clicks a link made in the top document instead (a link of the
+  top document is navigated by the top document: no sandbox applies). Opened top-level, it
+  replaces itself with the run's page. The run's address is on the page too, as a link.
+- ``GET /redelivery/metrics``: the Prometheus metrics (``redelivery.metrics``).
+
+Access: every route needs Airflow's permission to read the dlq_redrive DAG; the POST also needs
+the permission to trigger it (``DagAccessEntity.RUN``, POST), as the REST endpoint does. Cross-site
+requests: the UI's session is a JWT in the ``_token`` cookie with ``SameSite=Lax``, which browsers
+leave out of cross-site POSTs, but a same-site page of another origin (another port or subdomain of
+the same host) would still send it with a plain HTML form. So the POST is refused (403) unless its
+``Origin`` header (or, without one, its ``Referer``) is this api-server's own origin: the request's
+scheme and host, or the origin of ``[api] base_url``.
+"""
 
 from __future__ import annotations
 
+import json
 from html import escape
+from typing import Annotated
+from urllib.parse import quote, urlsplit
 
-from airflow.api_fastapi.core_api.security import requires_access_dag
-from fastapi import Depends, FastAPI
-from fastapi.responses import HTMLResponse
+import psycopg
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from airflow.configuration import conf
+from fastapi import Depends, FastAPI, Form, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from .. import statements as S
 from ..dead_letters import summary
+from ..metrics import CONTENT_TYPE
+from ..metrics import render as render_metrics
+from .dlq_page import REDRIVE_DAG, STYLE, page_data, render
 from .hooks import RedeliveryHook
 
-# Same permission as reading the dlq_redrive DAG (Airflow's auth manager; the UI's session cookie
-# reaches the page, which the UI shows in an iframe of the same origin).
 app = FastAPI(
     title="redelivery",
     docs_url=None,
     redoc_url=None,
-    dependencies=[Depends(requires_access_dag("GET", param_dag_id="dlq_redrive"))],
+    dependencies=[Depends(requires_access_dag("GET", param_dag_id=REDRIVE_DAG))],
 )
-
-STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#1a202c}
-table{border-collapse:collapse;margin:8px 0 24px}
-td,th{border:1px solid #cbd5e0;padding:4px 10px;text-align:left;vertical-align:top}th{background:#edf2f7}
-.n{text-align:right}h1{font-size:22px}h2{font-size:18px;margin-top:28px}.muted{color:#718096}"""
+#: The longest refusal message shown (a refused value is quoted in it).
+MESSAGE_CHARS = 300
 
 
-def _data() -> dict:
-    with RedeliveryHook().get_conn() as conn:
-        tiers = conn.execute(S.LATEST_TIER_RUNS).fetchall()
-        redrives = conn.execute(S.LATEST_REDRIVES).fetchall()
-        return {"groups": summary(conn), "tiers": tiers, "redrives": redrives}
+def _base_url() -> str:
+    """``[api] base_url`` (empty when not set)."""
+    return conf.get("api", "base_url", fallback="") or ""
 
 
-def _table(headers: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(str(v) if v is not None else '')}</td>" for v in row) + "</tr>"
-        for row in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
+def _ui_root() -> str:
+    """The Airflow UI's root path, with a trailing slash ("/" unless base_url has a path)."""
+    path = urlsplit(_base_url()).path or "/"
+    return path if path.endswith("/") else path + "/"
+
+
+def _origin(url: str | None) -> str | None:
+    parts = urlsplit(url or "")
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else None
+
+
+def require_same_origin(request: Request) -> None:
+    """Refuse (403) a request whose ``Origin`` (else ``Referer``) is missing or another origin."""
+    sent = request.headers.get("origin")
+    source = _origin(sent) if sent else _origin(request.headers.get("referer"))
+    own = {_origin(str(request.url)), _origin(_base_url())} - {None}
+    if source is None or source not in own:
+        raise HTTPException(403, f"refused: a POST from origin {sent or source!r}, not this api-server's")
+
+
+def _conn() -> psycopg.Connection:
+    conn = RedeliveryHook().get_conn()
+    # one read-only snapshot: the charts, the counts and the tables agree
+    conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+    return conn
 
 
 @app.get("/dlq", response_class=HTMLResponse)
 def dead_letters_page() -> str:
-    data = _data()
-    parts = [
-        f"<!doctype html><html><head><title>Dead letters</title><style>{STYLE}</style></head><body>",
-        "<h1>Dead letters</h1>",
-    ]
-    if not data["groups"]:
-        parts.append("<p class='muted'>No dead letters.</p>")
-    for group in data["groups"]:
-        parts.append(
-            f"<h2>Group {escape(group['group'])}: {group['count']} dead letters</h2>"
-            f"<p class='muted'>oldest {escape(group['oldest'])}, newest {escape(group['newest'])}. "
-            "Redrive them with the <b>dlq_redrive</b> DAG.</p>"
-        )
-        parts.append(
-            _table(["dead-letter queue", "messages"], [[q["value"], q["count"]] for q in group["queues"]])
-        )
-        parts.append(
-            _table(["top reasons", "messages"], [[r["value"], r["count"]] for r in group["top_reasons"]])
-        )
-        parts.append(
-            _table(["top last errors", "messages"], [[e["value"], e["count"]] for e in group["top_errors"]])
-        )
-    parts.append("<h2>Latest tier runs</h2>")
-    parts.append(
-        _table(
-            ["tier", "window end", "status", "promoted", "dead-lettered", "lateness p99 (s)"],
-            [list(r) for r in data["tiers"]],
-        )
-    )
-    parts.append("<h2>Latest redrives</h2>")
-    parts.append(
-        _table(
-            ["run", "group", "triggered by", "dry run", "status", "selected", "moved", "started"],
-            [list(r) for r in data["redrives"]],
-        )
-    )
-    parts.append("</body></html>")
-    return "".join(parts)
+    with _conn() as conn:
+        return render(page_data(conn))
 
 
 @app.get("/dlq.json")
 def dead_letters_json() -> list:
-    return _data()["groups"]
+    with RedeliveryHook().get_conn() as conn:
+        return summary(conn)
+
+
+def one_line(detail) -> str:
+    """The first line of an error (JSON schema errors go on with the schema), the keyword that
+    failed appended, at most ``MESSAGE_CHARS`` characters (the middle cut out)."""
+    lines = [line.strip() for line in str(detail).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else "refused"
+    failed = next((line for line in lines if line.startswith("Failed validating")), None)
+    if failed:
+        text += f" ({failed.split(' in ')[0].removeprefix('Failed validating ').strip()} failed)"
+    if len(text) > MESSAGE_CHARS:
+        half = MESSAGE_CHARS // 2 - 2
+        text = f"{text[:half]} … {text[-half:]}"
+    return text
+
+
+def _small_page(title: str, body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>{body}</body></html>",
+        status_code=status,
+    )
+
+
+def _refused(request: Request, status: int, detail) -> HTMLResponse:
+    back = escape(request.url_for("dead_letters_page").path)  # in the UI's frame when posted from it
+    return _small_page(
+        "Redrive refused",
+        f"<p class='refused'>Refused: {escape(one_line(detail))}</p>"
+        "<p class='muted'>Nothing was triggered.</p>"
+        f"<p><a href='{back}'>Back to Dead letters</a></p>",
+        status,
+    )
+
+
+def run_page(run_id: str) -> str:
+    """The path of a dlq_redrive run's page in the Airflow UI."""
+    return f"{_ui_root()}dags/{REDRIVE_DAG}/runs/{quote(run_id, safe='')}"
+
+
+@app.post(
+    "/dlq/redrive",
+    dependencies=[
+        Depends(require_same_origin),
+        Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=REDRIVE_DAG)),
+    ],
+    response_model=None,
+)
+def dry_run_redrive(
+    request: Request,
+    user: GetUserDep,
+    session: SessionDep,
+    group: Annotated[str, Form(max_length=2000)] = "",
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    error_contains: Annotated[str, Form(max_length=100_000)] = "",
+) -> Response:
+    """Trigger a dry run of dlq_redrive for ``group`` (see the module docstring); 303 to the run."""
+    # Airflow's REST trigger endpoint itself (Params validated by their JSON schema, run created in
+    # this request's session, triggered by this user), imported here: plugins load in every
+    # Airflow process, the REST routes matter in the api-server only.
+    from airflow.api_fastapi.common.dagbag import create_dag_bag
+    from airflow.api_fastapi.core_api.datamodels.dag_run import TriggerDAGRunPostBody
+    from airflow.api_fastapi.core_api.routes.public.dag_run import trigger_dag_run
+
+    conf_ = {"group": group, "dry_run": True}
+    if reason:
+        conf_["reasons"] = [reason]
+    if error_contains:
+        conf_["error_contains"] = error_contains
+    if getattr(app.state, "dag_bag", None) is None:  # the api-server's own is on its root app
+        app.state.dag_bag = create_dag_bag()
+    try:
+        body = TriggerDAGRunPostBody(logical_date=None, conf=conf_)
+        run = trigger_dag_run(REDRIVE_DAG, body, app.state.dag_bag, user, session, request)
+        run_id = run.run_id
+    except HTTPException as exc:
+        session.rollback()  # nothing of a refused run may be committed by the session's teardown
+        return _refused(request, exc.status_code, exc.detail)
+    if request.headers.get("sec-fetch-dest") == "document":  # a top-level page: straight to the run
+        return RedirectResponse(run_page(run_id), status_code=303)
+    return RedirectResponse(request.url_for("triggered", run_id=quote(run_id, safe="")).path, status_code=303)
+
+
+# Goes to the run once, after the frame's load (the UI has then mirrored the frame's address in its
+# own: going back returns here, and must not bounce to the run again), and on a click of the link.
+GO_TO_RUN = """<script>(function () {
+  var url = %s, key = "redelivery-opened:" + url;
+  function go() {
+    if (window.top === window) { location.assign(url); return; }
+    var a = window.top.document.createElement("a");
+    a.href = url;
+    window.top.document.body.appendChild(a);
+    a.click();
+  }
+  document.getElementById("run").addEventListener("click", function (e) { e.preventDefault(); go(); });
+  window.addEventListener("load", function () {
+    if (sessionStorage.getItem(key)) return;
+    sessionStorage.setItem(key, "1");
+    setTimeout(go, 0);
+  });
+})();</script>"""
+
+
+@app.get("/dlq/runs/{run_id}", response_class=HTMLResponse, name="triggered")
+def triggered(run_id: str) -> HTMLResponse:
+    """The page after the form: the run's id and a link to its page; a script goes there."""
+    url = run_page(run_id)
+    script = GO_TO_RUN % json.dumps(url).replace("<", "\\u003c")  # JSON inside <script>: no "</" possible
+    return _small_page(
+        "Dry run triggered",
+        f"<p class='triggered'>dlq_redrive run <b>{escape(run_id)}</b> (a dry run: nothing moves).</p>"
+        f"<p>Open <a id='run' href='{escape(url)}' target='_top'>its page in the Airflow UI</a>.</p>{script}",
+    )
+
+
+@app.get("/metrics")
+def metrics() -> Response:
+    """The Prometheus metrics, read from the state store now (text exposition format)."""
+    with RedeliveryHook().get_conn() as conn:
+        return Response(render_metrics(conn), media_type=CONTENT_TYPE)

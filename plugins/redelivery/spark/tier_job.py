@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from bisect import bisect_left
 from datetime import UTC, datetime
 
 from psycopg.types.json import Jsonb
@@ -20,10 +21,12 @@ from ..config import RedeliveryConfig, cached_config
 from ..errors import InvalidLevelError, InvalidWindowError
 from ..transitions import (
     LATENESS_BUCKET_MS,
+    RUN_DURATION_BOUNDS,
     WindowResult,
     apply_window_range,
     count_window,
     dlq_tables_needed,
+    histogram_params,
     lateness_percentiles,
     plan_window,
     promote_capped,
@@ -32,7 +35,13 @@ from .tasks import default_parallelism, run_in_tasks
 
 
 def apply_range(
-    url: str, levels: list[int], policies: dict, window_end: datetime, dry_run: bool, bounds: tuple[int, int]
+    url: str,
+    tier: str,
+    levels: list[int],
+    policies: dict,
+    window_end: datetime,
+    dry_run: bool,
+    bounds: tuple[int, int],
 ) -> WindowResult:
     """One range in one transaction, on its own connection (a Spark task, or this process). A
     transaction that PostgreSQL aborts as a deadlock victim changed nothing and runs again."""
@@ -45,6 +54,7 @@ def apply_range(
                     ensure_dlq_tables(conn, dlq_tables_needed(conn, levels, window_end, policies))
                     return apply_window_range(
                         conn,
+                        tier=tier,
                         levels=levels,
                         policies=policies,
                         window_end=window_end,
@@ -53,7 +63,7 @@ def apply_range(
                         dry_run=True,
                     )
             return apply_window_range(
-                conn, levels=levels, policies=policies, window_end=window_end, low=low, high=high
+                conn, tier=tier, levels=levels, policies=policies, window_end=window_end, low=low, high=high
             )
 
         return db.retry_lock_conflicts(apply)
@@ -91,8 +101,9 @@ def run_tier_window(
 
     Summary: ``{"tier", "levels", "window_start", "window_end", "dry_run", "promoted",
     "retried_after_lease_expiry", "dead_lettered", "held_back_by_backlog_cap", "by_group": {group:
-    {"promoted": {level: n}, "retried_after_lease_expiry": n, "dead_lettered": {reason: n},
-    "held_back_by_backlog_cap": n}}, "unresolved_subscriptions": [{"topic", "group", "error"}],
+    {"promoted": {level: n}, "promoted_by_topic": {topic: n}, "retried_after_lease_expiry": n,
+    "dead_lettered": {reason: n}, "held_back_by_backlog_cap": n}}, "unresolved_subscriptions":
+    [{"topic", "group", "error"}],
     "lateness_seconds": {"p50", "p99", "max"}, "lateness_histogram": {"bucket_ms", "counts":
     {bucket start ms: n}}, "partitions", "duration_seconds"}``; lateness is window end minus due
     time, in seconds.
@@ -129,14 +140,17 @@ def run_tier_window(
                 spark = spark()
             partitions = max_partitions or (2 * default_parallelism(spark) if spark is not None else 1)
             ranges = plan_window(conn, chosen, window_end, partitions)
-            task = functools.partial(apply_range, url, chosen, policies, window_end, dry_run)
+            task = functools.partial(apply_range, url, tier, chosen, policies, window_end, dry_run)
             parts = run_in_tasks(spark, task, ranges) if spark is not None else [task(b) for b in ranges]
             parts.append(
-                promote_capped(conn, levels=chosen, policies=policies, window_end=window_end, dry_run=dry_run)
+                promote_capped(
+                    conn, tier=tier, levels=chosen, policies=policies, window_end=window_end, dry_run=dry_run
+                )
             )
             total = WindowResult()
             for part in parts:
                 total.merge(part)
+            seconds = time.perf_counter() - started
             summary = _summary(
                 conn,
                 total,
@@ -146,26 +160,33 @@ def run_tier_window(
                 window_end,
                 dry_run,
                 len(ranges),
-                time.perf_counter() - started,
+                seconds,
             )
             summary["engine"] = "spark" if spark is not None and ranges else "in-process"
             summary["unresolved_subscriptions"] = [
                 {"topic": topic, "group": group, "error": error}
                 for (topic, group), error in sorted(problems.items())
             ]
-            conn.execute(
-                S.TIER_RUN_FINISH, {"status": "success", "summary": Jsonb(summary), "run_key": run_key}
-            )
+            finish = {"status": "success", "summary": Jsonb(summary), "run_key": run_key}
+            conn.execute(S.TIER_RUN_FINISH, {**finish, **_duration(seconds)})
             return summary
         except BaseException:
-            conn.execute(S.TIER_RUN_FINISH, {"status": "failed", "summary": None, "run_key": run_key})
+            finish = {"status": "failed", "summary": None, "run_key": run_key}
+            conn.execute(S.TIER_RUN_FINISH, {**finish, **_duration(time.perf_counter() - started)})
             raise
+
+
+def _duration(seconds: float) -> dict:
+    """One observation of the tier's run-duration histogram (TIER_RUN_FINISH adds it unless the
+    run is a dry run): ``seconds`` from the start of ``run_tier_window`` to its record's end."""
+    return histogram_params(RUN_DURATION_BOUNDS, {bisect_left(RUN_DURATION_BOUNDS, seconds): 1}, seconds)
 
 
 def _summary(
     conn, total: WindowResult, tier, levels, window_start, window_end, dry_run, partitions, seconds
 ) -> dict:
     names = dict(conn.execute(S.GROUP_NAMES).fetchall())
+    topics = dict(conn.execute(S.TOPIC_NAMES).fetchall()) if total.promoted_by_topic else {}
     by_group: dict = {}
 
     def entry(group_id):
@@ -173,6 +194,7 @@ def _summary(
             names.get(group_id, str(group_id)),
             {
                 "promoted": {},
+                "promoted_by_topic": {},
                 "retried_after_lease_expiry": 0,
                 "dead_lettered": {},
                 "held_back_by_backlog_cap": 0,
@@ -181,6 +203,8 @@ def _summary(
 
     for (group_id, level), n in sorted(total.promoted.items()):
         entry(group_id)["promoted"][str(level)] = n
+    for (group_id, topic_id), n in sorted(total.promoted_by_topic.items()):
+        entry(group_id)["promoted_by_topic"][topics.get(topic_id, str(topic_id))] = n
     for group_id, n in total.retried.items():
         entry(group_id)["retried_after_lease_expiry"] = n
     for (group_id, reason), n in total.dead_lettered.items():

@@ -1,0 +1,208 @@
+"""``ReadyMessagesTrigger``: an event trigger (``AssetWatcher``) that starts a consumer DAG when a
+topic has new READY messages for a consumer group.
+
+It fires on edges, never on "rows exist": an event means "deliveries of (topic, group) became
+READY since the last event" (a publish, a promotion by a tier run, a redrive: every one of them
+sets ``ready_at``), and the same deliveries never fire twice, however long they stay READY. A
+trigger that fired on a backlog would make Airflow schedule the consumer forever.
+
+The watermark
+-------------
+The trigger polls every ``poll_interval`` seconds. An event covers the deliveries whose
+``ready_at`` lies in ``[watermark, horizon)``; the watermark then moves to the horizon:
+
+- The horizon is the start of the oldest transaction still open in the database (other sessions'
+  ``pg_stat_activity.xact_start``), or now. A delivery's ``ready_at`` is the start of the
+  transaction that made it READY (``now()``), so a long publish or promotion that commits after a
+  poll can never land behind the watermark: the watermark waits for it. A transaction open longer
+  than ``settle_timeout`` seconds stops holding it back (so a forgotten session cannot stall the
+  trigger); what such a transaction makes READY later with an older ``ready_at`` is not an event
+  of its own: the consumer run of a later event drains it with everything else.
+- The watermark of each asset is kept in the state store (``asset_watermarks``) and written when
+  the trigger fires, before the event is handed to Airflow: a trigger re-created from its
+  serialized kwargs (a triggerer restart, a re-assignment) starts from it, so it neither fires again
+  for deliveries that already fired nor misses the ones that became READY in between. The write is a
+  compare-and-set: two copies of the trigger (two triggerers) never fire for the same deliveries.
+  If the triggerer dies between that write and Airflow recording the event, that one event is lost
+  (at most once); its messages wait for the next event or the next consumer run.
+- With no stored watermark (the first start for an asset) the trigger fires once for the READY
+  backlog, so that a consumer DAG deployed onto a waiting topic starts.
+
+Visibility: the horizon needs the watcher's database role to see other sessions' transaction
+starts (the same role as the producers and tier jobs, a superuser, or ``pg_read_all_stats``);
+sessions it cannot see do not hold it back. Publishes given an explicit ``at`` (a simulated clock)
+earlier than the watermark are not seen as new.
+
+Why polling and not LISTEN/NOTIFY: a NOTIFY would have to be added to the publish, promote and
+redrive statements (or a trigger on ``deliveries``), and PostgreSQL serialises the commits of
+notifying transactions; notifications are also lost while nobody listens, so the watermark would be
+needed anyway. A poll is two indexed queries (``deliveries_ready_at``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from .. import statements as S
+from ..db import SCHEMA
+from .assets import asset_uri
+from .env import DB_CONN_ID
+from .hooks import RedeliveryHook
+
+#: Seconds between polls (default), and the bounds accepted.
+DEFAULT_POLL_SECONDS = 5.0
+MIN_POLL_SECONDS, MAX_POLL_SECONDS = 0.1, 3600.0
+#: Seconds an open transaction may hold the watermark back (default), and the bounds accepted.
+DEFAULT_SETTLE_SECONDS = 120.0
+MAX_SETTLE_SECONDS = 86_400.0
+#: Longest wait, in seconds, between attempts while the database cannot be reached.
+MAX_BACKOFF_SECONDS = 60.0
+
+
+def _seconds(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {low:g} to {high:g} seconds, got {value!r}")
+    return float(value)
+
+
+class ReadyMessagesTrigger(BaseEventTrigger):
+    """Fires when deliveries of ``topic`` for consumer group ``group`` became READY since its last
+    event (see the module's documentation for the watermark).
+
+    ``poll_interval``: seconds between polls (0.1 to 3600, default 5). ``settle_timeout``: seconds
+    an open transaction may hold the watermark back (at least ``poll_interval``, at most 86400,
+    default 120). ``conn_id``: the Airflow connection of the application database (default
+    ``redelivery_db``; without it ``REDELIVERY_DATABASE_URL`` or the embedded PostgreSQL).
+
+    Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None (the first
+    event), "until": ISO time}``: n deliveries became READY with ``ready_at`` in ``[since,
+    until)``. Raises ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs.
+    A database that cannot be reached is retried (waits double up to 60 s); the trigger never ends
+    on its own."""
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        group: str,
+        poll_interval: float = DEFAULT_POLL_SECONDS,
+        settle_timeout: float = DEFAULT_SETTLE_SECONDS,
+        conn_id: str = DB_CONN_ID,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.asset_uri = asset_uri(topic, group)  # InvalidNameError
+        self.topic, self.group = topic, group
+        self.poll_interval = _seconds("poll_interval", poll_interval, MIN_POLL_SECONDS, MAX_POLL_SECONDS)
+        self.settle_timeout = _seconds(
+            "settle_timeout", settle_timeout, self.poll_interval, MAX_SETTLE_SECONDS
+        )
+        if not isinstance(conn_id, str) or not conn_id:
+            raise ValueError(f"conn_id must be a connection id, got {conn_id!r}")
+        self.conn_id = conn_id
+        self.watermark: datetime | None = None  # in memory: moves on every poll
+        self._stored: datetime | None = None  # the state store's value, as last read or written
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "topic": self.topic,
+                "group": self.group,
+                "poll_interval": self.poll_interval,
+                "settle_timeout": self.settle_timeout,
+                "conn_id": self.conn_id,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        url = await RedeliveryHook(self.conn_id).aget_database_url()
+        backoff = self.poll_interval
+        conn: psycopg.AsyncConnection | None = None
+        try:
+            while True:
+                try:
+                    if conn is None:
+                        conn = await connect(url)
+                        await self.load(conn)
+                        self.log.info(
+                            "watching READY deliveries of %s from watermark %s, every %s s",
+                            self.asset_uri,
+                            self.watermark,
+                            self.poll_interval,
+                        )
+                    payload = await self.poll(conn)
+                    backoff = self.poll_interval
+                except psycopg.Error as exc:
+                    self.log.warning("%s: %s; trying again in %s s", self.asset_uri, exc, backoff)
+                    if conn is not None:
+                        await conn.close()
+                        conn = None
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                    continue
+                if payload is not None:
+                    self.log.info("%s: %s new READY deliveries", self.asset_uri, payload["ready"])
+                    yield TriggerEvent(payload)
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    async def load(self, conn: psycopg.AsyncConnection) -> None:
+        """Read the stored watermark (None: this asset never fired)."""
+        row = await (await conn.execute(S.ASSET_WATERMARK, {"asset_uri": self.asset_uri})).fetchone()
+        self._stored = row[0] if row else None
+        if self.watermark is None or (self._stored is not None and self._stored > self.watermark):
+            self.watermark = self._stored
+
+    async def poll(self, conn: psycopg.AsyncConnection) -> dict | None:
+        """One poll: the event's payload when deliveries became READY in ``[watermark, horizon)``
+        and this copy of the trigger moved the stored watermark; else None."""
+        # Two statements, two snapshots: the horizon is read before the deliveries are counted, so
+        # that every transaction that started before it has committed (or aborted) by the count.
+        horizon = (await (await conn.execute(S.READY_HORIZON, {"settle": self.settle_timeout})).fetchone())[0]
+        if self.watermark is not None and horizon <= self.watermark:
+            return None
+        since = self.watermark
+        params = {"topic": self.topic, "group": self.group, "watermark": since, "horizon": horizon}
+        ready = (await (await conn.execute(S.READY_SINCE, params)).fetchone())[0]
+        if not ready:
+            self.watermark = horizon  # nothing there to fire for: no write
+            return None
+        moved = await (
+            await conn.execute(
+                S.ADVANCE_ASSET_WATERMARK,
+                {"asset_uri": self.asset_uri, "watermark": horizon, "previous": self._stored},
+            )
+        ).fetchone()
+        if moved is None:  # another copy of this trigger fired first: take its watermark
+            await self.load(conn)
+            return None
+        self.watermark = self._stored = horizon
+        return {
+            "topic": self.topic,
+            "group": self.group,
+            "ready": ready,
+            "since": since.isoformat() if since else None,
+            "until": horizon.isoformat(),
+        }
+
+
+async def connect(url: str) -> psycopg.AsyncConnection:
+    """An autocommit connection to the state store, named in ``pg_stat_activity``."""
+    return await psycopg.AsyncConnection.connect(
+        url,
+        autocommit=True,
+        application_name="redelivery-asset-watcher",
+        options=f"-c search_path={SCHEMA},public",
+    )

@@ -1,0 +1,209 @@
+"""``ReadyMessagesTrigger`` against the real state store, run with asyncio as the triggerer runs it:
+it fires on edges (READY deliveries new since its last event), never again for the same ones,
+not after a restart from its serialized kwargs either, and it waits for a transaction that could
+still make older deliveries READY."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import psycopg
+import pytest
+
+pytestmark = pytest.mark.airflow  # Airflow's trigger base class
+
+POLL = 0.1  # seconds: the tests' poll interval
+SETTLE = 2.0  # seconds: a transaction left open elsewhere delays a test's events no longer than this
+
+
+def make_trigger(**kwargs):
+    from redelivery.airflow.triggers import ReadyMessagesTrigger
+
+    defaults = {"topic": "orders", "group": "billing", "poll_interval": POLL, "settle_timeout": SETTLE}
+    return ReadyMessagesTrigger(**{**defaults, **kwargs})
+
+
+class Watch:
+    """Runs a trigger in the background of the test's event loop and keeps its events' payloads."""
+
+    def __init__(self, trigger):
+        self.trigger, self.events, self.task = trigger, [], None
+
+    async def __aenter__(self) -> Watch:
+        self.task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        async for event in self.trigger.run():
+            self.events.append(event.payload)
+
+    async def until(self, count: int, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.events) < count:
+            assert not self.task.done(), self.task.exception()
+            assert time.monotonic() < deadline, f"{len(self.events)} events, waited for {count}"
+            await asyncio.sleep(0.02)
+
+    async def __aexit__(self, *exc) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+async def publish(client, n: int) -> list[int]:
+    return await asyncio.to_thread(client.publish, "orders", [{"n": i} for i in range(n)])
+
+
+def stored(client) -> tuple:
+    return client.conn.execute(
+        "SELECT watermark, events FROM asset_watermarks WHERE asset_uri = 'redelivery://orders/billing'"
+    ).fetchone()
+
+
+def test_fires_once_per_edge_not_while_rows_exist(client, topic_group):
+    async def scenario():
+        async with Watch(make_trigger()) as watch:
+            await asyncio.sleep(5 * POLL)
+            assert watch.events == []  # nothing READY
+            await publish(client, 3)
+            await watch.until(1)
+            await asyncio.sleep(8 * POLL)  # the 3 are still READY: no new event
+            assert [e["ready"] for e in watch.events] == [3]
+            await publish(client, 2)
+            await watch.until(2)
+            await asyncio.sleep(8 * POLL)
+            return watch.events
+
+    events = asyncio.run(scenario())
+    assert [e["ready"] for e in events] == [3, 2]
+    assert events[0]["since"] < events[0]["until"] <= events[1]["since"] < events[1]["until"]  # ISO, UTC
+    assert {e["topic"] for e in events} == {"orders"} and {e["group"] for e in events} == {"billing"}
+    assert client.stats()["orders"]["billing"]["READY"] == 5
+    assert stored(client)[1] == 2
+
+
+def test_a_restart_from_serialized_kwargs_neither_fires_again_nor_misses(client, topic_group):
+    from airflow._shared.module_loading import import_string  # what the triggerer uses
+
+    first = make_trigger()
+    classpath, kwargs = first.serialize()
+    assert classpath == "redelivery.airflow.triggers.ReadyMessagesTrigger"
+    assert kwargs == {
+        "topic": "orders",
+        "group": "billing",
+        "poll_interval": POLL,
+        "settle_timeout": SETTLE,
+        "conn_id": "redelivery_db",
+    }
+
+    async def scenario():
+        await publish(client, 3)  # a backlog before the first start: one event for it
+        async with Watch(first) as watch:
+            await watch.until(1)
+            await asyncio.sleep(5 * POLL)
+        found = [watch.events]
+        await publish(client, 2)  # while no trigger runs
+        for _ in range(2):  # the triggerer re-creates it from its kwargs: twice
+            async with Watch(import_string(classpath)(**kwargs)) as watch:
+                await asyncio.sleep(10 * POLL)
+            found.append(watch.events)
+        return found
+
+    found = asyncio.run(scenario())
+    assert [[e["ready"] for e in events] for events in found] == [[3], [2], []]
+    assert client.stats()["orders"]["billing"]["READY"] == 5
+    assert stored(client)[1] == 2
+
+
+def test_waits_for_a_transaction_that_can_still_make_older_deliveries_ready(client, topic_group, clean_db):
+    [late] = client.publish("orders", [{"late": True}])
+    client.receive("billing", "orders", 1, 60)  # INFLIGHT: nothing READY
+
+    async def scenario():
+        async with Watch(make_trigger()) as watch:
+            with psycopg.connect(clean_db, options="-c search_path=redelivery") as slow:
+                slow.execute("SELECT 1")  # a transaction starts (a promotion, a long publish)
+                await publish(client, 1)  # ready after it started, committed first
+                await asyncio.sleep(8 * POLL)
+                held = list(watch.events)
+                # the slow transaction makes a delivery READY as of its start, then commits
+                slow.execute(
+                    "UPDATE deliveries SET state = 'READY', invisible_until = NULL, ready_at = now() "
+                    "WHERE message_id = %s",
+                    (late,),
+                )
+            await watch.until(1)
+            await asyncio.sleep(5 * POLL)
+            return held, watch.events
+
+    held, events = asyncio.run(scenario())
+    assert held == []  # the watermark did not pass the open transaction's start
+    assert [e["ready"] for e in events] == [2]  # both, in one event: the late one is not lost
+
+
+def test_a_transaction_open_past_the_settle_timeout_stops_holding_it_back(client, topic_group, clean_db):
+    async def scenario():
+        async with Watch(make_trigger(settle_timeout=0.5)) as watch:
+            with psycopg.connect(clean_db) as forgotten:
+                forgotten.execute("SELECT 1")  # left open
+                await publish(client, 2)
+                await watch.until(1, timeout=5)
+            return watch.events
+
+    assert [e["ready"] for e in asyncio.run(scenario())] == [2]
+
+
+def test_two_copies_of_the_trigger_fire_once(client, topic_group):
+    async def scenario():
+        async with Watch(make_trigger()) as one, Watch(make_trigger()) as two:
+            await publish(client, 4)
+            await asyncio.sleep(15 * POLL)
+            return one.events + two.events
+
+    assert [e["ready"] for e in asyncio.run(scenario())] == [4]
+    assert stored(client)[1] == 1
+
+
+def test_an_unreachable_database_is_retried_not_fatal(database_url, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_NOWHERE", "postgres://user:pw@127.0.0.1:9/redelivery")
+
+    async def scenario():
+        async with Watch(make_trigger(conn_id="redelivery_nowhere")) as watch:
+            await asyncio.sleep(10 * POLL)
+            assert not watch.task.done()
+            return watch.events
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_the_defaults():
+    from redelivery.airflow.triggers import ReadyMessagesTrigger
+
+    _, kwargs = ReadyMessagesTrigger(topic="flights", group="flights-http").serialize()
+    assert kwargs == {
+        "topic": "flights",
+        "group": "flights-http",
+        "poll_interval": 5.0,
+        "settle_timeout": 120.0,
+        "conn_id": "redelivery_db",
+    }
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"topic": "bad topic"}, "topic name 'bad topic' is invalid"),
+        ({"group": ""}, "group name '' is invalid"),
+        ({"poll_interval": 0}, "poll_interval must be 0.1 to 3600 seconds"),
+        ({"poll_interval": "5"}, "poll_interval must be a number of seconds"),
+        ({"poll_interval": True}, "poll_interval must be a number of seconds"),
+        ({"poll_interval": float("nan")}, "poll_interval must be a number of seconds"),
+        ({"poll_interval": 5, "settle_timeout": 1}, "settle_timeout must be 5 to 86400 seconds"),
+        ({"conn_id": ""}, "conn_id must be a connection id"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_trigger(**kwargs)
