@@ -22,7 +22,7 @@ import statistics
 import time
 import uuid
 
-ROWS_SQL = "CREATE UNLOGGED TABLE IF NOT EXISTS bench_raw (key text, body bytea)"
+ROWS_SQL = "CREATE TABLE bench_raw (key text, body bytea)"  # a plain (logged) table, as messages is
 
 
 def flights(limit: int | None) -> list[tuple[str, str]]:
@@ -49,8 +49,8 @@ def reset(url: str) -> None:
             "dead_letter_queues, tier_runs, publish_batches, publish_parts, publish_staging "
             "RESTART IDENTITY CASCADE"
         )
+        conn.execute("DROP TABLE IF EXISTS bench_raw")
         conn.execute(ROWS_SQL)
-        conn.execute("TRUNCATE bench_raw")
         for table in ("messages", "deliveries", "publish_staging", "bench_raw"):
             conn.execute(f"VACUUM ANALYZE {table}")
         conn.execute("CHECKPOINT")

@@ -52,10 +52,10 @@ def check(
     )
     if previous is not None:
         now = counts(conn)
-        found["no delivery count or redrive count ever decreased"] = [
+        found["no delivery count, redrive count or group total ever decreased"] = [
             (key, before, now.get(key))
             for key, before in previous.items()
-            if key not in now or now[key][0] < before[0] or now[key][1] < before[1]
+            if key not in now or any(a < b for a, b in zip(now[key], before, strict=True))
         ]
     if published is not None:
         found["every batch a producer saw published is there, with its count"] = [
@@ -91,13 +91,19 @@ def history(conn: psycopg.Connection) -> list:
 
 
 def counts(conn: psycopg.Connection) -> dict:
-    """{(message id, group id): (delivery count, redrive count)}."""
-    return {
+    """{(message id, group id): (delivery count, redrive count)} and {("group totals", group id):
+    (promoted, dead-lettered, redriven, stale receipts)}: the metric counters of redelivery.metrics."""
+    found = {
         (m, g): (c, r)
         for m, g, c, r in conn.execute(
             "SELECT message_id, group_id, delivery_count, redrive_count FROM deliveries"
         )
     }
+    for g, *totals in conn.execute(
+        "SELECT id, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups"
+    ):
+        found[("group totals", g)] = tuple(totals)
+    return found
 
 
 def final(conn: psycopg.Connection) -> list:

