@@ -48,3 +48,24 @@ def test_submit_environment_for_a_cluster_sends_no_local_paths():
     env, conf = submit_environment("yarn", "postgresql://u@h/db")
     assert env == {"REDELIVERY_DATABASE_URL": "postgresql://u@h/db"}
     assert "spark.pyspark.python" not in conf and "spark.driver.extraJavaOptions" not in conf
+
+
+def test_the_connect_server_has_a_bounded_heap_and_exits_when_it_runs_out(monkeypatch):
+    """An out-of-heap JVM hangs its scheduler while still listening (seen in the demo): the server
+    must exit instead, so that jobs fail at once and the next caller starts a fresh one."""
+    import pydantic
+    import pytest
+
+    from redelivery.settings import Settings, get_settings
+    from redelivery.spark.connect_server import command
+
+    monkeypatch.setenv("REDELIVERY_SPARK_CONNECT_MEMORY", "6g")
+    get_settings.cache_clear()
+    try:
+        argv, _ = command()
+    finally:
+        get_settings.cache_clear()
+    assert argv[argv.index("--driver-memory") + 1] == "6g"
+    assert "-XX:+ExitOnOutOfMemoryError" in argv[argv.index("--driver-java-options") + 1]
+    with pytest.raises(pydantic.ValidationError):
+        Settings(spark_connect_memory="lots")

@@ -18,6 +18,9 @@ REDELIVERY_SPARK_CONNECT_PORT  Port of the project's Spark Connect server. Defau
 REDELIVERY_SPARK_CONNECT_BIND  Address it listens on. Default 127.0.0.1.
 REDELIVERY_SPARK_CONNECT_TOKEN Its token. Default: generated once into
                          ``REDELIVERY_HOME/spark-connect/token`` (mode 0600).
+REDELIVERY_SPARK_CONNECT_MEMORY Its driver's heap (Spark's ``--driver-memory``: ``512m``, ``4g``).
+                         Default 4g; it serves every session, and a heap it runs out of makes it
+                         exit (``-XX:+ExitOnOutOfMemoryError``) and start again on next use.
 =====================  ================================================================
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +46,7 @@ class Settings(BaseSettings):
     spark_connect_port: int = 15002
     spark_connect_bind: str = "127.0.0.1"
     spark_connect_token: str | None = None
+    spark_connect_memory: str = Field("4g", pattern=r"^[1-9][0-9]*[mMgG]$")
 
     @property
     def config_path(self) -> Path | None:

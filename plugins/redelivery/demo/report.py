@@ -109,6 +109,7 @@ def write_chart(path: Path, timeline, runs, groups: list[str]) -> Path:
             axis.set_ylabel(state, fontsize=8)
             axis.tick_params(labelsize=7)
             axis.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            axis.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # counts: no 0.2 ticks
             if row == 0:
                 axis.set_title(f"group {group}: messages per state", fontsize=10)
             if row == len(STATES) - 1:

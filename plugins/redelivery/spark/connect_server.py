@@ -117,8 +117,10 @@ def command() -> tuple[list[str], dict[str, str]]:
             "--conf", f"spark.connect.grpc.binding.port={settings.spark_connect_port}",
             "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC",
             "--conf", f"spark.pyspark.python={sys.executable}"]  # fmt: skip
-    if driver_java_options():
-        argv += ["--driver-java-options", driver_java_options()]
+    # A JVM out of heap hangs its scheduler with the server still listening: exit instead, so the
+    # jobs running fail at once and the next caller starts a fresh server.
+    java_options = f"-XX:+ExitOnOutOfMemoryError {driver_java_options()}".strip()
+    argv += ["--driver-memory", settings.spark_connect_memory, "--driver-java-options", java_options]
     env = {**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable,
            "SPARK_CONNECT_AUTHENTICATE_TOKEN": token(),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}  # fmt: skip
