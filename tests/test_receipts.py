@@ -160,3 +160,45 @@ def test_create_group_keeps_its_limit_unless_a_new_one_is_given(client):
     assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (5,)
     client.update_group("billing", max_reconsume_times=None)
     assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (None,)
+
+
+def test_settle_locks_its_group_row_only_after_the_deliveries_it_changes(client, database_url):
+    """A tier range holds a delivery's row and then adds to its group's totals; a settle that held
+    the group row (to count a stale ack) while waiting for that delivery would deadlock with it.
+    While settle waits for the delivery, its group row must be free."""
+    from redelivery import db
+    from redelivery.client import Outcome
+
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders")
+    client.publish("orders", [{"n": 1}, {"n": 2}], at=at(0))
+    first, second = client.receive("billing", "orders", 2, 60, at=at(0))
+    client.ack("billing", [first])  # its receipt is stale from now on
+    with db.connect(database_url) as holder, db.connect(database_url) as prober:
+        holder.execute(  # what a tier range does first: lock the delivery row
+            "SELECT 1 FROM deliveries WHERE message_id = %s FOR UPDATE", (second.message_id,)
+        )
+        done = {}
+        settling = threading.Thread(
+            target=lambda: done.update(
+                counts=client.settle("billing", [Outcome(first, "ack"), Outcome(second, "retry")])
+            )
+        )
+        settling.start()
+        deadline = time.monotonic() + 10
+        while (
+            time.monotonic() < deadline
+            and not prober.execute(
+                "SELECT 1 FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ).fetchone()
+        ):
+            time.sleep(0.05)
+        prober.execute("SET lock_timeout = '200ms'")
+        # the group row is free while settle waits: a tier range can finish and let it through
+        prober.execute("SELECT 1 FROM consumer_groups WHERE name = 'billing' FOR UPDATE")
+        prober.rollback()
+        holder.rollback()
+        settling.join(10)
+    assert done["counts"] == {"acked": 0, "retried": 1, "dead_lettered": 0, "stale": 1}

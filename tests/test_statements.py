@@ -13,6 +13,7 @@ from redelivery import statements as S
 
 #: A plausible value for every parameter name the statements use (None where NULL is a variant).
 SAMPLES = {
+    "count_stale": True,
     "all": True, "at": None, "batch": "b-1", "bucket_ms": 100, "count": 3, "counts": [1, 2],
     "dead_lettered_at": None, "delay": None, "dest": None, "dest_name": None, "dlq_id": 1, "dry_run": False,
     "error": None, "errors": ["e", None], "filter": Jsonb({}), "force_dead_letter": False, "fractions": [0.5],

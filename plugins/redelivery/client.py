@@ -522,6 +522,7 @@ class Client:
             "g": group_id,
             "ids": [m.message_id for m in items],
             "counts": [m.delivery_count for m in items],
+            "count_stale": True,
         }
         return db.retry_lock_conflicts(lambda: self.conn.execute(S.ACK, params).fetchone()[0])
 
@@ -709,6 +710,7 @@ class Client:
             "g": group_id,
             "ids": [r.message_id for r in acks],
             "counts": [r.delivery_count for r in acks],
+            "count_stale": False,  # counted below, after the failures' delivery rows are locked
         }
 
         def apply() -> dict:
@@ -721,9 +723,8 @@ class Client:
                 acked = self.conn.execute(S.ACK, ack_params).fetchone()[0] if acks else 0
                 retried, dead = self._apply_failures(plans)
                 failed = sum(len(v) for v in failures.values())
-                catalog.add_group_totals(
-                    self.conn, dead_lettered={group_id: dead}, stale={group_id: failed - retried - dead}
-                )
+                stale = len(acks) - acked + failed - retried - dead
+                catalog.add_group_totals(self.conn, dead_lettered={group_id: dead}, stale={group_id: stale})
                 counts = {
                     "acked": acked,
                     "retried": retried,

@@ -297,7 +297,9 @@ RECEIVE = _named("RECEIVE", f"""
     FROM leased l JOIN messages m ON m.id = l.message_id ORDER BY l.message_id""")
 
 #: Commit the deliveries the receipts answer; receipts that match nothing (late, repeated) are
-#: counted as stale on the group, in the same statement. Returns how many were acknowledged.
+#: counted as stale on the group, in the same statement, when ``count_stale`` (``settle`` counts
+#: them itself, last, so that its group row is locked after every delivery row it changes).
+#: Returns how many were acknowledged.
 ACK = _named("ACK", f"""
     WITH acked AS (
       UPDATE deliveries d SET state = 'COMMITTED', invisible_until = NULL, updated_at = now()
@@ -309,7 +311,8 @@ ACK = _named("ACK", f"""
     stale AS (
       UPDATE consumer_groups g
       SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.acked
-      FROM n WHERE g.id = %(g)s AND n.acked < cardinality(%(ids)s::bigint[]) RETURNING 1)
+      FROM n WHERE g.id = %(g)s AND %(count_stale)s AND n.acked < cardinality(%(ids)s::bigint[])
+      RETURNING 1)
     SELECT acked FROM n""")
 GROUP_STALE_RECEIPTS = _named("GROUP_STALE_RECEIPTS", """
     SELECT stale_receipts FROM consumer_groups WHERE id = %(g)s""")

@@ -202,7 +202,8 @@ def apply_window_range(
         result.add_dead_lettered(
             conn.execute(S.DEAD_LETTER_OVER_MAX, {**params, "reason": "MAX_DELIVERIES_EXCEEDED"})
         )
-        count_moves(conn, tier, result)
+        if not dry_run:  # rolled back anyway: no group row locked for nothing
+            count_moves(conn, tier, result)
     return result
 
 
@@ -232,7 +233,8 @@ def promote_capped(
             left = conn.execute(S.DUE_COUNT, params).fetchone()[0]
             if left:
                 part.held_back[group_id] = left
-            count_moves(conn, tier, part)
+            if not dry_run:
+                count_moves(conn, tier, part)
         result.merge(part)
     return result
 
