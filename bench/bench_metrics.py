@@ -43,18 +43,6 @@ def database() -> str:
     return embedded.url("redelivery_bench_metrics")
 
 
-def empty(conn) -> None:
-    from psycopg import sql
-
-    for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
-    conn.execute(
-        "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
-        "dead_letter_queues, tier_runs, publish_batches, publish_staging, redrive_runs, tier_histograms "
-        "RESTART IDENTITY CASCADE"
-    )
-
-
 def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> dict:
     """Build the state store; returns {step: seconds}."""
     from redelivery import catalog, db
@@ -67,7 +55,7 @@ def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> di
     steps = {}
     with db.connect(url, autocommit=True) as conn:
         db.migrate(url)
-        empty(conn)
+        db.empty_state_store(conn)
         for table in ("messages", "deliveries"):  # the first measurements are of a table not vacuumed
             conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
         conn.execute(
@@ -225,7 +213,7 @@ def main() -> None:
         samples = sum(1 for line in text.splitlines() if not line.startswith("#"))
         print(f"exposition: {len(text):,} bytes, {samples:,} samples")
         if not args.keep:
-            empty(conn)
+            db.empty_state_store(conn)
 
 
 if __name__ == "__main__":

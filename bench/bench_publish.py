@@ -37,18 +37,10 @@ def flights(limit: int | None) -> list[tuple[str, str]]:
 
 
 def reset(url: str) -> None:
-    from psycopg import sql
-
     from redelivery import db
 
     with db.connect(url, autocommit=True) as conn:
-        for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
-        conn.execute(
-            "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
-            "dead_letter_queues, tier_runs, publish_batches, publish_parts, publish_staging "
-            "RESTART IDENTITY CASCADE"
-        )
+        db.empty_state_store(conn)
         conn.execute("DROP TABLE IF EXISTS bench_raw")
         conn.execute(ROWS_SQL)
         for table in ("messages", "deliveries", "publish_staging", "bench_raw"):

@@ -42,17 +42,10 @@ def database() -> str:
 
 def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
     """A fresh topic with one group and ``n`` messages in ``state`` (due at level 1 for retries)."""
-    from psycopg import sql
-
     from redelivery import db
 
     with db.connect(url, autocommit=True) as conn:
-        for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
-        conn.execute(
-            "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
-            "dead_letter_queues, tier_runs, publish_batches, publish_staging RESTART IDENTITY CASCADE"
-        )
+        db.empty_state_store(conn)
         topic = conn.execute("INSERT INTO topics (name) VALUES ('bench') RETURNING id").fetchone()[0]
         group = conn.execute("INSERT INTO consumer_groups (name) VALUES ('bench') RETURNING id").fetchone()[0]
         conn.execute("INSERT INTO subscriptions VALUES (%s, %s)", (topic, group))

@@ -314,18 +314,22 @@ class Controller:
                 group, self.client.receive(group, TOPIC, at_least - dead + 2, 30), error="chaos"
             )
 
-    def churn(self) -> None:
-        """A tier run and a consumer pass in this process (not killed), so states keep moving."""
+    def tier_run_now(self, purpose: str) -> None:
+        """A tier run in this process (never killed) for a window ending at the database's now."""
         from redelivery.spark.tier_job import run_tier_window
 
         now = self.conn.execute("SELECT now()").fetchone()[0]
         run_tier_window(
             tier="fast",
             window_end=now,
-            run_key=f"churn-{uuid.uuid4().hex[:8]}",
+            run_key=f"{purpose}-{uuid.uuid4().hex[:8]}",
             url=self.url(),
             config=self.client.config,
         )
+
+    def churn(self) -> None:
+        """A tier run and a consumer pass in this process (not killed), so states keep moving."""
+        self.tier_run_now("churn")
         for group in GROUPS:
             batch = self.client.receive(group, TOPIC, 10, 2)
             if batch:
@@ -623,18 +627,9 @@ class Controller:
         """Finish everything: tier runs and consumers that ack, until every delivery has ended."""
         from invariants import final
 
-        from redelivery.spark.tier_job import run_tier_window
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            now = self.conn.execute("SELECT now()").fetchone()[0]
-            run_tier_window(
-                tier="fast",
-                window_end=now,
-                run_key=f"drain-{uuid.uuid4().hex[:8]}",
-                url=self.url(),
-                config=self.client.config,
-            )
+            self.tier_run_now("drain")
             for group in GROUPS:
                 while batch := self.client.receive(group, TOPIC, 500, 30):
                     self.client.ack(group, batch)

@@ -37,16 +37,9 @@ def at(seconds: float) -> datetime:
 
 def reset(conn) -> None:
     """Empty every table of the state store and drop the DLQ tables."""
-    from psycopg import sql
+    from redelivery.db import empty_state_store
 
-    for (name,) in conn.execute("SELECT name FROM dead_letter_queues").fetchall():
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("redelivery_dlq", name)))
-    conn.execute(
-        "TRUNCATE topics, consumer_groups, subscriptions, messages, deliveries, dlq_messages, "
-        "dead_letter_queues, tier_runs, publish_batches, publish_parts, publish_staging, redrive_runs, "
-        "redrive_moves, settle_parts, asset_watermarks, tier_histograms "
-        "RESTART IDENTITY CASCADE"
-    )
+    empty_state_store(conn)
 
 
 def snapshot(conn) -> list:

@@ -75,6 +75,17 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
     command.upgrade(cfg, revision)
 
 
+def empty_state_store(conn: psycopg.Connection) -> None:
+    """Delete everything: every table of schema ``redelivery`` emptied (identities restarted), every
+    DLQ table dropped. For tests and benchmarks only; nothing in the product calls it."""
+    from psycopg import sql
+
+    for (name,) in conn.execute(S.DLQ_NAMES).fetchall():
+        conn.execute(S.DROP_DLQ_TABLE.format(table=sql.Identifier("redelivery_dlq", name)))
+    tables = [sql.Identifier("redelivery", name) for (name,) in conn.execute(S.STATE_STORE_TABLES)]
+    conn.execute(S.TRUNCATE_TABLES.format(tables=sql.SQL(", ").join(tables)))
+
+
 def retry_lock_conflicts(call: Callable[[], T], attempts: int = 5) -> T:
     """Run ``call`` (one transaction) again when PostgreSQL aborted it as a deadlock victim or for
     a serialization failure: it changed nothing, and every statement is guarded, so running it

@@ -129,41 +129,30 @@ class StateStoreCollector(Collector):
             counts[(topic, group, "DLQ")] = counts.get((topic, group, "DLQ"), 0) + n
             per_queue[(dlq, group, reason)] = per_queue.get((dlq, group, reason), 0) + n
 
-        family = GaugeMetricFamily(
+        yield _gauge(
             "redelivery_messages",
             "Deliveries per topic, group and live state (READY, INFLIGHT, WAITING_RETRY, DLQ).",
-            labels=["topic", "group", "state"],
+            ["topic", "group", "state"],
+            ((list(labels), n) for labels, n in sorted(counts.items())),
         )
-        for (topic, group, state), n in sorted(counts.items()):
-            family.add_metric([topic, group, state], n)
-        yield family
-
-        family = GaugeMetricFamily(
+        yield _gauge(
             "redelivery_retry_waiting_messages",
             "WAITING_RETRY deliveries per topic, group and delay level.",
-            labels=["topic", "group", "delay_level"],
+            ["topic", "group", "delay_level"],
+            (([topic, group, str(level)], n) for topic, group, level, n in sorted(waiting)),
         )
-        for topic, group, level, n in sorted(waiting):
-            family.add_metric([topic, group, str(level)], n)
-        yield family
-
-        family = GaugeMetricFamily(
+        yield _gauge(
             "redelivery_consumer_ready_oldest_age_seconds",
             "How long the delivery READY the longest has been READY, seconds (0: none READY).",
-            labels=["topic", "group"],
+            ["topic", "group"],
+            ((list(labels), seconds_ready) for labels, seconds_ready in sorted(age.items())),
         )
-        for (topic, group), seconds_ready in sorted(age.items()):
-            family.add_metric([topic, group], seconds_ready)
-        yield family
-
-        family = GaugeMetricFamily(
+        yield _gauge(
             "redelivery_dlq_messages",
             "Dead letters per DLQ, group and reason.",
-            labels=["dlq", "group", "reason"],
+            ["dlq", "group", "reason"],
+            ((list(labels), n) for labels, n in sorted(per_queue.items())),
         )
-        for (dlq, group, reason), n in sorted(per_queue.items()):
-            family.add_metric([dlq, group, reason], n)
-        yield family
 
         for name, (column, help_text) in COUNTERS.items():
             family = CounterMetricFamily(name, help_text, labels=["group"])
@@ -190,6 +179,14 @@ class StateStoreCollector(Collector):
             "How long the queries of this scrape took, seconds.",
             value=seconds,
         )
+
+
+def _gauge(name: str, help_text: str, labels: list[str], samples) -> GaugeMetricFamily:
+    """A gauge family of ``(label values, value)`` samples."""
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
 
 
 def _registry(conn: psycopg.Connection, at: datetime | None) -> CollectorRegistry:

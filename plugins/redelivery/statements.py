@@ -210,6 +210,14 @@ MARK_DLQ_TABLE_CREATED = _named("MARK_DLQ_TABLE_CREATED", """
 CREATE_DLQ_TABLE = sql.SQL(
     "/* redelivery:CREATE_DLQ_TABLE */ "
     "CREATE TABLE IF NOT EXISTS {table} PARTITION OF dlq_messages FOR VALUES IN ({dlq_id})")
+#: Emptying the state store (tests and benchmarks only): its tables, found rather than listed so
+#: that a new table is never forgotten; the DLQ tables are dropped, as their queues are forgotten.
+STATE_STORE_TABLES = _named("STATE_STORE_TABLES", """
+    SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery' AND tablename <> 'alembic_version'
+    ORDER BY 1""")
+DLQ_NAMES = _named("DLQ_NAMES", "SELECT name FROM dead_letter_queues")
+DROP_DLQ_TABLE = sql.SQL("/* redelivery:DROP_DLQ_TABLE */ DROP TABLE IF EXISTS {table}")
+TRUNCATE_TABLES = sql.SQL("/* redelivery:TRUNCATE_TABLES */ TRUNCATE {tables} RESTART IDENTITY CASCADE")
 #: Transaction-scoped advisory locks: (namespace, key).
 ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(%(namespace)s, %(key)s)")
 
