@@ -11,6 +11,12 @@ CHECKS = {
         SELECT m.id, s.group_id FROM messages m JOIN subscriptions s ON s.topic_id = m.topic_id
         WHERE NOT EXISTS (SELECT 1 FROM deliveries d
                           WHERE d.message_id = m.id AND d.group_id = s.group_id)""",
+    # no foreign key checks this row by row any more (migration 0008): the statements must
+    "every delivery belongs to a message of its topic and to a subscribed group": """
+        SELECT d.message_id, d.group_id, d.topic_id FROM deliveries d
+        WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = d.message_id AND m.topic_id = d.topic_id)
+           OR NOT EXISTS (SELECT 1 FROM subscriptions s
+                          WHERE s.topic_id = d.topic_id AND s.group_id = d.group_id)""",
     "a DLQ row exists iff the delivery is in DLQ, once": """
         SELECT d.message_id, d.group_id, 'no DLQ row' FROM deliveries d
         WHERE d.state = 'DLQ' AND NOT EXISTS (

@@ -443,8 +443,9 @@ class Controller:
 
     def publish_inside_transaction(self) -> None:
         batch = f"api-{uuid.uuid4().hex[:8]}"
-        # the new deliveries' foreign key to their group waits for this row lock: FAN_OUT stops there
-        with self.holding("SELECT 1 FROM consumer_groups WHERE name = 'g2' FOR UPDATE"):
+        # FAN_OUT's insert into deliveries waits for this lock: the publish stops there, its
+        # messages copied
+        with self.holding("LOCK TABLE deliveries IN SHARE MODE"):
             worker = self.spawn("publish", "--batch", batch, "--count", "20")
             self.freeze_and_kill(worker, "API publish: inside its transaction", "%redelivery:FAN_OUT%")
         if self.rng.random() < 0.5:  # the producer tries again with the same batch id
@@ -525,7 +526,7 @@ class Controller:
             )
             kind, like = "Spark publish: staged, before the publishing transaction", "%CLAIM_PUBLISH_BATCH%"
         else:
-            hold = ("SELECT 1 FROM consumer_groups WHERE name = 'g2' FOR UPDATE", ())
+            hold = ("LOCK TABLE deliveries IN SHARE MODE", ())
             kind, like = "Spark publish: inside the publishing transaction", "%redelivery:FAN_OUT%"
         with self.holding(*hold):
             spark.send({"op": "publish", "batch": batch, "count": 30})

@@ -9,6 +9,7 @@ import pytest
 
 from helpers import snapshot
 from redelivery import db, embedded
+from redelivery.client import Message
 from redelivery.errors import BatchConflictError, MalformedMessageError, PublishError
 from redelivery.spark.publish_job import publish_dataframe, publish_staged, stage_partition
 
@@ -138,13 +139,34 @@ def test_the_spark_job_uses_the_libpq_url_as_it_is(client, topic_group, database
 
 @pytest.mark.parametrize(
     "body,needle",
-    [('{"text": "a\\u0000b"}', "not valid JSON"), ("NaN", "not valid JSON"), ("{broken", "not valid JSON")],
-)
+    [('{"text": "a\\u0000b"}', "u0000 character"), ("NaN", "not valid application/json"),
+     ("{broken", "not valid application/json")],
+)  # fmt: skip
 def test_a_body_postgresql_refuses_publishes_nothing_from_spark(
     client, topic_group, database_url, any_spark, body, needle
 ):
-    df = any_spark.createDataFrame([('{"n": 1}',), (body,)], "body string")
-    with pytest.raises(MalformedMessageError, match=needle):
+    """The tasks check every body as the API does (PostgreSQL no longer parses them on the way in):
+    the driver raises the first bad row's reason, and nothing is published or left staged."""
+    df = any_spark.createDataFrame([('{"n": 1}',), (body,)], "body string").coalesce(1)
+    with pytest.raises(MalformedMessageError, match=f"partition 0 message 1: .*{needle}"):
         publish_dataframe(df, "orders", "batch-bad", url=database_url)
+    with pytest.raises(MalformedMessageError, match=needle):  # the API refuses it for the same reason
+        client.publish("orders", [Message(body, content_type="application/json")])
     assert count_messages(client) == 0
-    assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
+    for table in ("publish_staging", "publish_parts", "publish_batches"):
+        assert client.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+
+
+def test_bad_properties_publish_nothing_from_spark(client, topic_group, database_url, any_spark):
+    df = any_spark.createDataFrame(
+        [('{"n": 1}', '{"a": "b"}'), ('{"n": 2}', '{"RECONSUMETIMES": "3"}')],
+        "body string, properties string",
+    ).coalesce(1)
+    with pytest.raises(
+        MalformedMessageError, match="partition 0 message 1: property 'RECONSUMETIMES' is reserved"
+    ):
+        publish_dataframe(df, "orders", "batch-props", url=database_url)
+    df = any_spark.createDataFrame([('{"n": 1}', "[1, 2]")], "body string, properties string")
+    with pytest.raises(MalformedMessageError, match="properties must be a mapping"):
+        publish_dataframe(df, "orders", "batch-props", url=database_url)
+    assert count_messages(client) == 0

@@ -15,7 +15,7 @@ from helpers import at, configured
 from redelivery import embedded, maintenance
 from redelivery.client import Client
 from redelivery.config import RedeliveryConfig
-from redelivery.errors import ConfigError, InvalidNameError, InvalidWindowError
+from redelivery.errors import ConfigError, InvalidNameError, InvalidWindowError, UnknownTopicError
 from redelivery.spark.tier_job import run_tier_window
 
 LONG_GROUP = "g" * 56  # fits the name rule; "orders-<group>-DLQ" (Pulsar naming) does not fit 63 bytes
@@ -135,6 +135,27 @@ def test_deleting_a_topic_while_a_message_is_dead_lettered_leaves_no_dead_letter
         deleting.join(10)
     assert client.conn.execute("SELECT count(*) FROM dlq_messages").fetchone()[0] == 0
     assert client.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
+
+
+def test_deleting_a_topic_while_it_is_published_to_leaves_nothing_behind(client, topic_group, clean_db):
+    """No foreign key checks a publish row by row (migration 0008): the delete waits for the publish
+    holding the topic, then takes its messages and deliveries too."""
+    client.publish("orders", [{"n": 0}])
+    with Client(clean_db) as other:
+        other.conn.execute("BEGIN")
+        assert len(other.publish("orders", [{"n": i} for i in range(50)], retry=False)) == 50
+        deleting = threading.Thread(target=lambda: client.delete_topic("orders"))
+        deleting.start()
+        time.sleep(0.3)  # the delete waits for the publishing transaction
+        assert deleting.is_alive()
+        other.conn.execute("COMMIT")
+        deleting.join(10)
+        assert not deleting.is_alive()
+        for table in ("messages", "deliveries", "publish_batches", "subscriptions"):
+            assert client.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
+        with pytest.raises(UnknownTopicError):  # its cached topic id is gone: nothing is written
+            other.publish("orders", [{"n": 1}], batch_id="after-delete")
+    assert client.conn.execute("SELECT count(*) FROM publish_batches").fetchone()[0] == 0
 
 
 def test_the_embedded_database_requires_its_password(database_url):

@@ -28,6 +28,14 @@ def topic_id(conn: psycopg.Connection, name: str, what: str = "topic") -> int:
     return row[0]
 
 
+def lock_topic(conn: psycopg.Connection, topic_id: int) -> None:
+    """Hold topic ``topic_id`` until the transaction ends, as a writer of its messages (publish,
+    redrive to it): deleting the topic waits, and nothing is written to a deleted topic. Raises
+    ``UnknownTopicError`` when it is gone."""
+    if conn.execute(S.LOCK_TOPIC_SHARED, {"topic_id": topic_id}).fetchone() is None:
+        raise UnknownTopicError(f"the topic (id {topic_id}) was deleted")
+
+
 def group(conn: psycopg.Connection, name: str) -> tuple[int, int | None]:
     """(id, own max reconsume times) of group ``name``. Raises ``InvalidNameError`` (not a name),
     ``UnknownGroupError``."""

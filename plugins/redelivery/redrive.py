@@ -100,6 +100,8 @@ def _move_batch(conn: psycopg.Connection, params: dict, run_id: int, size: int, 
         "hi": bounds[1] if bounds else None,
     }
     with conn.transaction():
+        if params["dest"] is not None:  # its copies are messages of that topic: hold it as a publish does
+            catalog.lock_topic(conn, params["dest"])
         removed, revived = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
         if removed != revived:  # a DLQ row whose delivery is not in DLQ: roll back, touch nothing
             raise RedeliveryError(

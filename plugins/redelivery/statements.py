@@ -165,9 +165,18 @@ SET_GROUP_MAX = _named("SET_GROUP_MAX", """
     RETURNING id""")
 SUBSCRIBE = _named("SUBSCRIBE", """
     INSERT INTO subscriptions (topic_id, group_id) VALUES (%(topic_id)s, %(g)s) ON CONFLICT DO NOTHING""")
-#: A topic with its messages, their deliveries and dead letters (foreign keys cascade, row by row
-#: under row locks: a dead letter being written at the same moment goes with its delivery).
-DELETE_TOPIC = _named("DELETE_TOPIC", "DELETE FROM topics WHERE id = %(topic_id)s")
+#: Deleting a topic first waits for the writers holding its row (LOCK_TOPIC_SHARED) and keeps new
+#: ones out; DELETE_TOPIC, the next statement, then sees every message they committed.
+LOCK_TOPIC_FOR_DELETE = _named("LOCK_TOPIC_FOR_DELETE", """
+    SELECT 1 FROM topics WHERE id = %(topic_id)s FOR UPDATE""")
+#: A topic with its deliveries, messages, subscriptions and dead letters. The dead letters go with
+#: their deliveries (a foreign key, row by row under row locks: one being written at the same moment
+#: goes too); subscriptions and publish records cascade from the topic.
+DELETE_TOPIC = _named("DELETE_TOPIC", """
+    WITH deleted_deliveries AS (
+      DELETE FROM deliveries d USING messages m WHERE m.id = d.message_id AND m.topic_id = %(topic_id)s),
+    deleted_messages AS (DELETE FROM messages WHERE topic_id = %(topic_id)s)
+    DELETE FROM topics WHERE id = %(topic_id)s""")
 #: Subscriptions with their names and the group's own max reconsume times: all (``all``) or the
 #: (topic id, group id) pairs given.
 SUBSCRIPTIONS = _named("SUBSCRIPTIONS", """
@@ -223,12 +232,27 @@ ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(
 
 # ---- publish --------------------------------------------------------------------------------------
 
-#: Rows of a publish land in publish_staging first (binary COPY), then FAN_OUT publishes them. A
-#: row is (staging key, run, partition, seq): the API stages as run 'api', partition 0; each run of a
-#: Spark publish job stages each partition of its DataFrame once (PUBLISH_PART_CLAIM).
+#: The API publishes with a binary COPY straight into messages (every row tagged with its batch
+#: id); a Spark publish stages each partition in publish_staging first (PUBLISH_PART_CLAIM), and
+#: its driver moves the staged rows into messages in one transaction (STAGED_TO_MESSAGES). Either
+#: way FAN_OUT then adds a READY delivery per subscribed group. A row of publish_staging is
+#: (staging key, run, partition, seq).
+COPY_MESSAGES = _named("COPY_MESSAGES", """
+    COPY messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
+    FROM STDIN (FORMAT BINARY)""")
 COPY_STAGING = _named("COPY_STAGING", """
     COPY publish_staging (batch_id, run_id, part, seq, key, body, content_type, properties)
     FROM STDIN (FORMAT BINARY)""")
+#: (publish time, id bound) of this transaction's messages: the time is ``at`` or the
+#: transaction's start; every message id allocated from now on is above the bound (a sequence only
+#: goes up), so FAN_OUT never takes an older message that carries the same batch id (one published
+#: again after retention forgot its batch record).
+PUBLISH_START = _named("PUBLISH_START", f"""
+    SELECT {AT}, coalesce(pg_sequence_last_value('messages_id_seq'), 0)""")
+#: A writer of messages to a topic (publish, redrive to another topic) holds its topic row FOR KEY
+#: SHARE until it commits: the topic cannot be deleted under it. Nothing: the topic is gone. (Once
+#: per transaction, where a foreign key checked every row: migration 0008.)
+LOCK_TOPIC_SHARED = _named("LOCK_TOPIC_SHARED", "SELECT 1 FROM topics WHERE id = %(topic_id)s FOR KEY SHARE")
 #: The record of a published batch: (topic id, message count, fingerprint).
 PUBLISHED_BATCH = _named("PUBLISHED_BATCH", """
     SELECT topic_id, message_count, fingerprint FROM publish_batches WHERE batch_id = %(batch)s""")
@@ -261,22 +285,24 @@ PUBLISH_STAGED = _named("PUBLISH_STAGED", """
 DELETE_STAGED_RUN = _named("DELETE_STAGED_RUN", """
     WITH parts AS (DELETE FROM publish_parts WHERE batch_id = %(batch)s AND run_id = %(stage_run)s)
     DELETE FROM publish_staging WHERE batch_id = %(batch)s AND run_id = %(stage_run)s""")
-#: Staged rows -> messages of topic ``topic_id`` in staging order, and a READY delivery per
-#: subscribed group; returns the new ids in order. JSON bodies are parsed by PostgreSQL on the way
-#: in, so one malformed body fails the whole statement.
-FAN_OUT = _named("FAN_OUT", f"""
+#: A Spark publish run's staged rows -> messages of topic ``topic_id``, in staging order.
+STAGED_TO_MESSAGES = _named("STAGED_TO_MESSAGES", f"""
+    INSERT INTO messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
+    SELECT %(topic_id)s, u.key, u.body, u.content_type, u.properties, %(batch)s, {AT}
+    FROM publish_staging u
+    WHERE u.batch_id = %(batch)s AND u.run_id = %(stage_run)s
+    ORDER BY u.part, u.seq""")
+#: A READY delivery per subscribed group for every message of batch ``batch`` above the id bound
+#: ``after`` (PUBLISH_START: the messages this transaction wrote); returns the messages' ids in
+#: order. Bodies are not parsed here: the API and the Spark tasks check JSON text as PostgreSQL's
+#: jsonb would (codec.check_json_text).
+FAN_OUT = _named("FAN_OUT", """
     WITH new AS (
-      INSERT INTO messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
-      SELECT %(topic_id)s, u.key, u.body, u.content_type, u.properties, %(batch)s, {AT}
-      FROM publish_staging u
-      WHERE u.batch_id = %(staging)s AND u.run_id = %(stage_run)s
-        AND (u.content_type <> 'application/json' OR convert_from(u.body, 'UTF8')::jsonb IS NOT NULL)
-      ORDER BY u.part, u.seq
-      RETURNING id, published_at),
+      SELECT id, topic_id, published_at FROM messages WHERE publish_batch = %(batch)s AND id > %(after)s),
     fan AS (
       INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)
-      SELECT new.id, s.group_id, %(topic_id)s, new.published_at, new.published_at, new.published_at
-      FROM new JOIN subscriptions s ON s.topic_id = %(topic_id)s)
+      SELECT new.id, s.group_id, new.topic_id, new.published_at, new.published_at, new.published_at
+      FROM new JOIN subscriptions s ON s.topic_id = new.topic_id)
     SELECT id FROM new ORDER BY id""")
 #: Every staged row of a batch (all partitionings): once it is published they are leftovers.
 DELETE_STAGED = _named("DELETE_STAGED", "DELETE FROM publish_staging WHERE batch_id = %(staging)s")

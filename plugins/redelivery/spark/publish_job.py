@@ -26,14 +26,12 @@ import psycopg
 
 from .. import catalog, db
 from .. import statements as S
-from ..client import STAGING_TYPES, check_batch_id, check_same_batch
-from ..codec import BINARY, JSON, add_fingerprints, fingerprint, row_hash
+from ..client import STAGING_TYPES, check_batch_id, check_same_batch, copy_cursor
+from ..codec import BINARY, JSON, TEXT, Message, add_fingerprints, encode, fingerprint, row_hash
 from ..errors import MalformedMessageError, PublishError
 from .session import functions_for
 
-RESULT_SCHEMA = "part long, rows long, fingerprint string, staged boolean"
-#: PostgreSQL's answers to a body that is not JSON (invalid text, bad encoding, \u0000).
-MALFORMED_SQLSTATES = ("22P02", "22021", "22P05")
+RESULT_SCHEMA = "part long, rows long, fingerprint string, staged boolean, error string"
 
 
 def message_columns(df):
@@ -65,18 +63,39 @@ def message_columns(df):
     )
 
 
-def _rows(batches: Iterator) -> Iterator[tuple]:
-    """(key, body bytes, content type, properties dict) of every row of the Arrow batches."""
+def _rows(batches: Iterator, part: int) -> Iterator[tuple]:
+    """``codec.encode`` of every row of the Arrow batches: (key, body bytes, content type,
+    properties), checked as the API checks a message (JSON text as PostgreSQL's jsonb takes it,
+    properties a JSON object of strings). Raises ``MalformedMessageError`` naming the partition and
+    row."""
+    index = 0
     for batch in batches:
         keys, bodies, types, props = (batch.column(i).to_pylist() for i in range(4))
         for key, body, ctype, prop in zip(keys, bodies, types, props, strict=True):
-            yield key, body or b"", ctype, json.loads(prop) if prop and prop != "{}" else {}
+            where = f"partition {part} row {index}"
+            try:
+                properties = json.loads(prop) if prop and prop != "{}" else {}
+            except ValueError as exc:
+                raise MalformedMessageError(f"{where}: properties are not a JSON object: {exc}") from None
+            body = body or b""
+            if ctype == TEXT:
+                try:
+                    body = body.decode()
+                except UnicodeDecodeError as exc:
+                    raise MalformedMessageError(f"{where}: body is not valid {TEXT}: {exc}") from None
+            message = Message(body, key=key, properties=properties, content_type=ctype)
+            try:
+                yield encode(message, index)
+            except MalformedMessageError as exc:
+                raise MalformedMessageError(f"partition {part} {exc}") from None
+            index += 1
 
 
 def stage_partition(url: str, batch_id: str, run_id: str, stage: bool):
     """The function every task runs (``mapInArrow``): stage this partition once for run
     ``run_id`` (or, with ``stage`` false, only read it) and report (part, rows, fingerprint,
-    staged by this attempt)."""
+    staged by this attempt, error). A malformed row stages nothing of the partition and is
+    reported as its error (the driver raises it): not a task failure, which Spark would retry."""
 
     def run(batches: Iterator) -> Iterator:
         import pyarrow as pa
@@ -84,31 +103,34 @@ def stage_partition(url: str, batch_id: str, run_id: str, stage: bool):
 
         part = TaskContext.get().partitionId()
         keys = {"batch": batch_id, "stage_run": run_id, "part": part}
-        rows, total, staged, content = 0, 0, False, None
-        if stage:
-            with db.connect(url, autocommit=True) as conn, conn.transaction():
-                if conn.execute(S.PUBLISH_PART_CLAIM, keys).fetchone() is None:
-                    # an earlier attempt of this task staged the partition: report what it did
-                    rows, content = conn.execute(S.PUBLISH_PART, keys).fetchone()
-                else:
-                    with conn.cursor().copy(S.COPY_STAGING) as copy:
-                        copy.set_types(STAGING_TYPES)
-                        for seq, (key, body, ctype, props) in enumerate(_rows(batches)):
-                            copy.write_row((batch_id, run_id, part, seq, key, body, ctype, props))
-                            rows, total = rows + 1, total + row_hash(key, body, ctype, props)
-                    content = fingerprint(rows, total)
-                    conn.execute(S.PUBLISH_PART_STAGED, {**keys, "rows": rows, "fingerprint": content})
-                    staged = True
-        else:  # the batch was published: only compare its content
-            for key, body, ctype, props in _rows(batches):
-                rows, total = rows + 1, total + row_hash(key, body, ctype, props)
-            content = fingerprint(rows, total)
+        rows, total, staged, content, error = 0, 0, False, None, None
+        try:
+            if stage:
+                with db.connect(url, autocommit=True) as conn, conn.transaction():
+                    if conn.execute(S.PUBLISH_PART_CLAIM, keys).fetchone() is None:
+                        # an earlier attempt of this task staged the partition: report what it did
+                        rows, content = conn.execute(S.PUBLISH_PART, keys).fetchone()
+                    else:
+                        with copy_cursor(conn).copy(S.COPY_STAGING) as copy:
+                            copy.set_types(STAGING_TYPES)
+                            for seq, (key, body, ctype, props) in enumerate(_rows(batches, part)):
+                                copy.write_row((batch_id, run_id, part, seq, key, body, ctype, props))
+                                rows, total = rows + 1, total + row_hash(key, body, ctype, props)
+                        content = fingerprint(rows, total)
+                        conn.execute(S.PUBLISH_PART_STAGED, {**keys, "rows": rows, "fingerprint": content})
+                        staged = True
+            else:  # the batch was published: only compare its content
+                for key, body, ctype, props in _rows(batches, part):
+                    rows, total = rows + 1, total + row_hash(key, body, ctype, props)
+                content = fingerprint(rows, total)
+        except MalformedMessageError as exc:  # the partition's transaction rolled back
+            rows, content, staged, error = 0, None, False, str(exc)
         for _ in batches:  # drain what a skipped partition did not read
             pass
         yield pa.RecordBatch.from_pylist(
-            [{"part": part, "rows": rows, "fingerprint": content, "staged": staged}],
+            [{"part": part, "rows": rows, "fingerprint": content, "staged": staged, "error": error}],
             schema=pa.schema([("part", pa.int64()), ("rows", pa.int64()), ("fingerprint", pa.string()),
-                              ("staged", pa.bool_())]),
+                              ("staged", pa.bool_()), ("error", pa.string())]),
         )  # fmt: skip
 
     return run
@@ -139,35 +161,36 @@ def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, 
 
 def publish_staged(url: str, topic_id: int, batch_id: str, run_id: str, reports: list, at=None) -> int:
     """The driver's half: publish what run ``run_id`` staged, given its tasks' ``reports`` (one
-    per partition: rows, fingerprint), in one transaction; return the batch's message count. See
-    ``publish_dataframe`` for the errors."""
+    per partition: rows, fingerprint, error), in one transaction; return the batch's message count.
+    See ``publish_dataframe`` for the errors."""
+    errors = sorted(r["error"] for r in reports if r["error"])
+    if errors:
+        with db.connect(url, autocommit=True) as conn:
+            _discard(conn, batch_id, run_id)
+        raise MalformedMessageError(f"batch {batch_id!r}: nothing was published: {errors[0]}")
     rows = sum(r["rows"] for r in reports)
     content = add_fingerprints(r["fingerprint"] for r in reports)
     with db.connect(url, autocommit=True) as conn:
         try:
             with conn.transaction():
+                catalog.lock_topic(conn, topic_id)
                 claim = {"batch": batch_id, "topic_id": topic_id, "count": rows, "fingerprint": content}
                 if conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
                     check_same_batch(conn, batch_id, topic_id, content)
                     count = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()[1]
                 else:
                     _check_staged(conn, batch_id, run_id, len(reports), rows)
-                    params = {
-                        "topic_id": topic_id,
-                        "batch": batch_id,
-                        "staging": batch_id,
-                        "stage_run": run_id,
-                    }
-                    count = len(conn.execute(S.FAN_OUT, {**params, "at": at}).fetchall())
+                    published_at, after = conn.execute(S.PUBLISH_START, {"at": at}).fetchone()
+                    keys = {"topic_id": topic_id, "batch": batch_id, "stage_run": run_id, "at": published_at}
+                    conn.execute(S.STAGED_TO_MESSAGES, keys)
+                    count = len(conn.execute(S.FAN_OUT, {"batch": batch_id, "after": after}).fetchall())
                     if count != rows:
                         raise PublishError(
                             f"batch {batch_id!r}: {rows} rows staged but {count} messages published"
                         )
                 conn.execute(S.DELETE_STAGED, {"staging": batch_id})  # every run's leftovers
-        except BaseException as exc:
+        except BaseException:
             _discard(conn, batch_id, run_id)
-            if isinstance(exc, psycopg.Error) and getattr(exc, "sqlstate", None) in MALFORMED_SQLSTATES:
-                raise MalformedMessageError(f"batch {batch_id!r}: a body is not valid JSON: {exc}") from exc
             raise
     return count
 
