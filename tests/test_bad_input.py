@@ -155,3 +155,38 @@ def test_a_batch_larger_than_the_backlog_cap_is_refused_at_once(client, topic_gr
         client.publish("orders", [{"n": i} for i in range(6)])
     assert client.publish_waits == []  # not retried as flow control
     assert snapshot(client.conn) == before
+
+
+#: JSON texts at the edges of what PostgreSQL's jsonb takes: lone surrogates, numeric's range (131,072
+#: digits before the point, 16,383 after), huge integers, constants, \u0000, long strings.
+EDGE_BODIES = [
+    '"\\ud800"', '"\\udc00x"', '"\\ud800\\udc00"', "1e131071", "1e131072", "1e-16383", "1e-16384",
+    "1.5e-16383", "123456789012345678901234567890", "9" * 5000, "1e999", "-0", "[1,2", '{"a": 1}',
+    '"a\\u0000b"', '"a\\\\u0000b"', "NaN", "-Infinity", '"' + "x" * 20_000 + '"', "0." + "1" * 16_383,
+    "0." + "1" * 16_384, '{"n": 0.' + "5" * 16_384 + "}", "1E-16384", "1e400", "1E+400", "1e308",
+    '{"a": "one-way", "n": 1e-5}', "[" + "1e-300," * 3000 + "1]",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", EDGE_BODIES, ids=lambda t: t[:24])
+def test_a_json_body_is_accepted_exactly_when_postgresql_takes_it(database_url, text):
+    """Bodies are parsed in Python only (PostgreSQL no longer parses them on publish): the check
+    must refuse what jsonb refuses. (Nesting deeper than Python's recursion limit is the one case
+    Python refuses and PostgreSQL may take.)"""
+    import psycopg
+
+    from redelivery import db
+    from redelivery.codec import check_json_text
+
+    with db.connect(database_url, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT %s::jsonb IS NOT NULL", (text,))
+            postgresql = True
+        except psycopg.errors.DataError:
+            postgresql = False
+    try:
+        check_json_text(text)
+        python = True
+    except ValueError:
+        python = False
+    assert python == postgresql

@@ -115,7 +115,28 @@ def test_cleanup_deletes_only_what_is_past_its_retention(client, topic_group, da
     deleted = maintenance.cleanup(client.conn, client.config, limit=1)
     assert deleted["publish_batches"] == 1 and deleted["tier_runs"] == 1
     assert client.conn.execute("SELECT batch_id FROM publish_batches").fetchall() == [("new",)]
-    assert len(client.publish("orders", [{"n": 1}], batch_id="old")) == 1  # past its retention: a new batch
+    [first] = client.conn.execute("SELECT id FROM messages WHERE publish_batch = 'old'").fetchone()
+    again = client.publish("orders", [{"n": 3}, {"n": 4}], batch_id="old")  # past its retention: a new batch
+    assert len(again) == 2 and first not in again
+    assert client.publish("orders", [{"n": 3}, {"n": 4}], batch_id="old") == again  # and only it replays
+    assert client.stats()["orders"]["billing"]["READY"] == 4
+
+
+def test_a_batch_id_forgotten_by_retention_publishes_again_whatever_the_sequence_cache(
+    client, topic_group, clean_db
+):
+    """FAN_OUT finds a publish's messages by batch id: it must not depend on id order. With a
+    sequence cache, another session's cached ids can be below a bound read from the sequence."""
+    client.conn.execute("ALTER SEQUENCE messages_id_seq CACHE 50")
+    try:
+        with Client(clean_db) as other:
+            other.publish("orders", [{"n": 0}])  # caches ids 1-50 in that session
+            client.publish("orders", [{"n": 1}], batch_id="b")  # from 51 up
+            other.publish("orders", [{"n": 2}, {"n": 3}], batch_id="c")  # ids 2, 3: below the newest
+            assert other.publish("orders", [{"n": 2}, {"n": 3}], batch_id="c") == [2, 3]
+        assert client.stats()["orders"]["billing"]["READY"] == 4
+    finally:
+        client.conn.execute("ALTER SEQUENCE messages_id_seq CACHE 1")
 
 
 def test_deleting_a_topic_while_a_message_is_dead_lettered_leaves_no_dead_letter(
@@ -137,25 +158,40 @@ def test_deleting_a_topic_while_a_message_is_dead_lettered_leaves_no_dead_letter
     assert client.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
 
 
-def test_deleting_a_topic_while_it_is_published_to_leaves_nothing_behind(client, topic_group, clean_db):
+@pytest.mark.parametrize("default_isolation", ["read committed", "repeatable read"])
+def test_deleting_a_topic_while_it_is_published_to_leaves_nothing_behind(
+    client, topic_group, clean_db, default_isolation
+):
     """No foreign key checks a publish row by row (migration 0008): the delete waits for the publish
-    holding the topic, then takes its messages and deliveries too."""
-    client.publish("orders", [{"n": 0}])
-    with Client(clean_db) as other:
-        other.conn.execute("BEGIN")
-        assert len(other.publish("orders", [{"n": i} for i in range(50)], retry=False)) == 50
-        deleting = threading.Thread(target=lambda: client.delete_topic("orders"))
-        deleting.start()
-        time.sleep(0.3)  # the delete waits for the publishing transaction
-        assert deleting.is_alive()
-        other.conn.execute("COMMIT")
-        deleting.join(10)
-        assert not deleting.is_alive()
-        for table in ("messages", "deliveries", "publish_batches", "subscriptions"):
-            assert client.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
-        with pytest.raises(UnknownTopicError):  # its cached topic id is gone: nothing is written
-            other.publish("orders", [{"n": 1}], batch_id="after-delete")
-    assert client.conn.execute("SELECT count(*) FROM publish_batches").fetchone()[0] == 0
+    holding the topic, then takes its messages and deliveries too. Its statements need READ
+    COMMITTED (a fresh snapshot after the wait): redelivery's connections ask for it, whatever the
+    database's default."""
+    database = client.conn.execute("SELECT current_database()").fetchone()[0]
+    client.conn.execute(
+        f"ALTER DATABASE {database} SET default_transaction_isolation = '{default_isolation}'"
+    )
+    try:
+        client.publish("orders", [{"n": 0}])
+        with Client(clean_db) as deleter, Client(clean_db) as other:
+            assert (
+                deleter.conn.execute("SHOW default_transaction_isolation").fetchone()[0] == "read committed"
+            )
+            other.conn.execute("BEGIN")
+            assert len(other.publish("orders", [{"n": i} for i in range(50)], retry=False)) == 50
+            deleting = threading.Thread(target=lambda: deleter.delete_topic("orders"))
+            deleting.start()
+            time.sleep(0.3)  # the delete waits for the publishing transaction
+            assert deleting.is_alive()
+            other.conn.execute("COMMIT")
+            deleting.join(10)
+            assert not deleting.is_alive()
+            for table in ("messages", "deliveries", "publish_batches", "subscriptions"):
+                assert client.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
+            with pytest.raises(UnknownTopicError):  # its cached topic id is gone: nothing is written
+                other.publish("orders", [{"n": 1}], batch_id="after-delete")
+        assert client.conn.execute("SELECT count(*) FROM publish_batches").fetchone()[0] == 0
+    finally:
+        client.conn.execute(f"ALTER DATABASE {database} RESET default_transaction_isolation")
 
 
 def test_the_embedded_database_requires_its_password(database_url):

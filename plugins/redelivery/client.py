@@ -325,13 +325,14 @@ class Client:
             if self.conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
                 check_same_batch(self.conn, batch_id, topic_id, content)
                 return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
+            self.conn.execute(S.UNTAG_FORGOTTEN_BATCH, {"batch": batch_id})
             self._check_backlog(topic_id, len(rows))
-            published_at, after = self.conn.execute(S.PUBLISH_START, {"at": at}).fetchone()
+            [published_at] = self.conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
             with copy_cursor(self.conn).copy(S.COPY_MESSAGES) as copy:
                 copy.set_types(MESSAGE_TYPES)
                 for key, body, ctype, props in rows:
                     copy.write_row((topic_id, key, body, ctype, props, batch_id, published_at))
-            ids = [r[0] for r in self.conn.execute(S.FAN_OUT, {"batch": batch_id, "after": after})]
+            ids = [r[0] for r in self.conn.execute(S.FAN_OUT, {"batch": batch_id})]
             if len(ids) != len(rows):  # another writer of this batch id: impossible once claimed
                 raise AssertionError(
                     f"batch {batch_id!r}: {len(rows)} rows copied, {len(ids)} messages found"

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 import orjson
@@ -28,17 +29,54 @@ RETRY_PROPERTIES = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUME
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+#: PostgreSQL's numeric (which jsonb numbers are): at most 131,072 digits before the decimal point
+#: and 16,383 after it.
+PG_NUMERIC_MAX_INTEGER_DIGITS, PG_NUMERIC_MAX_SCALE = 131_072, 16_383
+
+
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON (PostgreSQL refuses it)")
 
 
+def _pg_number(text: str) -> Decimal:
+    number = Decimal(text)
+    scale = -number.as_tuple().exponent
+    if scale > PG_NUMERIC_MAX_SCALE or number.adjusted() + 1 > PG_NUMERIC_MAX_INTEGER_DIGITS:
+        raise ValueError(f"the number {text[:40]}... is outside PostgreSQL's numeric range")
+    return number
+
+
+def _check_strings(value: Any) -> None:
+    """Raise ``ValueError`` for a string holding a lone surrogate (an unpaired \\ud800-\\udfff
+    escape: not UTF-8, PostgreSQL refuses it)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            item.encode()  # UnicodeEncodeError (a ValueError) for a lone surrogate
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def check_json_text(text: str) -> None:
     """Raise ``ValueError`` unless PostgreSQL's jsonb would take ``text`` as Python reads it: valid
-    JSON, no NaN or Infinity, no \\u0000 escape."""
-    try:  # orjson: strict JSON (no NaN/Infinity), several times faster on the common case
+    JSON, no NaN or Infinity, no lone surrogate, no \\u0000 escape, numbers within numeric's range.
+    (Nesting deeper than Python's recursion limit is refused too, where PostgreSQL may take it.)"""
+    try:  # orjson: strict JSON, several times faster. What it takes, jsonb takes too, except the
+        # \u0000 escape and numbers past numeric's range: a literal longer than 16,383 characters,
+        # or a negative exponent (orjson reads 1e-20000 as 0.0; a positive one past 308 fails it)
         orjson.loads(text)
-    except orjson.JSONDecodeError:  # big integers, deep nesting: the standard decoder decides
-        json.loads(text, parse_constant=_refuse_constant)
+        strict = len(text) <= PG_NUMERIC_MAX_SCALE and "e-" not in text and "E-" not in text
+    except orjson.JSONDecodeError:  # big numbers, lone surrogates, deep nesting: look closer
+        strict = False
+    if not strict:
+        value = json.loads(
+            text, parse_constant=_refuse_constant, parse_float=_pg_number, parse_int=_pg_number
+        )
+        _check_strings(value)
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise ValueError("a \\u0000 character cannot be stored in PostgreSQL's jsonb")
 

@@ -26,8 +26,11 @@ def database_url() -> str:
 
 
 def connect(url: str | None = None, **kwargs) -> psycopg.Connection:
-    """A psycopg 3 connection with ``search_path`` set to the ``redelivery`` schema."""
-    return psycopg.connect(url or database_url(), options=f"-c search_path={SCHEMA},public", **kwargs)
+    """A psycopg 3 connection with ``search_path`` set to the ``redelivery`` schema, in READ
+    COMMITTED whatever the role's or database's default: the statements rely on its fresh snapshot
+    after a lock wait (a topic delete after waiting for its publishers, re-checks of guarded rows)."""
+    options = rf"-c search_path={SCHEMA},public -c default_transaction_isolation=read\ committed"
+    return psycopg.connect(url or database_url(), options=options, **kwargs)
 
 
 def sqlalchemy_url(url: str) -> str:

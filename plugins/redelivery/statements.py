@@ -243,12 +243,13 @@ COPY_MESSAGES = _named("COPY_MESSAGES", """
 COPY_STAGING = _named("COPY_STAGING", """
     COPY publish_staging (batch_id, run_id, part, seq, key, body, content_type, properties)
     FROM STDIN (FORMAT BINARY)""")
-#: (publish time, id bound) of this transaction's messages: the time is ``at`` or the
-#: transaction's start; every message id allocated from now on is above the bound (a sequence only
-#: goes up), so FAN_OUT never takes an older message that carries the same batch id (one published
-#: again after retention forgot its batch record).
-PUBLISH_START = _named("PUBLISH_START", f"""
-    SELECT {AT}, coalesce(pg_sequence_last_value('messages_id_seq'), 0)""")
+#: The publish time of this transaction's messages: ``at`` or the transaction's start.
+PUBLISH_TIME = _named("PUBLISH_TIME", f"SELECT {AT}")
+#: Right after a claim: messages still tagged with the claimed batch id belong to an older publish
+#: of it whose record retention deleted; they lose the tag, so that FAN_OUT and PUBLISHED_IDS see
+#: this publish's messages only. (Nearly always changes nothing: one index lookup.)
+UNTAG_FORGOTTEN_BATCH = _named("UNTAG_FORGOTTEN_BATCH", """
+    UPDATE messages SET publish_batch = NULL WHERE publish_batch = %(batch)s""")
 #: A writer of messages to a topic (publish, redrive to another topic) holds its topic row FOR KEY
 #: SHARE until it commits: the topic cannot be deleted under it. Nothing: the topic is gone. (Once
 #: per transaction, where a foreign key checked every row: migration 0008.)
@@ -292,13 +293,12 @@ STAGED_TO_MESSAGES = _named("STAGED_TO_MESSAGES", f"""
     FROM publish_staging u
     WHERE u.batch_id = %(batch)s AND u.run_id = %(stage_run)s
     ORDER BY u.part, u.seq""")
-#: A READY delivery per subscribed group for every message of batch ``batch`` above the id bound
-#: ``after`` (PUBLISH_START: the messages this transaction wrote); returns the messages' ids in
-#: order. Bodies are not parsed here: the API and the Spark tasks check JSON text as PostgreSQL's
-#: jsonb would (codec.check_json_text).
+#: A READY delivery per subscribed group for every message of batch ``batch`` (this transaction
+#: claimed it and wrote them: UNTAG_FORGOTTEN_BATCH); returns the messages' ids in order. Bodies
+#: are not parsed here: the API and the Spark tasks check JSON text as PostgreSQL's jsonb would
+#: (codec.check_json_text).
 FAN_OUT = _named("FAN_OUT", """
-    WITH new AS (
-      SELECT id, topic_id, published_at FROM messages WHERE publish_batch = %(batch)s AND id > %(after)s),
+    WITH new AS (SELECT id, topic_id, published_at FROM messages WHERE publish_batch = %(batch)s),
     fan AS (
       INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)
       SELECT new.id, s.group_id, new.topic_id, new.published_at, new.published_at, new.published_at

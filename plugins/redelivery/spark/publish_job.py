@@ -66,17 +66,17 @@ def message_columns(df):
 def _rows(batches: Iterator, part: int) -> Iterator[tuple]:
     """``codec.encode`` of every row of the Arrow batches: (key, body bytes, content type,
     properties), checked as the API checks a message (JSON text as PostgreSQL's jsonb takes it,
-    properties a JSON object of strings). Raises ``MalformedMessageError`` naming the partition and
-    row."""
+    properties a JSON object of strings; a NULL body is empty). Raises ``MalformedMessageError``
+    naming the partition and the message's index in it."""
     index = 0
     for batch in batches:
         keys, bodies, types, props = (batch.column(i).to_pylist() for i in range(4))
         for key, body, ctype, prop in zip(keys, bodies, types, props, strict=True):
-            where = f"partition {part} row {index}"
+            where = f"partition {part} message {index}"
             try:
                 properties = json.loads(prop) if prop and prop != "{}" else {}
             except ValueError as exc:
-                raise MalformedMessageError(f"{where}: properties are not a JSON object: {exc}") from None
+                raise MalformedMessageError(f"{where}: properties are not JSON: {exc}") from None
             body = body or b""
             if ctype == TEXT:
                 try:
@@ -163,11 +163,11 @@ def publish_staged(url: str, topic_id: int, batch_id: str, run_id: str, reports:
     """The driver's half: publish what run ``run_id`` staged, given its tasks' ``reports`` (one
     per partition: rows, fingerprint, error), in one transaction; return the batch's message count.
     See ``publish_dataframe`` for the errors."""
-    errors = sorted(r["error"] for r in reports if r["error"])
-    if errors:
+    errors = sorted((r["part"], r["error"]) for r in reports if r["error"])
+    if errors:  # the first partition's: the same message as the same data gives
         with db.connect(url, autocommit=True) as conn:
             _discard(conn, batch_id, run_id)
-        raise MalformedMessageError(f"batch {batch_id!r}: nothing was published: {errors[0]}")
+        raise MalformedMessageError(f"batch {batch_id!r}: {errors[0][1]} (this run published nothing)")
     rows = sum(r["rows"] for r in reports)
     content = add_fingerprints(r["fingerprint"] for r in reports)
     with db.connect(url, autocommit=True) as conn:
@@ -180,10 +180,11 @@ def publish_staged(url: str, topic_id: int, batch_id: str, run_id: str, reports:
                     count = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()[1]
                 else:
                     _check_staged(conn, batch_id, run_id, len(reports), rows)
-                    published_at, after = conn.execute(S.PUBLISH_START, {"at": at}).fetchone()
+                    conn.execute(S.UNTAG_FORGOTTEN_BATCH, {"batch": batch_id})
+                    [published_at] = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
                     keys = {"topic_id": topic_id, "batch": batch_id, "stage_run": run_id, "at": published_at}
                     conn.execute(S.STAGED_TO_MESSAGES, keys)
-                    count = len(conn.execute(S.FAN_OUT, {"batch": batch_id, "after": after}).fetchall())
+                    count = len(conn.execute(S.FAN_OUT, {"batch": batch_id}).fetchall())
                     if count != rows:
                         raise PublishError(
                             f"batch {batch_id!r}: {rows} rows staged but {count} messages published"

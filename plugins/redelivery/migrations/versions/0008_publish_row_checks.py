@@ -15,6 +15,9 @@ per row:
 - deliveries are only inserted for the subscriptions of a topic, and groups are never deleted.
 
 The crash suite checks that every delivery has its message in its topic (chaos/invariants.py).
+Upgrade every client (Airflow workers, Spark jobs) with the schema: an older client deletes a topic
+without its messages and publishes without holding the topic. Downgrading re-adds the keys, and
+fails if rows without their parent exist.
 
 Revision ID: 0008
 Revises: 0007
