@@ -7,6 +7,10 @@ the same rows, measured in one run on the same database.
   raw COPY     psycopg's binary COPY of (key, body) into a plain table: the floor (baseline)
   API          Client.publish of the same rows to a topic with two subscribed groups
   DataFrame    spark.publish_job.publish_dataframe of the same rows (the warm Spark Connect server)
+  floor        (--floor) what a publish's writes cost with nothing else: pre-built rows COPYed
+               straight into messages, then one delivery row per group COPYed into deliveries
+  messages     (--floor) the messages COPY alone: the layout of a log with a consume offset per
+               group, which writes no delivery row at publish
 
 A publish writes one message row and one delivery row per group, inside one transaction, and is
 exactly once per batch id; the target is at least 0.25x the raw COPY rate. Each variant starts
@@ -84,6 +88,34 @@ def api_publish(url: str, rows) -> float:
     return elapsed
 
 
+def floor_copy(url: str, rows, with_deliveries: bool) -> float:
+    """Pre-encoded rows COPYed into messages (ids from its identity, read back by batch), then, with
+    ``with_deliveries``, one READY delivery per group COPYed into deliveries; one transaction."""
+    from redelivery import db
+
+    encoded = [(k, b.encode()) for k, b in rows]
+    with db.connect(url) as conn:
+        topic, now = conn.execute("SELECT id, now() FROM topics WHERE name = 'flights'").fetchone()
+        subscribed = conn.execute("SELECT group_id FROM subscriptions WHERE topic_id = %s", (topic,))
+        groups = [g for (g,) in subscribed]
+        start = time.perf_counter()
+        columns = "topic_id, key, body, content_type, publish_batch, published_at"
+        with conn.cursor().copy(f"COPY messages ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["int4", "text", "bytea", "text", "text", "timestamptz"])
+            for key, body in encoded:
+                copy.write_row((topic, key, body, "application/json", "floor", now))
+        if with_deliveries:
+            ids = [i for (i,) in conn.execute("SELECT id FROM messages WHERE publish_batch = 'floor'")]
+            columns = "message_id, group_id, topic_id, ready_at, created_at, updated_at"
+            with conn.cursor().copy(f"COPY deliveries ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["int8", "int4", "int4", "timestamptz", "timestamptz", "timestamptz"])
+                for group in groups:
+                    for message_id in ids:
+                        copy.write_row((message_id, group, topic, now, now, now))
+        conn.commit()
+        return time.perf_counter() - start
+
+
 def dataframe_publish(url: str, rows, spark) -> float:
     from redelivery.spark.publish_job import publish_dataframe
 
@@ -102,6 +134,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N flights")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-spark", dest="spark", action="store_false")
+    parser.add_argument("--floor", action="store_true", help="also the floor variants (see above)")
     args = parser.parse_args()
     from bench_tier import database
 
@@ -114,6 +147,8 @@ def main() -> None:
     size = sum(len(b) for _, b in rows) / len(rows)
     spark = get_spark("redelivery-bench-publish") if args.spark else None
     times: dict[str, list[float]] = {"raw COPY": [], "API publish": [], "DataFrame publish": []}
+    if args.floor:
+        times.update({"floor": [], "messages only": []})
     for _ in range(args.rounds):
         for name in times:
             if name.startswith("DataFrame") and spark is None:
@@ -123,6 +158,8 @@ def main() -> None:
                 times[name].append(raw_copy(url, rows))
             elif name == "API publish":
                 times[name].append(api_publish(url, rows))
+            elif name in ("floor", "messages only"):
+                times[name].append(floor_copy(url, rows, with_deliveries=name == "floor"))
             else:
                 times[name].append(dataframe_publish(url, rows, spark))
     base = statistics.median(times["raw COPY"])
