@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -93,3 +94,30 @@ def page_state(client, url) -> None:
     client.reconsume_later("billing", got[16:20], delay=60, at=at(101))
     client.ack("billing", got[20:23])
     client.publish("orders", [{"n": i} for i in range(5)], at=at(102))
+
+
+def overlapping_tier_runs(url: str, window_end: datetime, runs: int = 3) -> list[dict]:
+    """The summaries of ``runs`` tier runs of the seconds tier for the same window, started at once
+    in threads (4 ranges each); raises the first error any of them raised."""
+    from redelivery.config import cached_config
+    from redelivery.spark.tier_job import run_tier_window
+
+    config, results, errors = cached_config(), [], []
+
+    def run(name):
+        try:
+            results.append(
+                run_tier_window(tier="seconds", window_end=window_end, run_key=name, url=url,
+                                config=config, max_partitions=4)
+            )  # fmt: skip
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(f"overlap-{i}",)) for i in range(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results

@@ -4,12 +4,10 @@ overlapping run, and survive retention; the gauges' statements can use their ind
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import at, run_cli
+from helpers import at, overlapping_tier_runs, run_cli
 from redelivery import maintenance
 from redelivery import statements as S
 from redelivery.config import cached_config
@@ -210,27 +208,7 @@ def test_overlapping_runs_count_each_move_once(client, topic_group, database_url
     client.publish("orders", [{"n": i} for i in range(600)], at=at(0))
     client.nack("billing", client.receive("billing", "orders", 600, 30, at=at(0)), at=at(0))  # due at 10 s
     client.receive("strict", "orders", 600, 5, at=at(0))  # leases end at 5 s
-    config, errors = cached_config(), []
-
-    def run(name):
-        try:
-            run_tier_window(
-                tier="seconds",
-                window_end=at(11),
-                run_key=name,
-                url=database_url,
-                config=config,
-                max_partitions=4,
-            )
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(f"overlap-{i}",)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    overlapping_tier_runs(database_url, at(11))
     samples = scrape(client.conn)
     assert value(samples, "redelivery_promoted_messages_total", group="billing") == 600
     assert value(samples, "redelivery_send_to_dlq_messages_total", group="strict") == 600

@@ -3,12 +3,11 @@ lease expiry, and a consumer process that really crashes."""
 
 import subprocess
 import sys
-import threading
 from datetime import UTC
 
 import pytest
 
-from helpers import T0, at
+from helpers import T0, at, overlapping_tier_runs
 from redelivery.catalog import effective_policies, policy_table
 from redelivery.config import cached_config
 from redelivery.errors import InvalidWindowError
@@ -87,30 +86,7 @@ def test_overlapping_runs_promote_and_dead_letter_each_message_once(client, topi
     client.publish("orders", [{"n": i} for i in range(3000)], at=at(0))
     fail_all(client, 3000)  # billing: due at 10 s
     client.receive("strict", "orders", 3000, 5, at=at(0))  # strict: leases end at 5 s
-    config = cached_config()
-    results, errors = [], []
-
-    def run(name):
-        try:
-            results.append(
-                run_tier_window(
-                    tier="seconds",
-                    window_end=at(10),
-                    run_key=name,
-                    url=database_url,
-                    config=config,
-                    max_partitions=4,
-                )
-            )
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(f"overlap-{i}",)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    results = overlapping_tier_runs(database_url, at(10))
     assert sum(r["promoted"] for r in results) == 3000
     assert sum(r["dead_lettered"] for r in results) == 3000
     dlq = client.conn.execute("SELECT count(*), count(DISTINCT message_id) FROM dlq_messages").fetchone()
