@@ -205,3 +205,22 @@ def test_the_embedded_database_requires_its_password(database_url):
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         psycopg.connect(f"postgresql://postgres:wrong@127.0.0.1:{port}/postgres", connect_timeout=5)
     assert embedded.password() in embedded.url()
+
+
+@pytest.mark.parametrize("where", ["url", "PGOPTIONS"])
+def test_session_options_the_user_gives_are_kept(database_url, monkeypatch, where):
+    """A user's ``-c statement_timeout=...`` (in the URL or libpq's PGOPTIONS) reaches the session;
+    the schema's search_path and READ COMMITTED still win over the user's own."""
+    from redelivery import db
+
+    user = "-c statement_timeout=4321 -c search_path=public -c default_transaction_isolation=serializable"
+    url = database_url
+    if where == "url":
+        sep = "&" if "?" in url else "?"
+        url = f"{url}{sep}options={user.replace(' ', '%20').replace('=', '%3D')}"
+    else:
+        monkeypatch.setenv("PGOPTIONS", user)
+    with db.connect(url) as conn:
+        shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in ("statement_timeout", "search_path")]
+        isolation = conn.execute("SHOW default_transaction_isolation").fetchone()[0]
+    assert shown == ["4321ms", "redelivery,public"] and isolation == "read committed"

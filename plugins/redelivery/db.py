@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random
 
 from . import embedded
@@ -25,12 +27,26 @@ def database_url() -> str:
     return configured if configured else embedded.ensure_running()
 
 
+#: Session settings every connection needs, given to libpq after the user's own (a later ``-c``
+#: wins): the schema's search_path, and READ COMMITTED, whose fresh snapshot after a lock wait the
+#: statements rely on (a topic delete after waiting for its publishers, re-checks of guarded rows).
+SESSION_OPTIONS = rf"-c search_path={SCHEMA},public -c default_transaction_isolation=read\ committed"
+
+
 def connect(url: str | None = None, **kwargs) -> psycopg.Connection:
-    """A psycopg 3 connection with ``search_path`` set to the ``redelivery`` schema, in READ
-    COMMITTED whatever the role's or database's default: the statements rely on its fresh snapshot
-    after a lock wait (a topic delete after waiting for its publishers, re-checks of guarded rows)."""
-    options = rf"-c search_path={SCHEMA},public -c default_transaction_isolation=read\ committed"
-    return psycopg.connect(url or database_url(), options=options, **kwargs)
+    """A psycopg 3 connection to ``url`` (default ``database_url()``) with ``SESSION_OPTIONS``:
+    the ``redelivery`` schema first on the search_path, READ COMMITTED whatever the role's or
+    database's default. The user's own session options (the URL's ``options``, else libpq's
+    ``PGOPTIONS``, e.g. ``-c statement_timeout=30000``) are kept. Raises ``psycopg.Error``."""
+    url = url or database_url()
+    return psycopg.connect(url, options=session_options(url), **kwargs)
+
+
+def session_options(url: str) -> str:
+    """libpq's ``options`` for ``url``: the user's own (the URL's, else ``PGOPTIONS``; libpq reads
+    only one of them, and an ``options`` argument replaces both), then ``SESSION_OPTIONS``."""
+    given = conninfo_to_dict(url).get("options") or os.environ.get("PGOPTIONS", "")
+    return f"{given} {SESSION_OPTIONS}".strip()
 
 
 def sqlalchemy_url(url: str) -> str:

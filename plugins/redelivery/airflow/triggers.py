@@ -51,7 +51,7 @@ import psycopg
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from .. import statements as S
-from ..db import SCHEMA
+from ..db import session_options
 from .assets import asset_uri
 from .env import DB_CONN_ID
 from .hooks import RedeliveryHook
@@ -204,5 +204,5 @@ async def connect(url: str) -> psycopg.AsyncConnection:
         url,
         autocommit=True,
         application_name="redelivery-asset-watcher",
-        options=f"-c search_path={SCHEMA},public",
+        options=session_options(url),
     )
