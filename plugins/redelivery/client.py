@@ -332,7 +332,7 @@ class Client:
                 copy.set_types(MESSAGE_TYPES)
                 for key, body, ctype, props in rows:
                     copy.write_row((topic_id, key, body, ctype, props, batch_id, published_at))
-            ids = [r[0] for r in self.conn.execute(S.FAN_OUT, {"batch": batch_id})]
+            ids = [r[0] for r in self.conn.execute(S.FAN_OUT, {"batch": batch_id}).fetchall()]
             if len(ids) != len(rows):  # another writer of this batch id: impossible once claimed
                 raise AssertionError(
                     f"batch {batch_id!r}: {len(rows)} rows copied, {len(ids)} messages found"

@@ -130,49 +130,73 @@ class Receipt(NamedTuple):
     group: str
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
 def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, str, dict]:
     """``(key, body bytes, content type, properties)`` of a message to publish (a ``Message`` or a
     bare body). Raises ``MalformedMessageError`` naming the message ``index``."""
-    if not isinstance(message, Message):
-        message = Message(body=message)
-    where = f"message {index}"
-    body, ctype = message.body, message.content_type
+    # Run once per published message (336,776 times for the demo's flights): the common shapes (a
+    # JSON text body, no properties) take the shortest path; properties are only copied and checked
+    # when there are some.
+    if isinstance(message, Message):
+        body, key, properties, ctype = message.body, message.key, message.properties, message.content_type
+    else:
+        body, key, properties, ctype = message, None, None, None
+    if ctype is None:
+        ctype = BINARY if isinstance(body, _BYTES_LIKE) else JSON
     try:
-        if ctype is None:
-            ctype = BINARY if isinstance(body, (bytes, bytearray, memoryview)) else JSON
-        if ctype == BINARY:
-            if not isinstance(body, (bytes, bytearray, memoryview)):
-                raise MalformedMessageError(
-                    f"{where}: an {BINARY} body must be bytes, got {type(body).__name__}"
-                )
-            raw = bytes(body)
-        elif ctype == TEXT:
-            if not isinstance(body, str):
-                raise MalformedMessageError(f"{where}: a {TEXT} body must be str, got {type(body).__name__}")
-            raw = body.encode()
-        elif ctype == JSON:
-            if isinstance(body, (bytes, str)):
-                text = body if isinstance(body, str) else body.decode()
-                check_json_text(text)  # JSON text: must parse as PostgreSQL parses it
-                raw = text.encode()
-            else:
-                text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-                if "\\u0000" in text:
-                    check_json_text(text)
-                raw = text.encode()
-        else:
-            raise MalformedMessageError(
-                f"{where}: unknown content type {ctype!r}; use {JSON}, {BINARY} or {TEXT}"
-            )
+        raw = _encode_body(body, ctype, index)
     except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
         if isinstance(exc, MalformedMessageError):
             raise
-        raise MalformedMessageError(f"{where}: body is not valid {ctype}: {exc}") from exc
-    if message.properties is not None and not isinstance(message.properties, Mapping):
+        raise MalformedMessageError(f"message {index}: body is not valid {ctype}: {exc}") from exc
+    if properties is None or (type(properties) is dict and not properties):
+        props = {}
+    else:
+        props = _checked_properties(properties, index)
+    if key is not None and not isinstance(key, str):
+        raise MalformedMessageError(f"message {index}: key must be a str, got {type(key).__name__}")
+    return key, raw, ctype, props
+
+
+def _encode_body(body: Any, ctype: str, index: int) -> bytes:
+    """The stored bytes of a body of content type ``ctype``; see ``Message``."""
+    if ctype == JSON:
+        if isinstance(body, (str, bytes)):
+            text = body if isinstance(body, str) else body.decode()
+            check_json_text(text)  # JSON text: must parse as PostgreSQL parses it
+            return text.encode()
+        text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        if "\\u0000" in text:
+            check_json_text(text)
+        return text.encode()
+    if ctype == BINARY:
+        if not isinstance(body, _BYTES_LIKE):
+            raise MalformedMessageError(
+                f"message {index}: an {BINARY} body must be bytes, got {type(body).__name__}"
+            )
+        return bytes(body)
+    if ctype == TEXT:
+        if not isinstance(body, str):
+            raise MalformedMessageError(
+                f"message {index}: a {TEXT} body must be str, got {type(body).__name__}"
+            )
+        return body.encode()
+    raise MalformedMessageError(
+        f"message {index}: unknown content type {ctype!r}; use {JSON}, {BINARY} or {TEXT}"
+    )
+
+
+def _checked_properties(properties: Any, index: int) -> dict:
+    """A copy of a message's properties; ``MalformedMessageError`` unless they map str to str with
+    no \\u0000 (jsonb cannot store it) and no reserved retry property."""
+    where = f"message {index}"
+    if not isinstance(properties, Mapping):
         raise MalformedMessageError(
-            f"{where}: properties must be a mapping of str to str, got {type(message.properties).__name__}"
+            f"{where}: properties must be a mapping of str to str, got {type(properties).__name__}"
         )
-    props = dict(message.properties or {})
+    props = dict(properties)
     for name, value in props.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise MalformedMessageError(f"{where}: properties must map str to str, got {name!r}: {value!r}")
@@ -182,9 +206,7 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
             )
         if name in RETRY_PROPERTIES:
             raise MalformedMessageError(f"{where}: property {name!r} is reserved for redelivered messages")
-    if message.key is not None and not isinstance(message.key, str):
-        raise MalformedMessageError(f"{where}: key must be a str, got {type(message.key).__name__}")
-    return message.key, raw, ctype, props
+    return props
 
 
 def row_hash(key: str | None, body: bytes, content_type: str, properties: Mapping[str, str]) -> int:
