@@ -69,3 +69,29 @@ def test_the_connect_server_has_a_bounded_heap_and_exits_when_it_runs_out(monkey
     assert "-XX:+ExitOnOutOfMemoryError" in argv[argv.index("--driver-java-options") + 1]
     with pytest.raises(pydantic.ValidationError):
         Settings(spark_connect_memory="lots")
+
+
+def test_the_hook_keeps_the_connections_libpq_options(database_url, monkeypatch):
+    """libpq keywords in the connection's extra reach the session, ``options`` included."""
+    import json
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    from redelivery.airflow.hooks import RedeliveryHook
+
+    info = conninfo_to_dict(database_url)
+    extra = {"options": "-c statement_timeout=4321", "application_name": "hook-test", "not_libpq": "x"}
+    connection = {
+        "conn_type": "postgres",
+        "host": info["host"],
+        "port": int(info["port"]),
+        "login": info["user"],
+        "password": info.get("password"),
+        "schema": info["dbname"],
+        "extra": extra,
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_DB", json.dumps(connection))
+    with RedeliveryHook().get_conn() as conn:
+        shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in ("statement_timeout", "application_name")]
+        assert shown == ["4321ms", "hook-test"]
+        assert conn.execute("SELECT current_schema()").fetchone()[0] == "redelivery"
