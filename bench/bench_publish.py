@@ -11,6 +11,8 @@ the same rows, measured in one run on the same database.
                straight into messages, then one delivery row per group COPYed into deliveries
   messages     (--floor) the messages COPY alone: the layout of a log with a consume offset per
                group, which writes no delivery row at publish
+  client       (--floor) the Python work of Client.publish alone, no database: a Message per row,
+               encode (each body checked as jsonb would check it), the batch fingerprint
 
 A publish writes one message row and one delivery row per group, inside one transaction, and is
 exactly once per batch id; the target is at least 0.25x the raw COPY rate. Each variant starts
@@ -116,6 +118,15 @@ def floor_copy(url: str, rows, with_deliveries: bool) -> float:
         return time.perf_counter() - start
 
 
+def client_work(rows) -> float:
+    from redelivery.codec import Message, batch_fingerprint, encode
+
+    start = time.perf_counter()
+    messages = [Message(b, key=k, content_type="application/json") for k, b in rows]
+    batch_fingerprint([encode(m, i) for i, m in enumerate(messages)])
+    return time.perf_counter() - start
+
+
 def dataframe_publish(url: str, rows, spark) -> float:
     from redelivery.spark.publish_job import publish_dataframe
 
@@ -148,10 +159,13 @@ def main() -> None:
     spark = get_spark("redelivery-bench-publish") if args.spark else None
     times: dict[str, list[float]] = {"raw COPY": [], "API publish": [], "DataFrame publish": []}
     if args.floor:
-        times.update({"floor": [], "messages only": []})
+        times.update({"floor": [], "messages only": [], "client Python": []})
     for _ in range(args.rounds):
         for name in times:
             if name.startswith("DataFrame") and spark is None:
+                continue
+            if name == "client Python":
+                times[name].append(client_work(rows))
                 continue
             reset(url)
             if name == "raw COPY":
