@@ -4,6 +4,7 @@ Playwright) and through the REST API."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -383,6 +384,8 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
     assert (
         audit == [(f"dlq_redrive/{run['dag_run_id']}", audit[0][1], True, "success", 10, 0)] and audit[0][1]
     )
+    [logged] = trigger_logs(airflow, run["dag_run_id"])  # in Airflow's audit log, as a REST trigger is
+    assert logged["owner"] and json.loads(logged["extra"])["conf"] == run["conf"]
     # a top-level page posting the form goes straight to the run; the page after the form names it
     known.add(run["dag_run_id"])
     direct = post_form(airflow, {"group": "billing"}, Origin=airflow, **{"Sec-Fetch-Dest": "document"})
@@ -393,6 +396,16 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
     after = requests.get(f"{airflow}/redelivery/dlq/runs/{quote(second['dag_run_id'], safe='')}", timeout=30)
     assert after.status_code == 200 and second["dag_run_id"] in after.text
     assert dlq_state(charted)["DLQ"] == 10
+
+
+def trigger_logs(base: str, run_id: str | None = None) -> list[dict]:
+    """Airflow's audit-log entries of dlq_redrive triggers (``run_id`` None: the refused ones)."""
+    entries = requests.get(
+        f"{base}/api/v2/eventLogs",
+        params={"dag_id": "dlq_redrive", "event": "trigger_dag_run", "limit": 100},
+        timeout=30,
+    ).json()["event_logs"]
+    return [e for e in entries if e["run_id"] == run_id]
 
 
 def post_form(base: str, data: dict, **headers) -> requests.Response:
@@ -413,8 +426,11 @@ def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airf
     assert len(text) <= 320
     base = {"group": "billing"}
     same = {"Origin": airflow}
+    logged = {e["event_log_id"] for e in trigger_logs(airflow)}
     refused = post_form(airflow, {**base, "reason": "SOMETIMES"}, **same)
     assert refused.status_code == 400 and "enum" in refused.text, refused.text
+    [entry] = [e for e in trigger_logs(airflow) if e["event_log_id"] not in logged]  # audited too
+    assert "enum" in json.loads(entry["extra"])["refused"] and entry["owner"]
     refused = post_form(airflow, {"group": "bad group!"}, **same)
     assert refused.status_code == 400 and "pattern" in refused.text, refused.text
     for headers in (

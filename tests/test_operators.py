@@ -91,7 +91,8 @@ def test_the_hook_keeps_the_connections_libpq_options(database_url, monkeypatch)
         "extra": extra,
     }
     monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_DB", json.dumps(connection))
+    shown_settings = ("statement_timeout", "application_name")
     with RedeliveryHook().get_conn() as conn:
-        shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in ("statement_timeout", "application_name")]
+        shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in shown_settings]
         assert shown == ["4321ms", "hook-test"]
         assert conn.execute("SELECT current_schema()").fetchone()[0] == "redelivery"

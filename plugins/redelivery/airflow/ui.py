@@ -12,8 +12,9 @@ mounts under /redelivery; the plugin adds ``/redelivery/dlq`` to the navigation 
   trigger endpoint function, so the DAG's Params validate the conf. Answers 303 to the run's page
   in the Airflow UI when the form was posted by a top-level page (``Sec-Fetch-Dest: document``),
   otherwise 303 to ``GET /redelivery/dlq/runs/<run id>``; or a page with a one-line message (400:
-  a value the Params refuse; nothing is created). Dry run is always on: moving happens only from
-  the DAG's own trigger form or the API.
+  a value the Params refuse; no run is created). Dry run is always on: moving happens only from
+  the DAG's own trigger form or the API. Each POST that reaches the trigger, refused or not, gets an
+  entry in Airflow's audit log (event ``trigger_dag_run``, the user as owner, the conf in extra).
 - ``GET /redelivery/dlq/runs/<run id>``: "dry run triggered", and the way to the run's page. The UI
   shows plugin pages in an iframe sandboxed without ``allow-top-navigation`` (Airflow 3.3: scripts,
   same origin, forms, downloads), so neither a form with ``target=_top`` nor a link can take the UI
@@ -181,10 +182,27 @@ def dry_run_redrive(
         run_id = run.run_id
     except HTTPException as exc:
         session.rollback()  # nothing of a refused run may be committed by the session's teardown
+        _audit(session, user, conf_, refused=one_line(exc.detail))
         return _refused(request, exc.status_code, exc.detail)
+    _audit(session, user, conf_, run_id=run_id)
     if request.headers.get("sec-fetch-dest") == "document":  # a top-level page: straight to the run
         return RedirectResponse(run_page(run_id), status_code=303)
     return RedirectResponse(request.url_for("triggered", run_id=quote(run_id, safe="")).path, status_code=303)
+
+
+def _audit(session, user, conf_: dict, run_id: str | None = None, refused: str | None = None) -> None:
+    """An entry in Airflow's audit log (Browse > Audit Log, ``/api/v2/eventLogs``) for a trigger
+    from the page, as Airflow's own REST trigger writes one (event ``trigger_dag_run``, the user as
+    owner): committed with the run by the request's session, or alone for a refused one."""
+    from airflow.models.log import Log
+
+    name = user.get_name() if user else "anonymous"
+    extra = {"conf": conf_, "method": "POST", "via": "/redelivery/dlq/redrive"}
+    if refused:
+        extra["refused"] = refused
+    log = Log(event="trigger_dag_run", owner=name, owner_display_name=name, extra=json.dumps(extra))
+    log.dag_id, log.run_id = REDRIVE_DAG, run_id
+    session.add(log)
 
 
 # Goes to the run once, after the frame's load (the UI has then mirrored the frame's address in its
