@@ -27,6 +27,7 @@ import requests
 from psycopg import sql
 
 from .. import embedded
+from .. import statements as S
 from .env import airflow_environ
 
 COMPONENTS = (("api-server",), ("scheduler",), ("dag-processor",))
@@ -115,7 +116,7 @@ class LocalAirflow:
         migrated under a temporary name and renamed when done: a half-migrated one is never used."""
         name = "airflow_template_" + re.sub(r"[^0-9a-z]", "_", version("apache-airflow").lower())
         with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
-            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            if conn.execute(S.DATABASE_EXISTS, {"name": name}).fetchone():
                 return name
             building_name = f"{name}_building_{os.getpid()}"
             building = sql.Identifier(building_name)
