@@ -1,9 +1,8 @@
 """A real Airflow for this project, run in the background: api-server, scheduler and dag-processor
 (LocalExecutor), and the triggerer when asked for (``components=WITH_TRIGGERER``: asset watchers
 run there), with their own AIRFLOW_HOME and metadata database on the embedded PostgreSQL (a fresh
-copy of a migrated template each start). The
-end-to-end tests and the live lateness benchmark use it; ``airflow standalone`` is what a person
-runs (README).
+copy of a migrated template at each start). The end-to-end tests and the live lateness benchmark
+use it; ``airflow standalone`` is what a person runs (README).
 
     with LocalAirflow(home, metadata_db="airflow_e2e", env={...}) as airflow:
         requests.get(f"{airflow.url}/api/v2/dags")
@@ -34,6 +33,7 @@ COMPONENTS = (("api-server",), ("scheduler",), ("dag-processor",))
 #: With the triggerer, which runs asset watchers' event triggers: two more processes, about 480 MB
 #: resident and 10 s of CPU to start, about 1 s of CPU a minute when idle.
 WITH_TRIGGERER = (*COMPONENTS, ("triggerer",))
+AIRFLOW = str(Path(sys.executable).parent / "airflow")  # the CLI of this environment
 
 
 def _sqlalchemy_url(database: str) -> str:
@@ -91,12 +91,11 @@ class LocalAirflow:
                     sql.Identifier(self.metadata_db), sql.Identifier(template)
                 )
             )
-        airflow = str(Path(sys.executable).parent / "airflow")
         for command in self.components:
             args = [*command, "--port", str(self.port)] if command[0] == "api-server" else list(command)
             self.procs.append(
                 subprocess.Popen(
-                    [airflow, *args],
+                    [AIRFLOW, *args],
                     env=self.env,
                     start_new_session=True,
                     stdout=open(self.logs / f"{command[0]}.log", "w"),
@@ -121,11 +120,10 @@ class LocalAirflow:
             building_name = f"{name}_building_{os.getpid()}"
             building = sql.Identifier(building_name)
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(building))
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(building))
+            conn.execute(S.CREATE_DATABASE.format(name=building))
             env = {**self.env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": _sqlalchemy_url(building_name)}
-            airflow = str(Path(sys.executable).parent / "airflow")
             try:
-                subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
+                subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True)
                 conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(building, sql.Identifier(name)))
             except psycopg.errors.DuplicateDatabase:  # another start made it meanwhile
                 conn.execute(sql.SQL("DROP DATABASE {}").format(building))
