@@ -11,7 +11,7 @@ APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install 
 	 else sudo apt-get update -q && sudo apt-get install -y -q $(1); fi
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test lint bench bench-publish live-bench chaos clean stop lock
+.PHONY: setup demo test lint bench bench-publish bench-receive live-bench chaos clean stop lock
 
 setup: $(VENV)/.installed $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -48,6 +48,9 @@ bench: setup
 
 bench-publish: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_publish.py $(BENCH_ARGS)
+
+bench-receive: setup
+	@$(AIRFLOW_ENV) && $(PY) bench/bench_receive.py $(BENCH_ARGS)
 
 # Retries' lateness under a real Airflow scheduler, three ways (spark-submit, Connect, auto).
 live-bench: setup

@@ -1,4 +1,4 @@
-"""Benchmarks: the tier job against one hand-written SQL statement, and receive+ack throughput.
+"""Benchmark: the tier job against one hand-written SQL statement (receive+ack: bench_receive.py).
 
     make bench                      # 100,000 and 1,000,000 due retries
     .venv/bin/python bench/bench_tier.py --sizes 100000 --rounds 1
@@ -11,8 +11,8 @@ For each size, N messages are made due at level 1 (WAITING_RETRY), then promoted
            task does: interpreter start, imports, session, job, commit included,
   submit   `spark-submit spark_jobs/tier_window.py`: JVM and Spark start included (with the
            class-data sharing archive that `make` set-up builds).
-Every variant starts from the same freshly built, vacuumed table. Receive+ack: one and two
-consumers claim batches of 500 and ack them. Runs on a database of its own (redelivery_bench).
+Every variant starts from the same freshly built, vacuumed table. Runs on a database of its own
+(redelivery_bench).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -144,32 +143,6 @@ def run_spark_cold(url: str) -> float:
     return time.perf_counter() - start
 
 
-def receive_ack(url: str, n: int, consumers: int, batch: int = 500) -> float:
-    """Messages per second for ``consumers`` threads, each with its own client, until ``n`` are acked."""
-    from redelivery.client import Client
-
-    build(url, n, state="READY")
-    acked = [0] * consumers
-
-    def work(i):
-        with Client(url) as client:
-            while True:
-                got = client.receive("bench", "bench", batch, 60)
-                if not got:
-                    return
-                acked[i] += client.ack("bench", got)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(consumers)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    assert sum(acked) == n, (sum(acked), n)
-    return n / elapsed
-
-
 def run_in_task(url: str) -> float:
     """The tier job with its ranges in this process (what a window under spark_threshold costs)."""
     from redelivery.spark.tier_job import run_tier_window
@@ -219,7 +192,6 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=2, help="runs per variant and size; the median is reported"
     )
-    parser.add_argument("--receive-messages", type=int, default=200_000)
     args = parser.parse_args()
     from redelivery.db import migrate
     from redelivery.spark import connect_server
@@ -252,12 +224,6 @@ def main() -> None:
         cells = [f"{medians[name]:>8.2f} s ({medians[name] / medians['sql']:>5.2f}x)" for name in VARIANTS]
         print(f"{n:>12,} " + " ".join(f"{c:>22}" for c in cells), flush=True)
     spark.stop()
-    for consumers in (1, 2):
-        rate = receive_ack(url, args.receive_messages, consumers)
-        print(
-            f"receive+ack, batches of 500, bodies decoded, {consumers} consumer(s): {rate:,.0f} messages/s",
-            flush=True,
-        )
 
 
 if __name__ == "__main__":
