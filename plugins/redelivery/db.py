@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -10,7 +11,16 @@ from typing import TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random,
+    wait_random_exponential,
+)
 
 from . import embedded
 from . import statements as S
@@ -72,10 +82,38 @@ def head_revision() -> str:
     return head
 
 
+#: Seconds a migration step waits for a table lock (lock_timeout) before it gives up and lets the
+#: writers queued behind its request go on; ``migrate`` then runs the migrations again.
+MIGRATION_LOCK_TIMEOUT_SECONDS = 2.0
+#: Seconds ``migrate`` keeps trying while a step cannot get its lock (a long transaction holds it).
+MIGRATION_DEADLINE_SECONDS = 900.0
+
+
+def alembic_config(url: str):
+    """Alembic's configuration for the migrations of ``url`` (imports Alembic: about 1.7 s)."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    return cfg
+
+
+def _lock_timed_out(exc: BaseException) -> bool:
+    return isinstance(getattr(exc, "orig", exc), psycopg.errors.LockNotAvailable)
+
+
 def migrate(url: str | None = None, revision: str = "head") -> None:
     """Apply the schema migrations up to ``revision`` (idempotent; concurrent callers are
     serialised by a PostgreSQL advisory lock in ``migrations/env.py``). A schema already at the
-    head costs one query: Alembic (about 1.7 s to import) is only loaded to migrate."""
+    head costs one query: Alembic (about 1.7 s to import) is only loaded to migrate.
+
+    Safe on a live state store: index builds on the big tables run CONCURRENTLY
+    (``migrations/online.py``) and every other step waits at most
+    ``MIGRATION_LOCK_TIMEOUT_SECONDS`` for a table lock, then the migrations run again after a
+    random wait (up to 10 s), for ``MIGRATION_DEADLINE_SECONDS``; past it the lock timeout is
+    raised (``sqlalchemy.exc.OperationalError``: a transaction has held the table that long, see
+    ``pg_stat_activity``)."""
     url = url or database_url()
     if revision == "head":
         with connect(url, autocommit=True) as conn:
@@ -86,12 +124,18 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
         if current is not None and current[0] == head_revision():
             return
     from alembic import command
-    from alembic.config import Config
 
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
-    command.upgrade(cfg, revision)
+    cfg = alembic_config(url)
+    retrying = Retrying(
+        retry=retry_if_exception(_lock_timed_out),
+        wait=wait_random_exponential(multiplier=0.5, max=10),
+        stop=stop_after_delay(MIGRATION_DEADLINE_SECONDS),
+        before_sleep=before_sleep_log(logging.getLogger(__name__), logging.WARNING),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            command.upgrade(cfg, revision)
 
 
 def empty_state_store(conn: psycopg.Connection) -> None:

@@ -38,6 +38,8 @@ def upgrade() -> None:
     );
 
     -- Dead letters per DLQ, group, topic and reason from this narrow index (an index-only scan);
-    -- dlq_messages rows carry the payloads and the attempt history.
+    -- dlq_messages rows carry the payloads and the attempt history. A plain build: PostgreSQL
+    -- cannot build an index on a partitioned table CONCURRENTLY, so dead-lettering waits for it
+    -- (the DLQ tables are small next to deliveries; receives, acks and publishes go on).
     CREATE INDEX dlq_messages_reason ON dlq_messages (dlq_id, group_id, topic_id, reason);
     """)

@@ -11,22 +11,22 @@ Revision ID: 0007
 Revises: 0006
 """
 
-from alembic import op
+from redelivery.migrations.online import build_index
 
 revision = "0007"
 down_revision = "0006"
 
 
 def upgrade() -> None:
-    # Rebuilt under the same names (a plain CREATE INDEX: writes to deliveries wait for the build,
-    # which reads the table once per index).
-    op.execute("""
-    SET LOCAL search_path TO redelivery;
-
-    DROP INDEX deliveries_waiting;
-    CREATE INDEX deliveries_waiting ON deliveries (delay_level, due_at) INCLUDE (group_id, topic_id)
-        WHERE state = 'WAITING_RETRY';
-    DROP INDEX deliveries_inflight;
-    CREATE INDEX deliveries_inflight ON deliveries (invisible_until) INCLUDE (group_id, topic_id)
-        WHERE state = 'INFLIGHT';
-    """)
+    # Rebuilt under the same names, concurrently: writes to deliveries go on during each build, and
+    # the tier job's scans keep the old index until the new one takes its name.
+    build_index(
+        "deliveries_waiting",
+        "deliveries (delay_level, due_at) INCLUDE (group_id, topic_id) WHERE state = 'WAITING_RETRY'",
+        replace=True,
+    )
+    build_index(
+        "deliveries_inflight",
+        "deliveries (invisible_until) INCLUDE (group_id, topic_id) WHERE state = 'INFLIGHT'",
+        replace=True,
+    )

@@ -1,0 +1,226 @@
+"""Schema migrations on a live state store, each test on a database of its own: index builds on
+the big tables run CONCURRENTLY (writers go on while they wait for a long transaction), a step
+that needs a table's exclusive lock gives up after ``lock_timeout`` and is tried again instead of
+queueing every writer behind a long transaction, and a migration killed in the middle of a build
+is finished by the next run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from redelivery import db
+
+FRESH = "redelivery_migrations_test"
+
+
+@pytest.fixture()
+def fresh_url(database_url):
+    """An empty database on the test server, dropped afterwards."""
+    parts = urlsplit(database_url)
+    admin = parts._replace(path="/postgres").geturl()
+
+    def drop(conn):
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(FRESH)))
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        drop(conn)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(FRESH)))
+    yield parts._replace(path=f"/{FRESH}").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        drop(conn)
+
+
+def schema(url: str) -> dict:
+    """The ``redelivery`` schema as the catalog describes it: columns, constraints, indexes
+    (with validity), types' labels."""
+    with db.connect(url) as conn:
+        return {
+            "columns": conn.execute(
+                "SELECT table_name, column_name, data_type, is_nullable, column_default"
+                " FROM information_schema.columns WHERE table_schema = 'redelivery'"
+                " ORDER BY 1, 2"
+            ).fetchall(),
+            "constraints": conn.execute(
+                "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE connamespace = 'redelivery'::regnamespace ORDER BY 1, 2"
+            ).fetchall(),
+            "indexes": conn.execute(
+                "SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisvalid FROM pg_index i"
+                " JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE c.relnamespace = 'redelivery'::regnamespace ORDER BY 1"
+            ).fetchall(),
+            "enums": conn.execute(
+                "SELECT t.typname, e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"
+                " WHERE t.typnamespace = 'redelivery'::regnamespace ORDER BY 1, e.enumsortorder"
+            ).fetchall(),
+        }
+
+
+def revision(url: str) -> str | None:
+    with db.connect(url) as conn:
+        row = conn.execute("SELECT version_num FROM redelivery.alembic_version").fetchone()
+    return row[0] if row else None
+
+
+def _seed(url: str) -> None:
+    with db.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO topics (name) VALUES ('orders')")
+        conn.execute("INSERT INTO consumer_groups (name) VALUES ('billing')")
+        conn.execute("INSERT INTO subscriptions SELECT t.id, g.id FROM topics t, consumer_groups g")
+
+
+def _write_one(conn: psycopg.Connection) -> None:
+    """What a publish writes: a message and its delivery (the foreign keys of migrations before
+    0008 lock the topic and the group rows FOR KEY SHARE, so the tables too, in ROW SHARE mode)."""
+    conn.execute(
+        "WITH m AS (INSERT INTO messages (topic_id, body, content_type)"
+        "           SELECT id, '{}'::bytea, 'application/json' FROM topics RETURNING id, topic_id)"
+        " INSERT INTO deliveries (message_id, group_id, topic_id)"
+        " SELECT m.id, g.id, m.topic_id FROM m, consumer_groups g"
+    )
+
+
+def _migrating(url: str, target: str) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def run():
+        try:
+            db.migrate(url, target)
+            outcome.append("done")
+        except Exception as exc:  # reported by the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_for_lock_wait(url: str, timeout: float = 60.0) -> None:
+    """Until a session of the fresh database waits for a lock (the migration, behind the open
+    transaction)."""
+    deadline = time.monotonic() + timeout
+    with db.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            if waiting:
+                return
+            time.sleep(0.05)
+    raise AssertionError("the migration never waited for the open transaction")
+
+
+def _writer_gets_through(url: str, lock_timeout_ms: int) -> float:
+    """Seconds a new publish waited; fails (LockNotAvailable) after ``lock_timeout_ms``."""
+    with db.connect(url) as conn:
+        conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(lock_timeout_ms)))
+        start = time.monotonic()
+        with conn.transaction():
+            _write_one(conn)
+        return time.monotonic() - start
+
+
+def test_index_builds_do_not_block_writers_while_they_wait(fresh_url):
+    """0006 and 0007 build indexes on ``deliveries``. A plain CREATE INDEX (or a DROP INDEX) waits
+    for an open writing transaction while holding the queue: every later write waits behind it. A
+    CONCURRENTLY build waits for the open transaction without blocking anyone."""
+    db.migrate(fresh_url, "0005")
+    _seed(fresh_url)
+    with db.connect(fresh_url) as open_tx:
+        _write_one(open_tx)  # left open: a long publish in flight during the upgrade
+        thread, outcome = _migrating(fresh_url, "0007")
+        _wait_for_lock_wait(fresh_url)
+        for _ in range(3):
+            assert _writer_gets_through(fresh_url, 1000) < 1.0
+        assert thread.is_alive() and not outcome  # still waiting for the open transaction
+        open_tx.commit()
+    thread.join(120)
+    assert outcome == ["done"]
+    indexes = {name: (definition, valid) for name, definition, valid in schema(fresh_url)["indexes"]}
+    assert indexes["deliveries_ready_at"][1] and indexes["deliveries_waiting"][1]
+    assert "INCLUDE (group_id, topic_id)" in indexes["deliveries_inflight"][0]
+    assert not any(name.endswith("_build") for name in indexes)
+    assert revision(fresh_url) == "0007"
+
+
+def test_an_exclusive_step_gives_way_to_writers_and_is_tried_again(fresh_url):
+    """0008 drops foreign keys of ``messages`` and ``deliveries`` (ACCESS EXCLUSIVE locks), which
+    an open publish holds in ROW EXCLUSIVE mode. The migration gives up after its lock_timeout,
+    lets the writers queued behind it through and tries again until the transaction is gone."""
+    db.migrate(fresh_url, "0007")
+    _seed(fresh_url)
+    with db.connect(fresh_url) as open_tx:
+        _write_one(open_tx)
+        thread, outcome = _migrating(fresh_url, "0008")
+        _wait_for_lock_wait(fresh_url)
+        waited = _writer_gets_through(fresh_url, int(db.MIGRATION_LOCK_TIMEOUT_SECONDS * 1000) + 3000)
+        assert waited <= db.MIGRATION_LOCK_TIMEOUT_SECONDS + 1.0
+        assert thread.is_alive() and not outcome and revision(fresh_url) == "0007"
+        open_tx.commit()
+    thread.join(120)
+    assert outcome == ["done"]
+    assert revision(fresh_url) == "0008"
+
+
+def test_a_migration_killed_during_a_build_is_finished_by_the_next_run(fresh_url):
+    """The migrating process dies while its concurrent build waits (the build is left INVALID
+    under its temporary name); the next ``migrate`` drops it, builds the index and goes on."""
+    db.migrate(fresh_url, "0005")
+    _seed(fresh_url)
+    with db.connect(fresh_url) as open_tx:
+        _write_one(open_tx)
+        thread, outcome = _migrating(fresh_url, "0006")
+        _wait_for_lock_wait(fresh_url)
+        with db.connect(fresh_url, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert killed == [(True,)]
+        thread.join(60)
+        assert isinstance(outcome[0], Exception) and revision(fresh_url) == "0005"
+        left = {name: valid for name, _, valid in schema(fresh_url)["indexes"]}
+        assert left.get("deliveries_ready_at_build") is False and "deliveries_ready_at" not in left
+        open_tx.commit()
+    db.migrate(fresh_url)
+    indexes = {name: valid for name, _, valid in schema(fresh_url)["indexes"]}
+    assert indexes["deliveries_ready_at"] is True
+    assert not any(name.endswith("_build") for name in indexes)
+    assert all(indexes.values())
+    assert revision(fresh_url) == db.head_revision()
+
+
+def _migrating_process(url: str) -> subprocess.Popen:
+    """``migrate`` in a process of its own (Alembic's context is global: one migration a process)."""
+    code = "import sys; from redelivery.db import migrate; migrate(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE, text=True)
+
+
+def test_two_migrating_processes_while_a_build_waits(fresh_url):
+    """A second ``migrate`` (another CLI command, another worker) starting while the first one's
+    concurrent build waits: it must wait for the migration lock without holding a snapshot, or the
+    build (which, once built, waits for every older snapshot) and it would wait for each other,
+    and PostgreSQL would end one of them as a deadlock."""
+    db.migrate(fresh_url, "0005")
+    _seed(fresh_url)
+    with db.connect(fresh_url) as open_tx:
+        _write_one(open_tx)
+        first = _migrating_process(fresh_url)
+        _wait_for_lock_wait(fresh_url)
+        second = _migrating_process(fresh_url)
+        time.sleep(2.0)
+        assert first.poll() is None and second.poll() is None  # the build waits for the open publish
+        open_tx.commit()
+    for process in (first, second):
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+    assert revision(fresh_url) == db.head_revision()
