@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psycopg
 import requests
+from cryptography.fernet import Fernet
 from psycopg import sql
 
 from .. import embedded
@@ -74,6 +75,9 @@ class LocalAirflow:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+            # One key for every component: each one that finds no airflow.cfg would make its own,
+            # and a triggerer then cannot read the trigger kwargs a dag-processor encrypted.
+            "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
             **(env or {}),
         }
         self.procs: list[subprocess.Popen] = []
@@ -81,6 +85,9 @@ class LocalAirflow:
     def __enter__(self) -> LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
+        # Every setting comes from the environment. An existing (empty) airflow.cfg keeps the
+        # components, started together, from each writing one while another reads it half-written.
+        (self.home / "airflow.cfg").touch()
         template = self._migrated_template()
         with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
             conn.execute(
