@@ -1,7 +1,9 @@
 """``ReadyMessagesTrigger`` against the real state store, run with asyncio as the triggerer runs it:
 it fires on edges (READY deliveries new since its last event), never again for the same ones,
 not after a restart from its serialized kwargs either, and it waits for a transaction that could
-still make older deliveries READY."""
+still make older deliveries READY. In Airflow's ack mode (driven here by Airflow's own
+``SharedStreamManager``, the test confirming what the triggerer would have stored) the watermark
+moves only once Airflow stored the event, and an event it did not store fires again."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class Watch:
 
     def __init__(self, trigger):
         self.trigger, self.events, self.task = trigger, [], None
+        self.expected_errors: tuple[type[BaseException], ...] = ()  # the trigger may end with these
 
     async def __aenter__(self) -> Watch:
         self.task = asyncio.create_task(self._run())
@@ -48,8 +51,45 @@ class Watch:
 
     async def __aexit__(self, *exc) -> None:
         self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, *self.expected_errors):
             await self.task
+
+
+class AckModeWatch(Watch):
+    """Runs a trigger as Airflow 3.3's triggerer runs a shared-stream trigger: through a
+    ``SharedStreamManager`` (subscribe, ``filter_shared_stream``, each event bound to a persist
+    confirmation). The test plays the triggerer's supervisor: ``confirm()`` says Airflow stored
+    the events so far; leaving the block unconfirmed is a triggerer that died before storing."""
+
+    def __init__(self, trigger, ack_timeout: float = 300.0):
+        from airflow.triggers.shared_stream import SharedStreamManager
+
+        super().__init__(trigger)
+        self.manager = SharedStreamManager(ack_timeout=ack_timeout)
+        self.key, self.seqs = trigger.shared_stream_key(), []
+
+    async def _run(self) -> None:
+        raw = self.manager.subscribe(trigger_id=1, trigger=self.trigger, key=self.key)
+        async for event in self.trigger.filter_shared_stream(raw):
+            self.seqs.append(self.manager.bind_pending_event(trigger_id=1, key=self.key))
+            self.events.append(event.payload)
+
+    def confirm(self) -> None:
+        assert None not in self.seqs  # every event was bound: the trigger runs in ack mode
+        self.manager.confirm_persisted(self.seqs)
+        self.seqs = []
+
+    async def __aexit__(self, *exc) -> None:
+        await super().__aexit__(*exc)
+        await self.manager.stop_all()
+
+
+async def stored_soon(client, expected_events: int, timeout: float = 10) -> tuple:
+    deadline = time.monotonic() + timeout
+    while (row := await asyncio.to_thread(stored, client)) is None or row[1] < expected_events:
+        assert time.monotonic() < deadline, f"stored: {row}, waited for {expected_events} events"
+        await asyncio.sleep(0.05)
+    return row
 
 
 async def publish(client, n: int) -> list[int]:
@@ -207,3 +247,72 @@ def test_the_defaults():
 def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_trigger(**kwargs)
+
+
+def test_in_ack_mode_the_watermark_moves_once_airflow_stored_the_event(client, topic_group):
+    from datetime import datetime
+
+    async def scenario():
+        await publish(client, 3)
+        async with AckModeWatch(make_trigger()) as watch:
+            await watch.until(1)
+            await asyncio.sleep(8 * POLL)
+            assert watch.events[0]["ready"] == 3 and len(watch.events) == 1  # one event per edge
+            assert stored(client) is None  # Airflow has not stored it yet
+            watch.confirm()
+            first = await stored_soon(client, 1)
+            await publish(client, 2)
+            await watch.until(2)
+            watch.confirm()
+            second = await stored_soon(client, 2)
+            return watch.events, first, second
+
+    events, first, second = asyncio.run(scenario())
+    assert [e["ready"] for e in events] == [3, 2]
+    assert first[0] == datetime.fromisoformat(events[0]["until"])
+    assert second == (datetime.fromisoformat(events[1]["until"]), 2)
+
+
+def test_in_ack_mode_an_event_airflow_did_not_store_fires_again(client, topic_group):
+    """The triggerer dies after the event left the trigger, before Airflow stored it: the trigger
+    re-created from its kwargs fires again for the same deliveries, then never again."""
+    from airflow._shared.module_loading import import_string
+
+    classpath, kwargs = make_trigger().serialize()
+
+    async def scenario():
+        await publish(client, 3)
+        found = []
+        for confirm in (False, True, True):
+            async with AckModeWatch(import_string(classpath)(**kwargs)) as watch:
+                await asyncio.sleep(10 * POLL)
+                if confirm and watch.events:
+                    watch.confirm()
+                    await stored_soon(client, 1)
+            found.append([e["ready"] for e in watch.events])
+        return found
+
+    assert asyncio.run(scenario()) == [[3], [3], []]
+    assert stored(client)[1] == 1
+
+
+def test_in_ack_mode_an_event_never_confirmed_ends_the_trigger_and_fires_again(client, topic_group):
+    """Airflow's ack timeout: the confirmation never came; the trigger fails (Airflow re-creates
+    it) and the watermark stays, so the re-created trigger fires again."""
+    from airflow.triggers.shared_stream import AckTimeout
+
+    async def scenario():
+        await publish(client, 2)
+        async with AckModeWatch(make_trigger(), ack_timeout=0.5) as watch:
+            watch.expected_errors = (AckTimeout,)
+            await watch.until(1)
+            await asyncio.wait({watch.task}, timeout=10)
+            assert isinstance(watch.task.exception(), AckTimeout)
+        assert stored(client) is None
+        async with AckModeWatch(make_trigger()) as again:
+            await again.until(1)
+            again.confirm()
+            await stored_soon(client, 1)
+        return watch.events + again.events
+
+    assert [e["ready"] for e in asyncio.run(scenario())] == [2, 2]

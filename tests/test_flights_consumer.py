@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from datetime import datetime
 
 import pytest
 import requests
@@ -258,6 +259,13 @@ def test_new_messages_start_the_consumer_dag_once_each(airflow, flights_group):
     assert (state["COMMITTED"], state["DLQ"], state["READY"]) == (6, 1, 0)
     assert airflow.receiver.accepted == set(backlog[:3] + more) and airflow.receiver.duplicates == 0
 
+    # Airflow's ack mode: the watermark was stored after Airflow stored the event (same server clock)
+    watermark, fired, stored_at = client.conn.execute(
+        "SELECT watermark, events, fired_at FROM asset_watermarks WHERE asset_uri = %s", (ASSET,)
+    ).fetchone()
+    assert (watermark, fired) == (datetime.fromisoformat(event["extra"]["payload"]["until"]), 2)
+    assert stored_at > datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+
     time.sleep(12)  # more than two polls of the watcher (every 5 s) with nothing new
     assert len(consumer_runs(base)) == 2
     events = requests.get(f"{base}/api/v2/assets/events", params={"limit": 100}, timeout=30).json()
@@ -266,7 +274,7 @@ def test_new_messages_start_the_consumer_dag_once_each(airflow, flights_group):
 
 def test_a_tier_runs_promotions_start_the_consumer_through_the_alias(airflow, flights_group):
     """The tier DAG's event (alias ``redelivery_promotions``) reaches the DAG scheduled on the asset."""
-    from datetime import UTC, datetime, timedelta
+    from datetime import UTC, timedelta
 
     client, base = flights_group, airflow.url
     client.publish("flights", real_flights(departed=2, cancelled=0))

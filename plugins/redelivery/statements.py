@@ -775,6 +775,15 @@ ADVANCE_ASSET_WATERMARK = _named("ADVANCE_ASSET_WATERMARK", """
         SET watermark = EXCLUDED.watermark, events = asset_watermarks.events + 1, fired_at = now()
         WHERE asset_watermarks.watermark IS NOT DISTINCT FROM %(previous)s::timestamptz
     RETURNING watermark""")
+#: Move an asset's watermark forward to ``watermark`` (never back) and count its ``events``: ack
+#: mode, once Airflow stored the events before it (``ReadyMessagesProducer.advance``).
+RAISE_ASSET_WATERMARK = _named("RAISE_ASSET_WATERMARK", """
+    INSERT INTO asset_watermarks (asset_uri, watermark, events)
+    VALUES (%(asset_uri)s, %(watermark)s, %(events)s)
+    ON CONFLICT (asset_uri) DO UPDATE
+        SET watermark = EXCLUDED.watermark, events = asset_watermarks.events + EXCLUDED.events,
+            fired_at = now()
+        WHERE asset_watermarks.watermark < EXCLUDED.watermark""")
 
 #: The statements that move deliveries between states (docs/ARCHITECTURE.md, "State changes").
 STATE_CHANGES = ("FAN_OUT", "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",

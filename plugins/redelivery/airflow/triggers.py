@@ -3,8 +3,8 @@ topic has new READY messages for a consumer group.
 
 It fires on edges, never on "rows exist": an event means "deliveries of (topic, group) became
 READY since the last event" (a publish, a promotion by a tier run, a redrive: every one of them
-sets ``ready_at``), and the same deliveries never fire twice, however long they stay READY. A
-trigger that fired on a backlog would make Airflow schedule the consumer forever.
+sets ``ready_at``), and deliveries whose event Airflow stored never fire again, however long they
+stay READY. A trigger that fired on a backlog would make Airflow schedule the consumer forever.
 
 The watermark
 -------------
@@ -18,13 +18,21 @@ The trigger polls every ``poll_interval`` seconds. An event covers the deliverie
   than ``settle_timeout`` seconds stops holding it back (so a forgotten session cannot stall the
   trigger); what such a transaction makes READY later with an older ``ready_at`` is not an event
   of its own: the consumer run of a later event drains it with everything else.
-- The watermark of each asset is kept in the state store (``asset_watermarks``) and written when
-  the trigger fires, before the event is handed to Airflow: a trigger re-created from its
-  serialized kwargs (a triggerer restart, a re-assignment) starts from it, so it neither fires again
-  for deliveries that already fired nor misses the ones that became READY in between. The write is a
-  compare-and-set: two copies of the trigger (two triggerers) never fire for the same deliveries.
-  If the triggerer dies between that write and Airflow recording the event, that one event is lost
-  (at most once); its messages wait for the next event or the next consumer run.
+- The watermark of each asset is kept in the state store (``asset_watermarks``): a trigger
+  re-created from its serialized kwargs (a triggerer restart, a re-assignment) starts from it, so
+  it does not fire again for deliveries whose event Airflow has, and does not miss the ones that
+  became READY in between.
+- In a triggerer the trigger runs in Airflow's ack mode (``shared_stream_key`` and
+  ``create_shared_stream_producer``, Airflow 3.3's shared streams): ``ReadyMessagesProducer``
+  polls, and stores an event's watermark only once the triggerer has confirmed the event stored in
+  Airflow's metadata database (``advance``). An event Airflow never stored (the triggerer died
+  in between, the confirmation timed out) fires again from the stored watermark when the trigger
+  is re-created: at least once per edge; a repeat starts one more consumer run, which finds what
+  is still READY. One poll per asset and triggerer: copies of the trigger in one triggerer share
+  it.
+- ``run`` (the trigger on its own, outside a triggerer's shared streams) writes the watermark
+  before it hands the event over, as a compare-and-set, so two copies never fire for the same
+  deliveries; an event lost between that write and its consumer is not repeated (at most once).
 - With no stored watermark (the first start for an asset) the trigger fires once for the READY
   backlog, so that a consumer DAG deployed onto a waiting topic starts.
 
@@ -43,12 +51,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable, Sequence
 from datetime import datetime
 from typing import Any
 
 import psycopg
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 
 from .. import statements as S
 from ..db import session_options
@@ -87,7 +96,8 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     event), "until": ISO time}``: n deliveries became READY with ``ready_at`` in ``[since,
     until)``. Raises ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs.
     A database that cannot be reached is retried (waits double up to 60 s); the trigger never ends
-    on its own."""
+    on its own, except in ack mode for an event Airflow did not confirm stored (Airflow re-creates
+    the trigger, which fires it again)."""
 
     def __init__(
         self,
@@ -124,7 +134,31 @@ class ReadyMessagesTrigger(BaseEventTrigger):
             },
         )
 
+    def shared_stream_key(self) -> Hashable:
+        """One poll per asset and settings in a triggerer (Airflow's shared streams); with
+        ``create_shared_stream_producer`` this puts the trigger in Airflow's ack mode."""
+        _, kwargs = self.serialize()
+        return (type(self).__qualname__, *sorted(kwargs.items()))
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> ReadyMessagesProducer:
+        """The poll of Airflow's ack mode: ``kwargs`` are the trigger's serialized ones."""
+        return ReadyMessagesProducer(cls(**kwargs))
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        """Every payload of the shared poll is an event of this trigger (the poll is per asset)."""
+        async for payload in shared_stream:
+            yield TriggerEvent(payload)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        """The trigger on its own: the watermark is stored (compare-and-set) before each event."""
+        async for payload, _ in self.events(store_first=True):
+            yield TriggerEvent(payload)
+
+    async def events(self, *, store_first: bool) -> AsyncIterator[tuple[dict, datetime]]:
+        """Poll forever: ``(payload, horizon)`` for each edge. ``store_first``: store the watermark
+        before yielding and skip an edge another copy stored first; else the caller stores it
+        (``store``). A database that cannot be reached is retried (waits double up to 60 s)."""
         url = await RedeliveryHook(self.conn_id).aget_database_url()
         backoff = self.poll_interval
         conn: psycopg.AsyncConnection | None = None
@@ -140,7 +174,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                             self.watermark,
                             self.poll_interval,
                         )
-                    payload = await self.poll(conn)
+                    payload = await self.poll(conn, store=store_first)
                     backoff = self.poll_interval
                 except psycopg.Error as exc:
                     self.log.warning("%s: %s; trying again in %s s", self.asset_uri, exc, backoff)
@@ -152,7 +186,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                     continue
                 if payload is not None:
                     self.log.info("%s: %s new READY deliveries", self.asset_uri, payload["ready"])
-                    yield TriggerEvent(payload)
+                    yield payload, self.watermark
                 await asyncio.sleep(self.poll_interval)
         finally:
             if conn is not None:
@@ -165,9 +199,10 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         if self.watermark is None or (self._stored is not None and self._stored > self.watermark):
             self.watermark = self._stored
 
-    async def poll(self, conn: psycopg.AsyncConnection) -> dict | None:
+    async def poll(self, conn: psycopg.AsyncConnection, store: bool = True) -> dict | None:
         """One poll: the event's payload when deliveries became READY in ``[watermark, horizon)``
-        and this copy of the trigger moved the stored watermark; else None."""
+        (and, ``store``, this copy of the trigger moved the stored watermark); else None. The
+        watermark in memory moves to the horizon either way."""
         # Two statements, two snapshots: the horizon is read before the deliveries are counted, so
         # that every transaction that started before it has committed (or aborted) by the count.
         horizon = (await (await conn.execute(S.READY_HORIZON, {"settle": self.settle_timeout})).fetchone())[0]
@@ -179,6 +214,9 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         if not ready:
             self.watermark = horizon  # nothing there to fire for: no write
             return None
+        if not store:
+            self.watermark = horizon
+            return self._payload(ready, since, horizon)
         moved = await (
             await conn.execute(
                 S.ADVANCE_ASSET_WATERMARK,
@@ -189,13 +227,52 @@ class ReadyMessagesTrigger(BaseEventTrigger):
             await self.load(conn)
             return None
         self.watermark = self._stored = horizon
+        return self._payload(ready, since, horizon)
+
+    def _payload(self, ready: int, since: datetime | None, until: datetime) -> dict:
         return {
             "topic": self.topic,
             "group": self.group,
             "ready": ready,
             "since": since.isoformat() if since else None,
-            "until": horizon.isoformat(),
+            "until": until.isoformat(),
         }
+
+    async def store(self, watermark: datetime, events: int) -> None:
+        """Store ``watermark`` for this asset unless a later one is stored, counting ``events``
+        (ack mode: after Airflow stored the events it covers). Raises ``psycopg.Error``."""
+        url = await RedeliveryHook(self.conn_id).aget_database_url()
+        params = {"asset_uri": self.asset_uri, "watermark": watermark, "events": events}
+        async with await connect(url) as conn:
+            await conn.execute(S.RAISE_ASSET_WATERMARK, params)
+
+
+class WatermarkNotStoredError(RuntimeError):
+    """An event was not confirmed stored by Airflow: its watermark stays where it was."""
+
+
+class ReadyMessagesProducer(SharedStreamProducer):
+    """``ReadyMessagesTrigger``'s poll in Airflow's ack mode: yields ``(payload, horizon)``, and
+    stores the horizon of events Airflow confirmed stored (``advance``, events in poll order)."""
+
+    def __init__(self, trigger: ReadyMessagesTrigger) -> None:
+        self.trigger = trigger
+
+    async def open_stream(self) -> AsyncIterator[tuple[dict, datetime]]:
+        async for payload, horizon in self.trigger.events(store_first=False):
+            yield payload, horizon
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Store the last horizon of ``batch`` when Airflow stored every event of it. Raises
+        ``WatermarkNotStoredError`` otherwise (Airflow then ends this poll and the trigger, and the
+        re-created trigger fires again from the stored watermark), or ``psycopg.Error``."""
+        for item in batch:
+            if not item.outcome.is_clean:
+                raise WatermarkNotStoredError(
+                    f"{self.trigger.asset_uri}: the event until {item.broker_payload.isoformat()} was not "
+                    f"confirmed stored ({item.outcome}); it fires again from the stored watermark"
+                )
+        await self.trigger.store(batch[-1].broker_payload, len(batch))
 
 
 async def connect(url: str) -> psycopg.AsyncConnection:
