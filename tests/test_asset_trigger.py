@@ -84,12 +84,22 @@ class AckModeWatch(Watch):
         await self.manager.stop_all()
 
 
-async def stored_soon(client, expected_events: int, timeout: float = 10) -> tuple:
+def confirmed(client):
+    row = client.conn.execute(
+        "SELECT confirmed FROM asset_watermarks WHERE asset_uri = 'redelivery://orders/billing'"
+    ).fetchone()
+    return row[0] if row else None
+
+
+async def confirmed_soon(client, until: str, timeout: float = 10):
+    """Wait until the confirmed watermark is the ISO time ``until`` (an event's)."""
+    from datetime import datetime
+
     deadline = time.monotonic() + timeout
-    while (row := await asyncio.to_thread(stored, client)) is None or row[1] < expected_events:
-        assert time.monotonic() < deadline, f"stored: {row}, waited for {expected_events} events"
+    while (value := await asyncio.to_thread(confirmed, client)) != datetime.fromisoformat(until):
+        assert time.monotonic() < deadline, f"confirmed: {value}, waited for {until}"
         await asyncio.sleep(0.05)
-    return row
+    return value
 
 
 async def publish(client, n: int) -> list[int]:
@@ -249,33 +259,29 @@ def test_bad_arguments_are_refused(kwargs, message):
         make_trigger(**kwargs)
 
 
-def test_in_ack_mode_the_watermark_moves_once_airflow_stored_the_event(client, topic_group):
-    from datetime import datetime
-
+def test_in_ack_mode_the_watermark_is_confirmed_once_airflow_stored_the_event(client, topic_group):
     async def scenario():
         await publish(client, 3)
         async with AckModeWatch(make_trigger()) as watch:
             await watch.until(1)
             await asyncio.sleep(8 * POLL)
             assert watch.events[0]["ready"] == 3 and len(watch.events) == 1  # one event per edge
-            assert stored(client) is None  # Airflow has not stored it yet
+            assert stored(client)[1] == 1 and confirmed(client) is None  # claimed, not yet stored
             watch.confirm()
-            first = await stored_soon(client, 1)
+            await confirmed_soon(client, watch.events[0]["until"])
             await publish(client, 2)
             await watch.until(2)
             watch.confirm()
-            second = await stored_soon(client, 2)
-            return watch.events, first, second
+            await confirmed_soon(client, watch.events[1]["until"])
+            return watch.events
 
-    events, first, second = asyncio.run(scenario())
-    assert [e["ready"] for e in events] == [3, 2]
-    assert first[0] == datetime.fromisoformat(events[0]["until"])
-    assert second == (datetime.fromisoformat(events[1]["until"]), 2)
+    assert [e["ready"] for e in asyncio.run(scenario())] == [3, 2]
+    assert stored(client)[1] == 2
 
 
 def test_in_ack_mode_an_event_airflow_did_not_store_fires_again(client, topic_group):
     """The triggerer dies after the event left the trigger, before Airflow stored it: the trigger
-    re-created from its kwargs fires again for the same deliveries, then never again."""
+    re-created from its kwargs fires again for the same deliveries, then not again."""
     from airflow._shared.module_loading import import_string
 
     classpath, kwargs = make_trigger().serialize()
@@ -283,22 +289,29 @@ def test_in_ack_mode_an_event_airflow_did_not_store_fires_again(client, topic_gr
     async def scenario():
         await publish(client, 3)
         found = []
-        for confirm in (False, True, True):
+        for confirm in (False, True):
             async with AckModeWatch(import_string(classpath)(**kwargs)) as watch:
-                await asyncio.sleep(10 * POLL)
-                if confirm and watch.events:
+                await watch.until(1)
+                if confirm:
                     watch.confirm()
-                    await stored_soon(client, 1)
-            found.append([e["ready"] for e in watch.events])
+                    await confirmed_soon(client, watch.events[0]["until"])
+            found.append(watch.events)
+        async with AckModeWatch(import_string(classpath)(**kwargs)) as watch:
+            await asyncio.sleep(5 * POLL)
+            await publish(client, 1)  # a new edge: fires alone, the 3 stored ones do not again
+            await watch.until(1)
+            await asyncio.sleep(5 * POLL)
+        found.append(watch.events)
         return found
 
-    assert asyncio.run(scenario()) == [[3], [3], []]
-    assert stored(client)[1] == 1
+    found = asyncio.run(scenario())
+    assert [[e["ready"] for e in events] for events in found] == [[3], [3], [1]]
+    assert found[1][0]["since"] is None  # from the confirmed watermark: none yet
 
 
 def test_in_ack_mode_an_event_never_confirmed_ends_the_trigger_and_fires_again(client, topic_group):
     """Airflow's ack timeout: the confirmation never came; the trigger fails (Airflow re-creates
-    it) and the watermark stays, so the re-created trigger fires again."""
+    it) and the confirmed watermark stays, so the re-created trigger fires again."""
     from airflow.triggers.shared_stream import AckTimeout
 
     async def scenario():
@@ -308,11 +321,51 @@ def test_in_ack_mode_an_event_never_confirmed_ends_the_trigger_and_fires_again(c
             await watch.until(1)
             await asyncio.wait({watch.task}, timeout=10)
             assert isinstance(watch.task.exception(), AckTimeout)
-        assert stored(client) is None
+        assert confirmed(client) is None
         async with AckModeWatch(make_trigger()) as again:
             await again.until(1)
             again.confirm()
-            await stored_soon(client, 1)
+            await confirmed_soon(client, again.events[0]["until"])
         return watch.events + again.events
 
     assert [e["ready"] for e in asyncio.run(scenario())] == [2, 2]
+
+
+def test_in_ack_mode_a_refused_confirmation_does_not_fire_the_edge_again(client, topic_group, monkeypatch):
+    """The event is stored but the database refuses the confirmation (a read-only standby, a
+    missing grant): logged, the trigger goes on and does not fire that edge again."""
+    from redelivery.airflow import triggers
+
+    async def refused(self, watermark):
+        raise psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction")
+
+    monkeypatch.setattr(triggers.ReadyMessagesTrigger, "confirm", refused)
+
+    async def scenario():
+        await publish(client, 3)
+        async with AckModeWatch(make_trigger()) as watch:
+            await watch.until(1)
+            watch.confirm()
+            await asyncio.sleep(10 * POLL)
+            assert not watch.task.done()
+            await publish(client, 1)
+            await watch.until(2)
+        return watch.events
+
+    assert [e["ready"] for e in asyncio.run(scenario())] == [3, 1]
+    assert confirmed(client) is None
+
+
+def test_in_ack_mode_two_watchers_of_one_asset_fire_once(client, topic_group):
+    """Two triggers on one asset with other settings (two polls): the claim lets one fire."""
+
+    async def scenario():
+        async with AckModeWatch(make_trigger()) as one, AckModeWatch(make_trigger(poll_interval=0.2)) as two:
+            await publish(client, 3)
+            await asyncio.sleep(15 * POLL)
+            await publish(client, 2)
+            await asyncio.sleep(15 * POLL)
+            return one.events + two.events
+
+    assert sorted(e["ready"] for e in asyncio.run(scenario())) == [2, 3]
+    assert stored(client)[1] == 2

@@ -259,12 +259,12 @@ def test_new_messages_start_the_consumer_dag_once_each(airflow, flights_group):
     assert (state["COMMITTED"], state["DLQ"], state["READY"]) == (6, 1, 0)
     assert airflow.receiver.accepted == set(backlog[:3] + more) and airflow.receiver.duplicates == 0
 
-    # Airflow's ack mode: the watermark was stored after Airflow stored the event (same server clock)
-    watermark, fired, stored_at = client.conn.execute(
-        "SELECT watermark, events, fired_at FROM asset_watermarks WHERE asset_uri = %s", (ASSET,)
+    # Airflow's ack mode: the triggerer confirmed the events stored, and the watermark followed
+    claimed, fired, confirmed = client.conn.execute(
+        "SELECT watermark, events, confirmed FROM asset_watermarks WHERE asset_uri = %s", (ASSET,)
     ).fetchone()
-    assert (watermark, fired) == (datetime.fromisoformat(event["extra"]["payload"]["until"]), 2)
-    assert stored_at > datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+    until = datetime.fromisoformat(event["extra"]["payload"]["until"])
+    assert (claimed, fired, confirmed) == (until, 2, until)
 
     time.sleep(12)  # more than two polls of the watcher (every 5 s) with nothing new
     assert len(consumer_runs(base)) == 2

@@ -33,7 +33,7 @@ SAMPLES = {
     "lateness_le": [0.5, 1.0], "bucket_bounds": [0.5, 1.0], "bucket_counts": [1, 0, 0], "observed_sum": 0.25,
     "total_groups": [1], "total_promoted": [2], "total_dead_lettered": [0], "total_stale": [1],
     "topic": "orders", "watermark": None, "horizon": "2026-03-01T12:00:10+00:00", "settle": 300.0,
-    "asset_uri": "redelivery://orders/billing", "previous": None, "events": 1,
+    "asset_uri": "redelivery://orders/billing", "previous": None,
 }  # fmt: skip
 NOT_EXPLAINABLE = {"COPY_MESSAGES", "COPY_STAGING", "DATA_DIRECTORY"}  # EXPLAIN takes neither COPY nor SHOW
 

@@ -764,8 +764,10 @@ READY_SINCE = _named("READY_SINCE", """
     WHERE d.group_id = (SELECT id FROM consumer_groups WHERE name = %(group)s)
       AND d.topic_id = (SELECT id FROM topics WHERE name = %(topic)s) AND d.state = 'READY'
       AND d.ready_at >= coalesce(%(watermark)s::timestamptz, '-infinity') AND d.ready_at < %(horizon)s""")
+#: An asset's claimed watermark (events left the trigger up to it) and its confirmed one (Airflow
+#: stored the events up to it; NULL: none confirmed yet).
 ASSET_WATERMARK = _named("ASSET_WATERMARK", """
-    SELECT watermark FROM asset_watermarks WHERE asset_uri = %(asset_uri)s""")
+    SELECT watermark, confirmed FROM asset_watermarks WHERE asset_uri = %(asset_uri)s""")
 #: Move an asset's watermark from ``previous`` (NULL: none stored yet) to ``watermark`` and count the
 #: event; returns nothing when the stored watermark is no longer ``previous`` (another copy of the
 #: trigger fired first).
@@ -775,15 +777,11 @@ ADVANCE_ASSET_WATERMARK = _named("ADVANCE_ASSET_WATERMARK", """
         SET watermark = EXCLUDED.watermark, events = asset_watermarks.events + 1, fired_at = now()
         WHERE asset_watermarks.watermark IS NOT DISTINCT FROM %(previous)s::timestamptz
     RETURNING watermark""")
-#: Move an asset's watermark forward to ``watermark`` (never back) and count its ``events``: ack
-#: mode, once Airflow stored the events before it (``ReadyMessagesProducer.advance``).
-RAISE_ASSET_WATERMARK = _named("RAISE_ASSET_WATERMARK", """
-    INSERT INTO asset_watermarks (asset_uri, watermark, events)
-    VALUES (%(asset_uri)s, %(watermark)s, %(events)s)
-    ON CONFLICT (asset_uri) DO UPDATE
-        SET watermark = EXCLUDED.watermark, events = asset_watermarks.events + EXCLUDED.events,
-            fired_at = now()
-        WHERE asset_watermarks.watermark < EXCLUDED.watermark""")
+#: Move an asset's confirmed watermark forward to ``watermark`` (never back, never past the claimed
+#: one): Airflow stored the events before it (``ReadyMessagesProducer.advance``).
+CONFIRM_ASSET_WATERMARK = _named("CONFIRM_ASSET_WATERMARK", """
+    UPDATE asset_watermarks SET confirmed = least(watermark, %(watermark)s::timestamptz)
+    WHERE asset_uri = %(asset_uri)s AND (confirmed IS NULL OR confirmed < %(watermark)s::timestamptz)""")
 
 #: The statements that move deliveries between states (docs/ARCHITECTURE.md, "State changes").
 STATE_CHANGES = ("FAN_OUT", "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",

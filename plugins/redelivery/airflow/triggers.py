@@ -3,8 +3,9 @@ topic has new READY messages for a consumer group.
 
 It fires on edges, never on "rows exist": an event means "deliveries of (topic, group) became
 READY since the last event" (a publish, a promotion by a tier run, a redrive: every one of them
-sets ``ready_at``), and deliveries whose event Airflow stored never fire again, however long they
-stay READY. A trigger that fired on a backlog would make Airflow schedule the consumer forever.
+sets ``ready_at``), and deliveries whose event was claimed never fire again while the trigger
+runs, however long they stay READY. A trigger that fired on a backlog would make Airflow schedule
+the consumer forever.
 
 The watermark
 -------------
@@ -18,21 +19,21 @@ The trigger polls every ``poll_interval`` seconds. An event covers the deliverie
   than ``settle_timeout`` seconds stops holding it back (so a forgotten session cannot stall the
   trigger); what such a transaction makes READY later with an older ``ready_at`` is not an event
   of its own: the consumer run of a later event drains it with everything else.
-- The watermark of each asset is kept in the state store (``asset_watermarks``): a trigger
-  re-created from its serialized kwargs (a triggerer restart, a re-assignment) starts from it, so
-  it does not fire again for deliveries whose event Airflow has, and does not miss the ones that
-  became READY in between.
-- In a triggerer the trigger runs in Airflow's ack mode (``shared_stream_key`` and
-  ``create_shared_stream_producer``, Airflow 3.3's shared streams): ``ReadyMessagesProducer``
-  polls, and stores an event's watermark only once the triggerer has confirmed the event stored in
-  Airflow's metadata database (``advance``). An event Airflow never stored (the triggerer died
-  in between, the confirmation timed out) fires again from the stored watermark when the trigger
-  is re-created: at least once per edge; a repeat starts one more consumer run, which finds what
-  is still READY. One poll per asset and triggerer: copies of the trigger in one triggerer share
-  it.
-- ``run`` (the trigger on its own, outside a triggerer's shared streams) writes the watermark
-  before it hands the event over, as a compare-and-set, so two copies never fire for the same
-  deliveries; an event lost between that write and its consumer is not repeated (at most once).
+- Each asset has two watermarks in the state store (``asset_watermarks``). The *claimed* one is
+  moved by a compare-and-set before an event leaves the trigger: two copies of the trigger (two
+  triggerers during a re-assignment, two watchers of one asset) never fire for the same
+  deliveries. The *confirmed* one follows once Airflow has stored the event.
+- In a triggerer the trigger runs in Airflow 3.3's ack mode for shared-stream triggers
+  (``shared_stream_key``, ``create_shared_stream_producer``): ``ReadyMessagesProducer`` polls, and
+  its ``advance``, called once the triggerer confirmed an event stored in Airflow's metadata
+  database, moves the confirmed watermark. A trigger re-created from its serialized kwargs (a
+  triggerer restart, a re-assignment, the trigger ended because a confirmation timed out) starts
+  from the confirmed watermark: an event claimed but never stored fires again, at least once per
+  edge; a repeat starts one consumer run more, which finds what is still READY. One gap is
+  Airflow's: its runner awaits a log call between taking an event from the trigger and binding it
+  to the confirmation, and a trigger cancelled in that instant counts the event as accepted.
+- ``run`` (the trigger on its own, outside ack mode) starts from the claimed watermark: an event
+  lost after its claim is not repeated (at most once).
 - With no stored watermark (the first start for an asset) the trigger fires once for the READY
   backlog, so that a consumer DAG deployed onto a waiting topic starts.
 
@@ -50,6 +51,7 @@ needed anyway. A poll is two indexed queries (``deliveries_ready_at``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import AsyncIterator, Hashable, Sequence
 from datetime import datetime
@@ -73,6 +75,8 @@ DEFAULT_SETTLE_SECONDS = 120.0
 MAX_SETTLE_SECONDS = 86_400.0
 #: Longest wait, in seconds, between attempts while the database cannot be reached.
 MAX_BACKOFF_SECONDS = 60.0
+#: Seconds a confirmation may wait for a connection (it holds up the trigger's later ones).
+CONFIRM_TIMEOUT_SECONDS = 10
 
 
 def _seconds(name: str, value: object, low: float, high: float) -> float:
@@ -120,7 +124,11 @@ class ReadyMessagesTrigger(BaseEventTrigger):
             raise ValueError(f"conn_id must be a connection id, got {conn_id!r}")
         self.conn_id = conn_id
         self.watermark: datetime | None = None  # in memory: moves on every poll
-        self._stored: datetime | None = None  # the state store's value, as last read or written
+        self._stored: datetime | None = None  # the claimed watermark, as last read or written
+        self._loaded = False
+        #: Airflow's ack mode (``create_shared_stream_producer``): the first load starts from the
+        #: confirmed watermark.
+        self.ack_mode = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -135,30 +143,31 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         )
 
     def shared_stream_key(self) -> Hashable:
-        """One poll per asset and settings in a triggerer (Airflow's shared streams); with
+        """One poll per trigger in a triggerer (Airflow's shared streams); with
         ``create_shared_stream_producer`` this puts the trigger in Airflow's ack mode."""
-        _, kwargs = self.serialize()
-        return (type(self).__qualname__, *sorted(kwargs.items()))
+        classpath, kwargs = self.serialize()
+        return (classpath, *sorted(kwargs.items()))
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> ReadyMessagesProducer:
         """The poll of Airflow's ack mode: ``kwargs`` are the trigger's serialized ones."""
-        return ReadyMessagesProducer(cls(**kwargs))
+        trigger = cls(**kwargs)
+        trigger.ack_mode = True
+        return ReadyMessagesProducer(trigger)
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
-        """Every payload of the shared poll is an event of this trigger (the poll is per asset)."""
+        """Every payload of the poll is an event of this trigger (the poll is per trigger)."""
         async for payload in shared_stream:
             yield TriggerEvent(payload)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """The trigger on its own: the watermark is stored (compare-and-set) before each event."""
-        async for payload, _ in self.events(store_first=True):
+        """The trigger on its own (outside ack mode): at most once per edge."""
+        async for payload, _ in self.events():
             yield TriggerEvent(payload)
 
-    async def events(self, *, store_first: bool) -> AsyncIterator[tuple[dict, datetime]]:
-        """Poll forever: ``(payload, horizon)`` for each edge. ``store_first``: store the watermark
-        before yielding and skip an edge another copy stored first; else the caller stores it
-        (``store``). A database that cannot be reached is retried (waits double up to 60 s)."""
+    async def events(self) -> AsyncIterator[tuple[dict, datetime]]:
+        """Poll forever: ``(payload, horizon)`` for each edge this copy claimed. A database that
+        cannot be reached is retried (waits double up to 60 s)."""
         url = await RedeliveryHook(self.conn_id).aget_database_url()
         backoff = self.poll_interval
         conn: psycopg.AsyncConnection | None = None
@@ -174,7 +183,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                             self.watermark,
                             self.poll_interval,
                         )
-                    payload = await self.poll(conn, store=store_first)
+                    payload = await self.poll(conn)
                     backoff = self.poll_interval
                 except psycopg.Error as exc:
                     self.log.warning("%s: %s; trying again in %s s", self.asset_uri, exc, backoff)
@@ -193,16 +202,19 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                 await conn.close()
 
     async def load(self, conn: psycopg.AsyncConnection) -> None:
-        """Read the stored watermark (None: this asset never fired)."""
+        """Read the claimed watermark (None: this asset never fired). The first load starts from
+        it, or in ack mode from the confirmed one (events claimed but never stored fire again);
+        later loads only move forward to the claimed one (another copy's events)."""
         row = await (await conn.execute(S.ASSET_WATERMARK, {"asset_uri": self.asset_uri})).fetchone()
-        self._stored = row[0] if row else None
-        if self.watermark is None or (self._stored is not None and self._stored > self.watermark):
+        self._stored, confirmed = row if row else (None, None)
+        if not self._loaded:
+            self.watermark, self._loaded = confirmed if self.ack_mode else self._stored, True
+        elif self._stored is not None and (self.watermark is None or self._stored > self.watermark):
             self.watermark = self._stored
 
-    async def poll(self, conn: psycopg.AsyncConnection, store: bool = True) -> dict | None:
+    async def poll(self, conn: psycopg.AsyncConnection) -> dict | None:
         """One poll: the event's payload when deliveries became READY in ``[watermark, horizon)``
-        (and, ``store``, this copy of the trigger moved the stored watermark); else None. The
-        watermark in memory moves to the horizon either way."""
+        and this copy of the trigger claimed the range (moved the claimed watermark); else None."""
         # Two statements, two snapshots: the horizon is read before the deliveries are counted, so
         # that every transaction that started before it has committed (or aborted) by the count.
         horizon = (await (await conn.execute(S.READY_HORIZON, {"settle": self.settle_timeout})).fetchone())[0]
@@ -214,9 +226,6 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         if not ready:
             self.watermark = horizon  # nothing there to fire for: no write
             return None
-        if not store:
-            self.watermark = horizon
-            return self._payload(ready, since, horizon)
         moved = await (
             await conn.execute(
                 S.ADVANCE_ASSET_WATERMARK,
@@ -227,59 +236,66 @@ class ReadyMessagesTrigger(BaseEventTrigger):
             await self.load(conn)
             return None
         self.watermark = self._stored = horizon
-        return self._payload(ready, since, horizon)
-
-    def _payload(self, ready: int, since: datetime | None, until: datetime) -> dict:
         return {
             "topic": self.topic,
             "group": self.group,
             "ready": ready,
             "since": since.isoformat() if since else None,
-            "until": until.isoformat(),
+            "until": horizon.isoformat(),
         }
 
-    async def store(self, watermark: datetime, events: int) -> None:
-        """Store ``watermark`` for this asset unless a later one is stored, counting ``events``
-        (ack mode: after Airflow stored the events it covers). Raises ``psycopg.Error``."""
+    async def confirm(self, watermark: datetime) -> None:
+        """Ack mode: Airflow stored the events up to ``watermark``; the confirmed watermark moves
+        forward to it. Raises ``psycopg.Error``."""
         url = await RedeliveryHook(self.conn_id).aget_database_url()
-        params = {"asset_uri": self.asset_uri, "watermark": watermark, "events": events}
-        async with await connect(url) as conn:
-            await conn.execute(S.RAISE_ASSET_WATERMARK, params)
+        params = {"asset_uri": self.asset_uri, "watermark": watermark}
+        async with await connect(url, connect_timeout=CONFIRM_TIMEOUT_SECONDS) as conn:
+            await conn.execute(S.CONFIRM_ASSET_WATERMARK, params)
 
 
-class WatermarkNotStoredError(RuntimeError):
-    """An event was not confirmed stored by Airflow: its watermark stays where it was."""
+class EventNotStoredError(RuntimeError):
+    """Airflow did not confirm an event stored: its range fires again from the confirmed watermark."""
 
 
 class ReadyMessagesProducer(SharedStreamProducer):
-    """``ReadyMessagesTrigger``'s poll in Airflow's ack mode: yields ``(payload, horizon)``, and
-    stores the horizon of events Airflow confirmed stored (``advance``, events in poll order)."""
+    """``ReadyMessagesTrigger``'s poll in Airflow's ack mode: yields ``(payload, horizon)`` for each
+    edge it claimed, and confirms the horizons of the events Airflow stored (``advance``)."""
 
     def __init__(self, trigger: ReadyMessagesTrigger) -> None:
         self.trigger = trigger
 
     async def open_stream(self) -> AsyncIterator[tuple[dict, datetime]]:
-        async for payload, horizon in self.trigger.events(store_first=False):
+        async for payload, horizon in self.trigger.events():
             yield payload, horizon
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Store the last horizon of ``batch`` when Airflow stored every event of it. Raises
-        ``WatermarkNotStoredError`` otherwise (Airflow then ends this poll and the trigger, and the
-        re-created trigger fires again from the stored watermark), or ``psycopg.Error``."""
-        for item in batch:
-            if not item.outcome.is_clean:
-                raise WatermarkNotStoredError(
-                    f"{self.trigger.asset_uri}: the event until {item.broker_payload.isoformat()} was not "
-                    f"confirmed stored ({item.outcome}); it fires again from the stored watermark"
-                )
-        await self.trigger.store(batch[-1].broker_payload, len(batch))
+        """Confirm the last horizon of the events of ``batch`` (in poll order) that Airflow stored,
+        up to the first it did not; then raise ``EventNotStoredError`` for that one (Airflow ends
+        this poll and the trigger; the re-created trigger starts from the confirmed watermark).
+
+        A confirmation the database refuses is logged and left to the next event's (the
+        confirmed watermark only moves forward): raising would end the trigger, and the
+        re-created one would fire the same, stored, edge again."""
+        stored = list(itertools.takewhile(lambda item: item.outcome.is_clean, batch))
+        if stored:
+            try:
+                await self.trigger.confirm(stored[-1].broker_payload)
+            except psycopg.Error as exc:
+                self.trigger.log.error("%s: confirming the watermark failed: %s", self.trigger.asset_uri, exc)
+        if len(stored) < len(batch):
+            item = batch[len(stored)]
+            raise EventNotStoredError(
+                f"{self.trigger.asset_uri}: the event until {item.broker_payload.isoformat()} was not "
+                f"confirmed stored ({item.outcome}); it fires again from the confirmed watermark"
+            )
 
 
-async def connect(url: str) -> psycopg.AsyncConnection:
+async def connect(url: str, **kwargs) -> psycopg.AsyncConnection:
     """An autocommit connection to the state store, named in ``pg_stat_activity``."""
     return await psycopg.AsyncConnection.connect(
         url,
         autocommit=True,
         application_name="redelivery-asset-watcher",
         options=session_options(url),
+        **kwargs,
     )
