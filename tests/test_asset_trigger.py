@@ -102,6 +102,13 @@ async def confirmed_soon(client, until: str, timeout: float = 10):
     return value
 
 
+async def until_total(watches, count: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(len(w.events) for w in watches) < count:
+        assert time.monotonic() < deadline, f"waited for {count} events in all"
+        await asyncio.sleep(0.02)
+
+
 async def publish(client, n: int) -> list[int]:
     return await asyncio.to_thread(client.publish, "orders", [{"n": i} for i in range(n)])
 
@@ -209,6 +216,7 @@ def test_two_copies_of_the_trigger_fire_once(client, topic_group):
     async def scenario():
         async with Watch(make_trigger()) as one, Watch(make_trigger()) as two:
             await publish(client, 4)
+            await until_total((one, two), 1)
             await asyncio.sleep(15 * POLL)
             return one.events + two.events
 
@@ -336,7 +344,10 @@ def test_in_ack_mode_a_refused_confirmation_does_not_fire_the_edge_again(client,
     missing grant): logged, the trigger goes on and does not fire that edge again."""
     from redelivery.airflow import triggers
 
+    calls = []
+
     async def refused(self, watermark):
+        calls.append(watermark)
         raise psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction")
 
     monkeypatch.setattr(triggers.ReadyMessagesTrigger, "confirm", refused)
@@ -353,7 +364,7 @@ def test_in_ack_mode_a_refused_confirmation_does_not_fire_the_edge_again(client,
         return watch.events
 
     assert [e["ready"] for e in asyncio.run(scenario())] == [3, 1]
-    assert confirmed(client) is None
+    assert confirmed(client) is None and len(calls) >= 1  # refused, and the trigger went on
 
 
 def test_in_ack_mode_two_watchers_of_one_asset_fire_once(client, topic_group):
@@ -362,10 +373,104 @@ def test_in_ack_mode_two_watchers_of_one_asset_fire_once(client, topic_group):
     async def scenario():
         async with AckModeWatch(make_trigger()) as one, AckModeWatch(make_trigger(poll_interval=0.2)) as two:
             await publish(client, 3)
-            await asyncio.sleep(15 * POLL)
+            await until_total((one, two), 1)
             await publish(client, 2)
+            await until_total((one, two), 2)
             await asyncio.sleep(15 * POLL)
             return one.events + two.events
 
     assert sorted(e["ready"] for e in asyncio.run(scenario())) == [2, 3]
     assert stored(client)[1] == 2
+
+
+def set_watermarks(client, claimed_sql: str, confirmed_sql: str) -> None:
+    client.conn.execute(
+        f"INSERT INTO asset_watermarks (asset_uri, watermark, confirmed) VALUES"
+        f" ('redelivery://orders/billing', {claimed_sql}, {confirmed_sql})"
+    )
+    client.conn.commit()
+
+
+def test_in_ack_mode_a_database_error_before_the_first_claim_keeps_the_repeat(
+    client, topic_group, monkeypatch
+):
+    """3 deliveries claimed by an event Airflow never stored; the re-created trigger's first poll
+    meets a dropped connection: the reconnect keeps its start (the confirmed watermark)."""
+    from redelivery.airflow import triggers
+
+    poll, failed = triggers.ReadyMessagesTrigger.poll, []
+
+    async def poll_once_failing(self, conn):
+        if not failed:
+            failed.append(True)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await poll(self, conn)
+
+    monkeypatch.setattr(triggers.ReadyMessagesTrigger, "poll", poll_once_failing)
+
+    async def scenario():
+        await publish(client, 3)
+        set_watermarks(client, "now() + interval '1 second'", "now() - interval '1 hour'")
+        async with AckModeWatch(make_trigger()) as watch:
+            await watch.until(1)
+        return watch.events
+
+    assert [e["ready"] for e in asyncio.run(scenario())] == [3] and failed
+
+
+def test_in_ack_mode_a_claim_whose_answer_was_lost_still_fires(client, topic_group, monkeypatch):
+    """The claim commits, its answer is lost with the connection: the trigger reconnects and the
+    next claim covers the range again."""
+    from redelivery import statements as S
+    from redelivery.airflow import triggers
+
+    connect, lost = triggers.connect, []
+
+    class AnswerLost:
+        def __init__(self, conn):
+            self.conn = conn
+
+        async def execute(self, query, params=None):
+            cursor = await self.conn.execute(query, params)
+            if query == S.ADVANCE_ASSET_WATERMARK and not lost:
+                lost.append(True)
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return cursor
+
+        async def close(self):
+            await self.conn.close()
+
+    async def connect_losing_an_answer(url, **kwargs):
+        return AnswerLost(await connect(url, **kwargs))
+
+    monkeypatch.setattr(triggers, "connect", connect_losing_an_answer)
+
+    async def scenario():
+        await publish(client, 3)
+        async with AckModeWatch(make_trigger()) as watch:
+            await watch.until(1)
+            await asyncio.sleep(5 * POLL)
+        return watch.events
+
+    events = asyncio.run(scenario())
+    assert lost and [e["ready"] for e in events] == [3] and events[0]["since"] is None
+    assert stored(client)[1] == 2  # two claims: the one whose answer was lost, and the event's
+
+
+def test_a_claim_never_moves_the_watermark_back(client, topic_group, clean_db):
+    """A trigger started from the confirmed watermark whose horizon is held back by an open
+    transaction fires its repeat without moving the claimed watermark back."""
+
+    async def scenario():
+        await publish(client, 1)
+        with psycopg.connect(clean_db) as slow:
+            slow.execute("SELECT 1")  # holds the horizon at its start
+            await asyncio.sleep(0.5)
+            set_watermarks(client, "now()", "now() - interval '1 hour'")
+            before = stored(client)[0]
+            async with AckModeWatch(make_trigger(settle_timeout=5.0)) as watch:
+                await watch.until(1)
+            return before, stored(client)[0], watch.events
+
+    before, after, events = asyncio.run(scenario())
+    assert [e["ready"] for e in events] == [1] and after == before

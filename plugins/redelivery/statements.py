@@ -768,13 +768,15 @@ READY_SINCE = _named("READY_SINCE", """
 #: stored the events up to it; NULL: none confirmed yet).
 ASSET_WATERMARK = _named("ASSET_WATERMARK", """
     SELECT watermark, confirmed FROM asset_watermarks WHERE asset_uri = %(asset_uri)s""")
-#: Move an asset's watermark from ``previous`` (NULL: none stored yet) to ``watermark`` and count the
-#: event; returns nothing when the stored watermark is no longer ``previous`` (another copy of the
-#: trigger fired first).
+#: Claim an event: move an asset's watermark from ``previous`` (NULL: none stored yet) forward to
+#: ``watermark`` (never back: a repeat from the confirmed watermark can end below it) and count the
+#: event; returns the claimed watermark, or nothing when the stored one is no longer ``previous``
+#: (another copy of the trigger fired first).
 ADVANCE_ASSET_WATERMARK = _named("ADVANCE_ASSET_WATERMARK", """
     INSERT INTO asset_watermarks (asset_uri, watermark) VALUES (%(asset_uri)s, %(watermark)s)
     ON CONFLICT (asset_uri) DO UPDATE
-        SET watermark = EXCLUDED.watermark, events = asset_watermarks.events + 1, fired_at = now()
+        SET watermark = greatest(asset_watermarks.watermark, EXCLUDED.watermark),
+            events = asset_watermarks.events + 1, fired_at = now()
         WHERE asset_watermarks.watermark IS NOT DISTINCT FROM %(previous)s::timestamptz
     RETURNING watermark""")
 #: Move an asset's confirmed watermark forward to ``watermark`` (never back, never past the claimed

@@ -20,16 +20,18 @@ The trigger polls every ``poll_interval`` seconds. An event covers the deliverie
   trigger); what such a transaction makes READY later with an older ``ready_at`` is not an event
   of its own: the consumer run of a later event drains it with everything else.
 - Each asset has two watermarks in the state store (``asset_watermarks``). The *claimed* one is
-  moved by a compare-and-set before an event leaves the trigger: two copies of the trigger (two
-  triggerers during a re-assignment, two watchers of one asset) never fire for the same
-  deliveries. The *confirmed* one follows once Airflow has stored the event.
+  moved forward by a compare-and-set before an event leaves the trigger: two copies of the
+  trigger running side by side (two watchers of one asset with other settings) do not fire for
+  the same new deliveries. The *confirmed* one follows once Airflow has stored the event.
 - In a triggerer the trigger runs in Airflow 3.3's ack mode for shared-stream triggers
   (``shared_stream_key``, ``create_shared_stream_producer``): ``ReadyMessagesProducer`` polls, and
   its ``advance``, called once the triggerer confirmed an event stored in Airflow's metadata
   database, moves the confirmed watermark. A trigger re-created from its serialized kwargs (a
   triggerer restart, a re-assignment, the trigger ended because a confirmation timed out) starts
-  from the confirmed watermark: an event claimed but never stored fires again, at least once per
-  edge; a repeat starts one consumer run more, which finds what is still READY. One gap is
+  from the confirmed watermark: the range of an event claimed but never stored fires again
+  (whichever copy claimed it), so a consumer run starts after every delivery became READY, at
+  least once; a repeat starts one consumer run more, which finds what is still READY. Rows
+  stored before ack mode (migration 0009) count as confirmed. One gap is
   Airflow's: its runner awaits a log call between taking an event from the trigger and binding it
   to the confirmation, and a trigger cancelled in that instant counts the event as accepted.
 - ``run`` (the trigger on its own, outside ack mode) starts from the claimed watermark: an event
@@ -96,12 +98,13 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     default 120). ``conn_id``: the Airflow connection of the application database (default
     ``redelivery_db``; without it ``REDELIVERY_DATABASE_URL`` or the embedded PostgreSQL).
 
-    Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None (the first
-    event), "until": ISO time}``: n deliveries became READY with ``ready_at`` in ``[since,
-    until)``. Raises ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs.
-    A database that cannot be reached is retried (waits double up to 60 s); the trigger never ends
-    on its own, except in ack mode for an event Airflow did not confirm stored (Airflow re-creates
-    the trigger, which fires it again)."""
+    Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None (from the
+    beginning: the first event, or a repeat before any event was confirmed), "until": ISO
+    time}``: n deliveries became READY with ``ready_at`` in ``[since, until)``. Raises
+    ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs. A database that
+    cannot be reached is retried (waits double up to 60 s); the trigger never ends on its own,
+    except in ack mode for an event Airflow did not confirm stored (Airflow re-creates the
+    trigger, which fires it again)."""
 
     def __init__(
         self,
@@ -126,6 +129,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         self.watermark: datetime | None = None  # in memory: moves on every poll
         self._stored: datetime | None = None  # the claimed watermark, as last read or written
         self._loaded = False
+        self._url: str | None = None  # the state store's, once resolved
         #: Airflow's ack mode (``create_shared_stream_producer``): the first load starts from the
         #: confirmed watermark.
         self.ack_mode = False
@@ -168,7 +172,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     async def events(self) -> AsyncIterator[tuple[dict, datetime]]:
         """Poll forever: ``(payload, horizon)`` for each edge this copy claimed. A database that
         cannot be reached is retried (waits double up to 60 s)."""
-        url = await RedeliveryHook(self.conn_id).aget_database_url()
+        url = self._url = await RedeliveryHook(self.conn_id).aget_database_url()
         backoff = self.poll_interval
         conn: psycopg.AsyncConnection | None = None
         try:
@@ -202,15 +206,15 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                 await conn.close()
 
     async def load(self, conn: psycopg.AsyncConnection) -> None:
-        """Read the claimed watermark (None: this asset never fired). The first load starts from
-        it, or in ack mode from the confirmed one (events claimed but never stored fire again);
-        later loads only move forward to the claimed one (another copy's events)."""
+        """Read the claimed watermark (None: this asset never fired), the ``previous`` of the next
+        claim. Only the first load sets the watermark in memory: the claimed one, or in ack mode
+        the confirmed one (events claimed but never stored fire again). A reload after a database
+        error keeps the watermark in memory, so the next claim covers a range whose claim
+        committed unanswered, or that was to be fired again."""
         row = await (await conn.execute(S.ASSET_WATERMARK, {"asset_uri": self.asset_uri})).fetchone()
         self._stored, confirmed = row if row else (None, None)
         if not self._loaded:
             self.watermark, self._loaded = confirmed if self.ack_mode else self._stored, True
-        elif self._stored is not None and (self.watermark is None or self._stored > self.watermark):
-            self.watermark = self._stored
 
     async def poll(self, conn: psycopg.AsyncConnection) -> dict | None:
         """One poll: the event's payload when deliveries became READY in ``[watermark, horizon)``
@@ -234,8 +238,10 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         ).fetchone()
         if moved is None:  # another copy of this trigger fired first: take its watermark
             await self.load(conn)
+            if self._stored is not None and (self.watermark is None or self._stored > self.watermark):
+                self.watermark = self._stored
             return None
-        self.watermark = self._stored = horizon
+        self.watermark, self._stored = horizon, moved[0]
         return {
             "topic": self.topic,
             "group": self.group,
@@ -247,7 +253,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     async def confirm(self, watermark: datetime) -> None:
         """Ack mode: Airflow stored the events up to ``watermark``; the confirmed watermark moves
         forward to it. Raises ``psycopg.Error``."""
-        url = await RedeliveryHook(self.conn_id).aget_database_url()
+        url = self._url or await RedeliveryHook(self.conn_id).aget_database_url()
         params = {"asset_uri": self.asset_uri, "watermark": watermark}
         async with await connect(url, connect_timeout=CONFIRM_TIMEOUT_SECONDS) as conn:
             await conn.execute(S.CONFIRM_ASSET_WATERMARK, params)
@@ -273,14 +279,14 @@ class ReadyMessagesProducer(SharedStreamProducer):
         up to the first it did not; then raise ``EventNotStoredError`` for that one (Airflow ends
         this poll and the trigger; the re-created trigger starts from the confirmed watermark).
 
-        A confirmation the database refuses is logged and left to the next event's (the
-        confirmed watermark only moves forward): raising would end the trigger, and the
-        re-created one would fire the same, stored, edge again."""
+        A confirmation that fails is logged and left to the next event's (the confirmed
+        watermark only moves forward): raising would end the trigger, and the re-created one
+        would fire the same, stored, edge again."""
         stored = list(itertools.takewhile(lambda item: item.outcome.is_clean, batch))
         if stored:
             try:
                 await self.trigger.confirm(stored[-1].broker_payload)
-            except psycopg.Error as exc:
+            except Exception as exc:  # the database's refusal or the connection's lookup
                 self.trigger.log.error("%s: confirming the watermark failed: %s", self.trigger.asset_uri, exc)
         if len(stored) < len(batch):
             item = batch[len(stored)]

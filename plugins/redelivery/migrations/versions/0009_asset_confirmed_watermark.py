@@ -14,8 +14,13 @@ down_revision = "0008"
 
 
 def upgrade() -> None:
-    # Nullable, no default: no table rewrite (and asset_watermarks holds a row per asset).
-    op.execute("ALTER TABLE redelivery.asset_watermarks ADD COLUMN confirmed timestamptz")
+    # Nullable, no default: no table rewrite (and asset_watermarks holds a row per asset). What
+    # was claimed before counts as confirmed: those events left under the old at-most-once rule,
+    # and a NULL would fire each asset's whole READY backlog again.
+    op.execute("""
+    ALTER TABLE redelivery.asset_watermarks ADD COLUMN confirmed timestamptz;
+    UPDATE redelivery.asset_watermarks SET confirmed = watermark;
+    """)
 
 
 def downgrade() -> None:
