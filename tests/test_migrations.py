@@ -6,6 +6,7 @@ is finished by the next run."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -163,7 +164,7 @@ def test_an_exclusive_step_gives_way_to_writers_and_is_tried_again(fresh_url):
         thread, outcome = _migrating(fresh_url, "0008")
         _wait_for_lock_wait(fresh_url)
         waited = _writer_gets_through(fresh_url, int(db.MIGRATION_LOCK_TIMEOUT_SECONDS * 1000) + 3000)
-        assert waited <= db.MIGRATION_LOCK_TIMEOUT_SECONDS + 1.0
+        assert waited <= db.MIGRATION_LOCK_TIMEOUT_SECONDS + 2.5
         assert thread.is_alive() and not outcome and revision(fresh_url) == "0007"
         open_tx.commit()
     thread.join(120)
@@ -205,6 +206,21 @@ def _migrating_process(url: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE, text=True)
 
 
+def _wait_for_second_migrator(url: str, timeout: float = 60.0) -> None:
+    """Until a second migration session is connected (it then waits for the migration lock)."""
+    deadline = time.monotonic() + timeout
+    with db.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            sessions = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'redelivery-migrate'"
+            ).fetchone()[0]
+            if sessions >= 2:
+                return
+            time.sleep(0.05)
+    raise AssertionError("the second migrating process never connected")
+
+
 def test_two_migrating_processes_while_a_build_waits(fresh_url):
     """A second ``migrate`` (another CLI command, another worker) starting while the first one's
     concurrent build waits: it must wait for the migration lock without holding a snapshot, or the
@@ -217,10 +233,46 @@ def test_two_migrating_processes_while_a_build_waits(fresh_url):
         first = _migrating_process(fresh_url)
         _wait_for_lock_wait(fresh_url)
         second = _migrating_process(fresh_url)
-        time.sleep(2.0)
+        _wait_for_second_migrator(fresh_url)
+        time.sleep(1.0)
         assert first.poll() is None and second.poll() is None  # the build waits for the open publish
         open_tx.commit()
     for process in (first, second):
         _, err = process.communicate(timeout=120)
         assert process.returncode == 0, err
+    assert revision(fresh_url) == db.head_revision()
+
+
+def test_watermarks_claimed_before_ack_mode_count_as_confirmed(fresh_url):
+    """Migration 0009: an asset's watermark from before counts as confirmed, else its first
+    trigger in ack mode would fire the whole READY backlog again."""
+    db.migrate(fresh_url, "0008")
+    with db.connect(fresh_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO asset_watermarks (asset_uri, watermark)"
+            " VALUES ('redelivery://orders/billing', now())"
+        )
+    db.migrate(fresh_url)
+    with db.connect(fresh_url) as conn:
+        claimed, confirmed = conn.execute("SELECT watermark, confirmed FROM asset_watermarks").fetchone()
+    assert confirmed == claimed
+
+
+def test_a_statement_timeout_of_the_user_does_not_cancel_a_build(fresh_url):
+    """``PGOPTIONS=-c statement_timeout=...`` reaches the migration's session too; the concurrent
+    build, which waits for the open publish longer than that, is exempt."""
+    db.migrate(fresh_url, "0005")
+    _seed(fresh_url)
+    code = "import sys; from redelivery.db import migrate; migrate(sys.argv[1])"
+    env = {**os.environ, "PGOPTIONS": "-c statement_timeout=300"}
+    with db.connect(fresh_url) as open_tx:
+        _write_one(open_tx)
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, fresh_url], env=env, stderr=subprocess.PIPE, text=True
+        )
+        _wait_for_lock_wait(fresh_url)
+        time.sleep(1.0)  # longer than the statement_timeout
+        open_tx.commit()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
     assert revision(fresh_url) == db.head_revision()

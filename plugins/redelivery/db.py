@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -17,7 +18,6 @@ from tenacity import (
     retry_if_exception,
     retry_if_exception_type,
     stop_after_attempt,
-    stop_after_delay,
     wait_random,
     wait_random_exponential,
 )
@@ -85,7 +85,8 @@ def head_revision() -> str:
 #: Seconds a migration step waits for a table lock (lock_timeout) before it gives up and lets the
 #: writers queued behind its request go on; ``migrate`` then runs the migrations again.
 MIGRATION_LOCK_TIMEOUT_SECONDS = 2.0
-#: Seconds ``migrate`` keeps trying while a step cannot get its lock (a long transaction holds it).
+#: Seconds ``migrate`` keeps trying while a step cannot get its lock (a long transaction holds it)
+#: and the schema does not move.
 MIGRATION_DEADLINE_SECONDS = 900.0
 
 
@@ -111,9 +112,9 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
     Safe on a live state store: index builds on the big tables run CONCURRENTLY
     (``migrations/online.py``) and every other step waits at most
     ``MIGRATION_LOCK_TIMEOUT_SECONDS`` for a table lock, then the migrations run again after a
-    random wait (up to 10 s), for ``MIGRATION_DEADLINE_SECONDS``; past it the lock timeout is
-    raised (``sqlalchemy.exc.OperationalError``: a transaction has held the table that long, see
-    ``pg_stat_activity``)."""
+    random wait (up to 10 s), until the schema has not moved for ``MIGRATION_DEADLINE_SECONDS``;
+    then the lock timeout is raised (``sqlalchemy.exc.OperationalError``: a transaction has held
+    the table that long, see ``pg_stat_activity``)."""
     url = url or database_url()
     if revision == "head":
         with connect(url, autocommit=True) as conn:
@@ -126,10 +127,20 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
     from alembic import command
 
     cfg = alembic_config(url)
+    progress = {"revision": None, "since": time.monotonic()}
+
+    def stalled(retry_state) -> bool:
+        """Past the deadline since the schema last moved (a long concurrent build is progress)."""
+        with connect(url, autocommit=True) as conn:
+            current = conn.execute(S.SCHEMA_REVISION).fetchone()
+        if current != progress["revision"]:
+            progress.update(revision=current, since=time.monotonic())
+        return time.monotonic() - progress["since"] > MIGRATION_DEADLINE_SECONDS
+
     retrying = Retrying(
         retry=retry_if_exception(_lock_timed_out),
         wait=wait_random_exponential(multiplier=0.5, max=10),
-        stop=stop_after_delay(MIGRATION_DEADLINE_SECONDS),
+        stop=stalled,
         before_sleep=before_sleep_log(logging.getLogger(__name__), logging.WARNING),
         reraise=True,
     )

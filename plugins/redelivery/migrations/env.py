@@ -10,6 +10,7 @@ from redelivery.db import MIGRATION_LOCK_TIMEOUT_SECONDS
 SCHEMA = "redelivery"
 MIGRATION_LOCK = 7_424_001  # pg_advisory_lock key: one migrating process at a time
 LOCK_POLL_SECONDS = 0.5
+APPLICATION_NAME = "redelivery-migrate"
 
 
 def take_migration_lock(connection) -> None:
@@ -26,7 +27,17 @@ def take_migration_lock(connection) -> None:
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+    engine = create_engine(
+        context.config.get_main_option("sqlalchemy.url"),
+        connect_args={"application_name": APPLICATION_NAME},  # named in pg_stat_activity
+    )
+    try:
+        _run(engine)
+    finally:
+        engine.dispose()
+
+
+def _run(engine) -> None:
     with engine.connect() as connection:
         take_migration_lock(connection)
         # Taken after the advisory lock (a second migrating process waits for the first as long
@@ -49,7 +60,6 @@ def run_migrations_online() -> None:
             connection.rollback()  # a failed migration's transaction: the unlock needs a fresh one
             connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
             connection.commit()
-    engine.dispose()
 
 
 run_migrations_online()

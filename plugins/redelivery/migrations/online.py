@@ -42,18 +42,25 @@ def build_index(name: str, definition: str, *, replace: bool = False) -> None:
     index dropped CONCURRENTLY, then renamed (a SHARE UPDATE EXCLUSIVE lock: writes go on).
 
     Runs outside the migration's transaction (Alembic's autocommit block: what the migration did
-    before is committed first) and waits for open transactions as long as they last (no
-    lock_timeout for the build). Idempotent, so a migration cut off anywhere (a killed process, a
-    lock timeout) finishes on the next run: a cut-off build leaves ``<name>_build`` INVALID, which
-    is dropped and built again; a valid one whose old index is already gone is renamed; a valid
-    ``<name>`` is kept unless ``replace``. Raises ``ValueError`` for a name that is not a plain
-    lower-case identifier."""
+    before is committed first, so call it before the migration's other steps) and waits for open
+    transactions as long as they last (no lock_timeout or statement_timeout for the build).
+    Idempotent, so a migration cut off anywhere (a killed process, a lock timeout) finishes on
+    the next run: a cut-off build leaves ``<name>_build`` INVALID, which is dropped and built
+    again; a valid one whose old index is already gone is renamed; a valid ``<name>`` is kept
+    unless ``replace``. Raises ``ValueError`` for a name that is not a plain lower-case
+    identifier."""
     if not _NAME.fullmatch(name):
         raise ValueError(f"index name {name!r} is not a plain identifier")
     building = f"{name}_build"
     with op.get_context().autocommit_block():
-        timeout = op.get_bind().execute(text("SELECT current_setting('lock_timeout')")).scalar_one()
+        # No timeout for the build: a user's statement_timeout (PGOPTIONS) would cancel it halfway.
+        saved = (
+            op.get_bind()
+            .execute(text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"))
+            .one()
+        )
         op.execute("SET lock_timeout = 0")
+        op.execute("SET statement_timeout = 0")
         try:
             current, built = _index_state(name), _index_state(building)
             if built is True and current is None:  # cut off between the drop and the rename
@@ -66,5 +73,8 @@ def build_index(name: str, definition: str, *, replace: bool = False) -> None:
                 op.execute(f"CREATE INDEX CONCURRENTLY {building} ON {SCHEMA}.{definition}")
                 op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{name}")
         finally:
-            op.get_bind().execute(text("SELECT set_config('lock_timeout', :t, false)"), {"t": timeout})
+            restore = (
+                "SELECT set_config('lock_timeout', :l, false), set_config('statement_timeout', :s, false)"
+            )
+            op.get_bind().execute(text(restore), {"l": saved[0], "s": saved[1]})
         op.execute(f"ALTER INDEX {SCHEMA}.{building} RENAME TO {name}")

@@ -13,6 +13,16 @@ down_revision = "0004"
 
 
 def upgrade() -> None:
+    # Dead letters per DLQ, group, topic and reason from this narrow index (an index-only scan);
+    # dlq_messages rows carry the payloads and the attempt history. A plain build (PostgreSQL
+    # cannot build an index on a partitioned table CONCURRENTLY): dead-lettering waits for it. In a
+    # transaction of its own, before the ALTER below, whose lock on consumer_groups every publish
+    # and receive needs: that one is held for an instant, not for the build.
+    with op.get_context().autocommit_block():
+        op.execute(
+            "CREATE INDEX IF NOT EXISTS dlq_messages_reason"
+            " ON redelivery.dlq_messages (dlq_id, group_id, topic_id, reason)"
+        )
     op.execute("""
     SET LOCAL search_path TO redelivery;
 
@@ -36,10 +46,4 @@ def upgrade() -> None:
         updated_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (tier, metric)
     );
-
-    -- Dead letters per DLQ, group, topic and reason from this narrow index (an index-only scan);
-    -- dlq_messages rows carry the payloads and the attempt history. A plain build: PostgreSQL
-    -- cannot build an index on a partitioned table CONCURRENTLY, so dead-lettering waits for it
-    -- (the DLQ tables are small next to deliveries; receives, acks and publishes go on).
-    CREATE INDEX dlq_messages_reason ON dlq_messages (dlq_id, group_id, topic_id, reason);
     """)

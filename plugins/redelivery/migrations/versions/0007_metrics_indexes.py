@@ -19,7 +19,7 @@ down_revision = "0006"
 
 def upgrade() -> None:
     # Rebuilt under the same names, concurrently: writes to deliveries go on during each build, and
-    # the tier job's scans keep the old index until the new one takes its name.
+    # the old index serves the tier job's scans until it is dropped.
     build_index(
         "deliveries_waiting",
         "deliveries (delay_level, due_at) INCLUDE (group_id, topic_id) WHERE state = 'WAITING_RETRY'",
