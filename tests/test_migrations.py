@@ -104,20 +104,25 @@ def _migrating(url: str, target: str) -> tuple[threading.Thread, list]:
     return thread, outcome
 
 
-def _wait_for_lock_wait(url: str, timeout: float = 60.0) -> None:
-    """Until a session of the fresh database waits for a lock (the migration, behind the open
-    transaction)."""
+def _wait_for_sessions(url: str, condition: str, at_least: int, what: str, timeout: float = 60.0) -> None:
+    """Until ``at_least`` other sessions of the fresh database match ``condition`` (SQL on
+    ``pg_stat_activity``); else fail: ``what`` never happened."""
     deadline = time.monotonic() + timeout
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND " + condition
+    )
     with db.connect(url, autocommit=True) as conn:
         while time.monotonic() < deadline:
-            waiting = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-            ).fetchone()[0]
-            if waiting:
+            if conn.execute(query).fetchone()[0] >= at_least:
                 return
             time.sleep(0.05)
-    raise AssertionError("the migration never waited for the open transaction")
+    raise AssertionError(f"{what} never happened")
+
+
+def _wait_for_lock_wait(url: str) -> None:
+    """Until a session waits for a lock (the migration, behind the open transaction)."""
+    _wait_for_sessions(url, "wait_event_type = 'Lock'", 1, "the migration waiting for the open transaction")
 
 
 def _writer_gets_through(url: str, lock_timeout_ms: int) -> float:
@@ -200,25 +205,15 @@ def test_a_migration_killed_during_a_build_is_finished_by_the_next_run(fresh_url
     assert revision(fresh_url) == db.head_revision()
 
 
-def _migrating_process(url: str) -> subprocess.Popen:
+def _migrating_process(url: str, env: dict | None = None) -> subprocess.Popen:
     """``migrate`` in a process of its own (Alembic's context is global: one migration a process)."""
     code = "import sys; from redelivery.db import migrate; migrate(sys.argv[1])"
-    return subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", code, url], env=env, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_second_migrator(url: str, timeout: float = 60.0) -> None:
+def _wait_for_second_migrator(url: str) -> None:
     """Until a second migration session is connected (it then waits for the migration lock)."""
-    deadline = time.monotonic() + timeout
-    with db.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            sessions = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name = 'redelivery-migrate'"
-            ).fetchone()[0]
-            if sessions >= 2:
-                return
-            time.sleep(0.05)
-    raise AssertionError("the second migrating process never connected")
+    _wait_for_sessions(url, "application_name = 'redelivery-migrate'", 2, "a second migration session")
 
 
 def test_two_migrating_processes_while_a_build_waits(fresh_url):
@@ -263,13 +258,10 @@ def test_a_statement_timeout_of_the_user_does_not_cancel_a_build(fresh_url):
     build, which waits for the open publish longer than that, is exempt."""
     db.migrate(fresh_url, "0005")
     _seed(fresh_url)
-    code = "import sys; from redelivery.db import migrate; migrate(sys.argv[1])"
     env = {**os.environ, "PGOPTIONS": "-c statement_timeout=300"}
     with db.connect(fresh_url) as open_tx:
         _write_one(open_tx)
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, fresh_url], env=env, stderr=subprocess.PIPE, text=True
-        )
+        process = _migrating_process(fresh_url, env)
         _wait_for_lock_wait(fresh_url)
         time.sleep(1.0)  # longer than the statement_timeout
         open_tx.commit()
