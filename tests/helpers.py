@@ -51,6 +51,28 @@ def snapshot(conn) -> list:
     return [deliveries, dead, messages]
 
 
+def wait_for_session(url: str, condition: str, what: str, timeout: float = 60.0) -> None:
+    """Until another session of ``url``'s database matches ``condition`` (SQL on
+    ``pg_stat_activity``, e.g. ``"wait_event_type = 'Lock'"``): how a test knows that the other
+    side of a race is where it should be, instead of sleeping. Fails naming ``what`` after
+    ``timeout`` seconds."""
+    import time
+
+    from redelivery import db
+
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND " + condition
+    )
+    deadline = time.monotonic() + timeout
+    with db.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if conn.execute(query).fetchone()[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"{what} never happened within {timeout} s")
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

@@ -59,15 +59,13 @@ def waiting(client, topic_group):
     return client
 
 
-def return_value(run):
+def return_value(run, task_id="apply_window"):
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
         row = session.scalars(
-            XComModel.get_many(
-                run_id=run.run_id, dag_ids=run.dag_id, task_ids="apply_window", key="return_value"
-            )
+            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key="return_value")
         ).first()
         return XComModel.deserialize_value(row)
 
@@ -154,3 +152,26 @@ def test_the_redrive_dag_runs_a_large_selection_on_either_spark(
     )
     assert str(run.state).endswith("success")
     assert client.stats()["orders"]["billing"]["READY"] == 30
+
+
+@pytest.mark.spark
+def test_a_spark_submit_redrive_of_many_message_ids_is_not_one_long_argument(
+    dagbag, client, topic_group, spark_for_every_window, monkeypatch
+):
+    """Issue 16.7: 30,000 message ids are a request of about 200 KB, past Linux's 128 KiB limit on
+    one argument: the job reads its request from the state store by its run key."""
+    import json
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_REDELIVERY_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"})
+    )
+    client.publish("orders", [{"n": i} for i in range(30)])
+    client.reject("billing", client.receive("billing", "orders", 30, 30), error="bad")
+    ids = list(range(1_000_000, 1_030_000))[:-10] + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    run = dagbag.get_dag("dlq_redrive").test(
+        run_conf={"group": "billing", "dry_run": False, "rate_limit": None, "message_ids": ids}
+    )
+    assert str(run.state).endswith("success")
+    assert client.stats()["orders"]["billing"]["READY"] == 10
+    summary = return_value(run, "redrive")
+    assert (summary["engine"], summary["matched"], summary["moved"]) == ("spark-submit", 10, 10)

@@ -103,6 +103,27 @@ def inflight(client, topic_group):
             MalformedMessageError,
             "u0000",
         ),
+        # keys and property names PostgreSQL's text cannot hold: NUL, a lone surrogate (not UTF-8)
+        (
+            lambda c, m: c.publish("orders", [{"n": 1}, Message({}, key="k\x00")]),
+            MalformedMessageError,
+            r"message 1: key has a \\u0000",
+        ),
+        (
+            lambda c, m: c.publish("orders", [{"n": 1}, Message({}, key="k\ud800")]),
+            MalformedMessageError,
+            "message 1: key has a lone surrogate",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message({}, properties={"\udc80": "v"})]),
+            MalformedMessageError,
+            "message 0: property name .* lone surrogate",
+        ),
+        (
+            lambda c, m: c.publish("orders", [Message({}, properties={"p": "\udc80"})]),
+            MalformedMessageError,
+            "message 0: property 'p' has a lone surrogate",
+        ),
         (lambda c, m: c.publish("orders", [Message("NaN", content_type=JSON)]), MalformedMessageError, "NaN"),
         (
             lambda c, m: c.publish("orders", [Message({}, properties=[("a", "b")])]),
@@ -190,3 +211,55 @@ def test_a_json_body_is_accepted_exactly_when_postgresql_takes_it(database_url, 
     except ValueError:
         python = False
     assert python == postgresql
+
+
+@pytest.fixture()
+def empty_database(database_url):
+    """A new, empty database on the test server (no schema at all); dropped afterwards."""
+    import uuid
+    from urllib.parse import urlsplit
+
+    from psycopg import sql
+
+    from redelivery import db
+
+    name = f"redelivery_empty_{uuid.uuid4().hex[:8]}"
+    with db.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield urlsplit(database_url)._replace(path=f"/{name}").geturl()
+    finally:
+        with db.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_a_client_on_a_database_never_migrated_says_to_run_the_upgrade(empty_database):
+    """A library does not change a schema behind its caller's back: it refuses, saying how."""
+    from redelivery import db
+    from redelivery.client import Client
+    from redelivery.errors import RedeliveryError, SchemaNotMigratedError
+
+    with pytest.raises(SchemaNotMigratedError, match="redelivery db upgrade") as refused:
+        Client(empty_database)
+    assert isinstance(refused.value, RedeliveryError) and "\n" not in str(refused.value)
+    assert "no redelivery schema" in str(refused.value)
+    with db.connect(empty_database, autocommit=True) as conn:  # and it created nothing
+        assert conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'redelivery%'"
+        ).fetchone() == (0,)
+
+
+def test_a_client_on_an_older_schema_names_its_revision_and_the_upgrade(empty_database):
+    from redelivery import db
+    from redelivery.client import Client
+    from redelivery.errors import SchemaNotMigratedError
+
+    db.migrate(empty_database, revision="0007")
+    with pytest.raises(
+        SchemaNotMigratedError,
+        match=f"at revision 0007, but this version needs {db.head_revision()}: run `redelivery db upgrade`",
+    ):
+        Client(empty_database)
+    db.migrate(empty_database)  # what the message says to do
+    with Client(empty_database) as client:
+        assert client.stats() == {}

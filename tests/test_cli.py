@@ -150,3 +150,74 @@ def test_publish_of_a_file_that_is_not_utf8_is_refused(clean_db, tmp_path):
     latin.write_bytes('{"name": "Zoë"}\n'.encode("latin-1"))
     done = run("publish", "orders", str(latin), database_url=clean_db)
     assert done.returncode == 2 and "not UTF-8" in done.stderr and "Traceback" not in done.stderr
+
+
+def _one_error_line(done) -> str:
+    """The one line a refused command prints: ``error: ...`` on stderr, nothing on stdout."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "Usage:" not in done.stderr and "╭" not in done.stderr  # never Typer's usage box
+    return done.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["dlq", "list", "--group", "billing", "--limit", "0"], "--limit"),
+        (["dlq", "list", "--group", "billing", "--limit", "many"], "--limit"),
+        (["redrive", "--group", "billing", "--rate-limit", "0"], "--rate-limit"),
+        (["redrive", "--group", "billing", "--from", "notatime"], "--from"),
+        (["redrive", "--group", "billing", "--max-messages", "0"], "--max-messages"),
+        (["redrive", "--group", "billing", "--reason", "OOPS"], "reasons"),
+        (["redrive"], "--group"),  # a missing option
+        (["dlq", "count", "--group", "billing", "--no-such-option"], "--no-such-option"),
+        (["no-such-command"], "no-such-command"),
+        (["tier", "run", "seconds", "--window-end", "yesterday"], "--window-end"),
+        (["create-group", "billing", "--max-reconsume-times", "lots"], "--max-reconsume-times"),
+        (["policy", "show", "--topic", "orders"], "--group"),
+    ],
+)
+def test_a_usage_error_is_one_line_with_status_2(clean_db, args, needle):
+    """Every parameter Typer or Click refuses, whatever the command and option: ``error: ...`` in
+    one line, exit 2, nothing changed (README: every bad input)."""
+    from helpers import snapshot
+    from redelivery import db
+
+    run("create-topic", "orders", database_url=clean_db)
+    with db.connect(clean_db) as conn:
+        before = snapshot(conn)
+    line = _one_error_line(run(*args, database_url=clean_db))
+    assert needle in line
+    with db.connect(clean_db) as conn:
+        assert snapshot(conn) == before
+
+
+def test_help_is_still_help(clean_db):
+    done = run("dlq", "list", "--help", database_url=clean_db)
+    assert done.returncode == 0 and "--limit" in done.stdout and not done.stderr.startswith("error")
+    done = run("dlq", database_url=clean_db)  # a group without a command shows its help
+    assert done.returncode == 2 and "list" in done.stdout + done.stderr and "error:" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ('{"body": {"n": 2}, "key": "a\\u0000b"}', r"message 1: key has a \u0000"),
+        ('{"body": {"n": 2}, "key": "a\\ud800"}', "message 1: key has a lone surrogate"),
+        ('{"body": {"n": 2}, "properties": {"\\ud800": "v"}}', "message 1: property name"),
+        (
+            '{"body": {"n": 2}, "properties": {"p": "\\udfff"}}',
+            "message 1: property 'p' has a lone surrogate",
+        ),
+    ],
+)
+def test_a_key_or_property_postgresql_cannot_store_is_one_line_and_publishes_nothing(clean_db, line, needle):
+    run("create-topic", "orders", database_url=clean_db)
+    stdin = '{"body": {"n": 1}, "key": "fine"}\n' + line + "\n"
+    error = _one_error_line(run("publish", "orders", "--envelope", stdin=stdin, database_url=clean_db))
+    assert needle in error
+    from redelivery import db
+
+    with db.connect(clean_db) as conn:
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0

@@ -43,6 +43,34 @@ def test_malformed_messages_name_their_index(message, needle):
         encode(message, 3)
 
 
+@pytest.mark.parametrize(
+    "message,needle",
+    [
+        (Message({}, key="a\x00b"), r"message 3: key has a \\u0000 character"),
+        (Message({}, key="a\ud800"), r"message 3: key has a lone surrogate \('\\ud800'\) at character 1"),
+        (Message({}, key="\udfffb"), r"message 3: key has a lone surrogate \('\\udfff'\) at character 0"),
+        (
+            Message({}, properties={"p\udc00": "v"}),
+            r"message 3: property name 'p\\udc00' has a lone surrogate",
+        ),
+        (Message({}, properties={"p": "x\ud800"}), r"message 3: property 'p' has a lone surrogate"),
+        (Message({}, properties={"p\x00": "v"}), r"message 3: property 'p\\x00' has a \\u0000"),
+    ],
+)
+def test_a_key_or_property_postgresql_cannot_store_is_malformed(message, needle):
+    """PostgreSQL's text holds neither NUL nor a lone surrogate (not UTF-8): the message is refused
+    naming its index and the field, not by psycopg or orjson on the way in. The error text itself
+    is printable (the surrogate escaped), so the CLI can print it."""
+    with pytest.raises(MalformedMessageError, match=needle) as refused:
+        encode(message, 3)
+    str(refused.value).encode()  # printable as UTF-8
+
+
+def test_keys_and_properties_outside_ascii_are_kept():
+    message = Message({}, key="clé-✓-😀", properties={"région": "Île-de-France 😀"})
+    assert encode(message) == ("clé-✓-😀", b"{}", JSON, {"région": "Île-de-France 😀"})
+
+
 def test_retry_properties_only_on_redeliveries():
     assert retry_properties(
         {"a": "1"}, topic="t", origin_message_id=7, retry_topic="%RETRY%g", reconsume_times=0

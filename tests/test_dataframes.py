@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
-from helpers import snapshot
+from helpers import configured, snapshot
 from redelivery.client import Message, Outcome
 from redelivery.codec import Receipt
 from redelivery.errors import ForeignReceiptError
@@ -112,3 +112,108 @@ def test_client_settle_is_all_or_nothing(client, topic_group):
         ],
     )
     assert done == {"acked": 1, "retried": 1, "dead_lettered": 0, "stale": 0}
+
+
+def leased_outcomes(client, any_spark, database_url, bad_outcome: dict):
+    """40 leased messages as outcomes in 4 partitions: all acks but one row of the last partition,
+    which gets ``bad_outcome``'s columns."""
+    from redelivery.spark.session import functions_for
+
+    client.publish("orders", [{"n": i} for i in range(40)])
+    leased = lease(any_spark, "billing", "orders", max_messages=40, url=database_url)
+    F = functions_for(leased)  # noqa: N806
+    last = client.conn.execute("SELECT max(message_id) FROM deliveries").fetchone()[0]
+    is_bad = F.col("message_id") == F.lit(last)
+    columns = {
+        "outcome": F.lit("ack"),
+        "error": F.lit(None).cast("string"),
+        "delay": F.lit(None),
+        "level": F.lit(None),
+    }
+    for name, value in bad_outcome.items():
+        columns[name] = F.when(is_bad, F.lit(value)).otherwise(columns[name])
+    outcomes = leased.repartitionByRange(4, "message_id").select(
+        "message_id", "delivery_count", *[v.alias(k) for k, v in columns.items()]
+    )
+    return outcomes, last
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"outcome": "maybe"}, "unknown outcome 'maybe'"),
+        ({"outcome": "retry", "delay": 0}, "delay"),
+        ({"outcome": "retry", "delay": 864_001}, "delay"),
+        ({"outcome": "retry", "delay": 10, "level": 2}, "not both"),
+        ({"outcome": "retry", "level": 99}, "level"),
+        ({"outcome": "retry", "error": "nul \x00 inside"}, "NUL"),
+    ],
+)
+def test_settle_refuses_a_bad_outcome_row_before_any_partition_commits(
+    client, topic_group, database_url, spark, bad, error
+):
+    """Issue 16.3a: one bad row in the last partition: one clear error naming its message, and the
+    good partitions settle nothing (before: they committed, and the bad one failed as a Spark task
+    after its retries)."""
+    configured(
+        client, {"topic": "orders", "backoff": {"kind": "levels", "levels": "10s 30s"}}, broker="pulsar"
+    )
+    outcomes, bad_id = leased_outcomes(client, spark, database_url, bad)
+    before = snapshot(client.conn)
+    with pytest.raises(ValueError, match=error) as raised:
+        settle(outcomes, "billing", "orders", url=database_url, config=client.config)
+    assert f"message {bad_id}" in str(raised.value) and "\n" not in str(raised.value)
+    assert snapshot(client.conn) == before
+
+
+def test_receipts_of_another_topic_are_refused_before_anything_changes(
+    client, topic_group, database_url, spark
+):
+    """Issue 16.3b: receipts naming a topic their messages are not of: refused, not half applied."""
+    client.create_topic("refunds")
+    client.subscribe("billing", "refunds")
+    client.publish("orders", [{"n": 1}, {"n": 2}])
+    a, b = client.receive("billing", "orders", 2, 30)
+    before = snapshot(client.conn)
+    wrong = Receipt(b.message_id, b.delivery_count, "refunds", "billing")
+    with pytest.raises(ForeignReceiptError, match="topic"):
+        client.settle("billing", [Outcome(a, "ack"), Outcome(wrong, "retry")])
+    from dataclasses import replace
+
+    for call in (client.ack, client.nack, client.reject):
+        with pytest.raises(ForeignReceiptError, match="topic"):
+            call("billing", [a, replace(b, topic="refunds")])
+    assert snapshot(client.conn) == before
+    leased = lease(spark, "billing", "refunds", url=database_url)  # nothing READY there: empty
+    assert leased.count() == 0
+    outcomes = spark.createDataFrame(
+        [(a.message_id, a.delivery_count, "ack"), (b.message_id, b.delivery_count, "retry")],
+        "message_id long, delivery_count int, outcome string",
+    ).repartition(2)
+    with pytest.raises(ForeignReceiptError, match="topic"):
+        settle(outcomes, "billing", "refunds", url=database_url)
+    assert snapshot(client.conn) == before
+
+
+def test_settle_evaluates_the_outcomes_once(client, topic_group, database_url, any_spark, tmp_path):
+    """Issue 16.3c: a UDF with a side effect (a line per call in a file) runs once per row, though
+    settle checks every row (and the group) before it settles."""
+    from redelivery.spark.session import functions_for
+
+    calls = tmp_path / "calls"
+    calls.touch()
+    calls.chmod(0o666)
+    client.publish("orders", [{"n": i} for i in range(20)])
+    leased = lease(any_spark, "billing", "orders", max_messages=20, url=database_url)
+    F = functions_for(leased)  # noqa: N806
+
+    def decide(message_id):  # what settle checks: an uncached plan checked, then settled, runs it twice
+        with open(str(calls), "a") as fh:
+            fh.write(f"{message_id}\n")
+        return "ack"
+
+    outcomes = leased.select(
+        "group", "message_id", "delivery_count", F.udf(decide, "string")("message_id").alias("outcome")
+    )
+    assert settle(outcomes.repartition(3), "billing", "orders", url=database_url)["acked"] == 20
+    assert len(calls.read_text().split()) == 20

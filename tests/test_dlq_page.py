@@ -189,3 +189,16 @@ def test_a_refusal_is_one_line_naming_what_failed():
         text = one_line(f"Invalid input for param p: {refused.value}")
         assert "\n" not in text and len(text) <= 300 and text.endswith(end), text
         assert text.startswith("Invalid input for param p: ")
+
+
+def test_the_dry_run_form_offers_undecodable(client, topic_group):
+    """A group whose dead letters are UNDECODABLE (a body Python cannot decode) can dry-run them."""
+    [mid] = client.publish("orders", [{"n": 1}])
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(%s::jsonb::text, 'UTF8') WHERE id = %s",
+        ("[" * 3000 + "]" * 3000, mid),
+    )
+    assert client.receive("billing", "orders", 1, 30) == []  # dead-lettered UNDECODABLE
+    html = render(page_data(client.conn))
+    [form] = re.findall(r'<form class="redrive".*?</form>', html, re.S)
+    assert '<option value="UNDECODABLE">UNDECODABLE (in this group)</option>' in form

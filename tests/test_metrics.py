@@ -151,7 +151,7 @@ def test_counters_go_up_by_exactly_each_change_and_never_for_a_rerun_or_a_dry_ru
     assert (again["promoted"], other["promoted"], dry["promoted"]) == (0, 0, 1)
     assert (
         redrive(RedriveRequest(group="billing"), run_key="r-dry", url=database_url, log=lambda *_: None)[
-            "selected"
+            "matched"
         ]
         == 1
     )

@@ -120,7 +120,7 @@ def test_redrive_from_the_trigger_form_dry_run_then_real(airflow, browser, dead_
     assert run["state"] == "success" and run["conf"]["dry_run"] is False
     assert dlq_state(dead_letters)["READY"] == 30 and dlq_state(dead_letters)["DLQ"] == 0
     audit = dead_letters.conn.execute(
-        "SELECT run_key, triggered_by, dry_run, status, selected, moved FROM redrive_runs ORDER BY id"
+        "SELECT run_key, triggered_by, dry_run, status, matched, moved FROM redrive_runs ORDER BY id"
     ).fetchall()
     assert [(a[2], a[3], a[4], a[5]) for a in audit] == [(True, "success", 30, 0), (False, "success", 30, 30)]
     assert audit[1][0] == f"dlq_redrive/{run['dag_run_id']}" and audit[1][1]  # who triggered it
@@ -379,7 +379,7 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
     }
     assert dlq_state(charted) == {"READY": 5, "INFLIGHT": 7, "WAITING_RETRY": 10, "COMMITTED": 3, "DLQ": 10}
     audit = charted.conn.execute(
-        "SELECT run_key, triggered_by, dry_run, status, selected, moved FROM redrive_runs"
+        "SELECT run_key, triggered_by, dry_run, status, matched, moved FROM redrive_runs"
     ).fetchall()
     assert (
         audit == [(f"dlq_redrive/{run['dag_run_id']}", audit[0][1], True, "success", 10, 0)] and audit[0][1]

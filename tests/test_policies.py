@@ -109,6 +109,35 @@ def test_artemis_collision_avoidance_reproduces_the_seed_example():
     assert min(samples) >= 0.5 and max(samples) <= 1.5 and len(set(samples)) > 100
 
 
+#: The longest wait the config accepts, with the largest collision avoidance (Artemis, seeds/004).
+LONGEST_JITTERED = {
+    "backoff": {
+        "kind": "exponential",
+        "redelivery_delay_ms": 864_000_000,
+        "redelivery_delay_multiplier": 1.0,
+        "redelivery_collision_avoidance_factor": 1.0,
+    }
+}
+
+
+def test_collision_avoidance_never_waits_longer_than_864000_seconds():
+    """README: one wait at most 864,000 s. The config takes this policy, whose waits moved up by
+    collision avoidance would reach ~1,727,000 s: they are cut to 864,000 s."""
+    import random
+
+    p = policy("artemis", "orders", "billing", LONGEST_JITTERED)
+    assert p.base_delay(1) == 864_000
+    assert p.delay(1, Draws(0.9, 0.999)) == 864_000  # up: cut
+    assert p.delay(1, Draws(0.1, 0.5)) == 432_000  # down: as Artemis computes it
+    samples = [p.delay(n, random.Random(n)) for n in range(1, 400)]
+    assert max(samples) == 864_000 and min(samples) > 0
+    assert len({s for s in samples if s < 864_000}) > 100  # below the bound the jitter is kept
+    from redelivery import statements as S
+    from redelivery.levels import MAX_DELAY_SECONDS
+
+    assert MAX_DELAY_SECONDS == 864_000 and S.NEXT_DELAY.rstrip().endswith(", 864000)")  # SQL's bound
+
+
 def test_rocketmq_broker_rule_delay_level_is_3_plus_reconsume_times():
     p = policy("rocketmq", "orders", "billing", {"backoff": {"kind": "rocketmq_broker"}})
     # 18-level string 1s 5s 10s 30s 1m ...: retry 1 (reconsume times 0) is level 3 = 10s; level 18 = 2h

@@ -65,6 +65,41 @@ def test_lease_expiry_follows_the_policy(client, topic_group, database_url):
     assert due_and_level(client, mid) == (at(23), 1)
 
 
+def test_a_jittered_wait_in_sql_is_at_most_864000_seconds(client, topic_group, database_url):
+    """The nack's wait is computed in SQL (statements.NEXT_DELAY, collision avoidance included), as
+    is a lease expiry's: both hold README's bound of one wait at most 864,000 s for the longest
+    policy the config takes (delay 864,000,000 ms, collision avoidance factor 1.0)."""
+    from redelivery.spark.tier_job import run_tier_window
+
+    config = configured(
+        client,
+        {
+            "backoff": {
+                "kind": "exponential",
+                "redelivery_delay_ms": 864_000_000,
+                "redelivery_delay_multiplier": 1.0,
+                "redelivery_collision_avoidance_factor": 1.0,
+            }
+        },
+        broker="artemis",
+    )
+    ids = client.publish("orders", [{"n": i} for i in range(200)], at=at(0))
+    got = client.receive("billing", "orders", 200, 30, at=at(0))
+    client.nack("billing", got[:100], error="nope", at=at(0))  # 100 waits computed by the nack
+    summary = run_tier_window(
+        tier="seconds", window_end=at(30), run_key="jitter", url=database_url, config=config
+    )
+    assert summary["retried_after_lease_expiry"] == 100  # 100 by the lease expiry, from at(30)
+    waits = client.conn.execute(
+        """SELECT extract(epoch FROM due_at - CASE WHEN message_id = ANY(%s) THEN %s ELSE %s END)::float8
+           FROM deliveries WHERE state = 'WAITING_RETRY'""",
+        ([m.message_id for m in got[:100]], at(0), at(30)),
+    ).fetchall()
+    assert len(waits) == len(ids)
+    assert max(w for (w,) in waits) == 864_000  # P(no wait drawn above it) = 2**-200
+    assert min(w for (w,) in waits) > 0
+
+
 def test_negative_level_dead_letters_and_explicit_levels_follow_the_policy(client, topic_group):
     configured(client, {"explicit_levels": "1s 5s 10s", "dead_letter": {"style": "pulsar"}}, broker="pulsar")
     client.publish("orders", [{"n": 1}, {"n": 2}], at=at(0))

@@ -157,6 +157,43 @@ def test_a_body_postgresql_refuses_publishes_nothing_from_spark(
         assert client.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize(
+    "key,properties,needle",
+    [
+        ("k\x00", None, r"key has a \\u0000"),
+        ("k", '{"\\ud800": "v"}', r"property name '\\ud800' has a lone surrogate"),
+        ("k", '{"p": "\\udfff"}', "property 'p' has a lone surrogate"),
+    ],
+    ids=["NUL in the key", "lone surrogate in a property name", "lone surrogate in a property value"],
+)
+def test_a_key_or_property_postgresql_cannot_store_publishes_nothing_from_spark(
+    client, topic_group, database_url, any_spark, key, properties, needle
+):
+    """Checked in the task as bodies are (one MalformedMessageError naming the row, from the
+    driver), not found by PostgreSQL in the COPY, which failed the task and Spark retried it."""
+    df = any_spark.createDataFrame(
+        [('{"n": 1}', "fine", '{"a": "b"}'), ('{"n": 2}', key, properties)],
+        "body string, key string, properties string",
+    ).coalesce(1)
+    with pytest.raises(MalformedMessageError, match=f"partition 0 message 1: {needle}"):
+        publish_dataframe(df, "orders", "batch-bad-key", url=database_url)
+    assert count_messages(client) == 0
+    for table in ("publish_staging", "publish_parts", "publish_batches"):
+        assert client.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
+
+
+def test_a_spark_string_that_is_not_utf8_publishes_nothing(client, topic_group, database_url, any_spark):
+    """A Spark string can hold bytes that are not UTF-8 (a lone surrogate as Java writes it, ED A0
+    80): the task names the row and field instead of failing on the decode, which Spark retried."""
+    df = any_spark.createDataFrame(
+        [('{"n": 1}', bytearray(b"fine")), ('{"n": 2}', bytearray(b"k\xed\xa0\x80"))], "body string, k binary"
+    ).coalesce(1)
+    df = df.selectExpr("body", "CAST(k AS STRING) AS key")
+    with pytest.raises(MalformedMessageError, match="partition 0 message 1: key is not UTF-8 text"):
+        publish_dataframe(df, "orders", "batch-not-utf8", url=database_url)
+    assert count_messages(client) == 0
+
+
 def test_bad_properties_publish_nothing_from_spark(client, topic_group, database_url, any_spark):
     df = any_spark.createDataFrame(
         [('{"n": 1}', '{"a": "b"}'), ('{"n": 2}', '{"RECONSUMETIMES": "3"}')],

@@ -105,6 +105,41 @@ def test_an_undecodable_body_is_dead_lettered_and_never_strands_its_batch(
     assert dead["attempts"][-1]["outcome"] == "undecodable"
 
 
+def test_an_undecodable_dead_letter_is_selected_by_its_reason(client, topic_group, database_url):
+    """README lists UNDECODABLE among the redrive reasons: the filter, the redrive and the CLI take it."""
+    import json
+
+    from redelivery.dead_letters import DlqFilter, count
+
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}])
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(%s::jsonb::text, 'UTF8') WHERE id = %s",
+        ("[" * 3000 + "]" * 3000, ids[1]),
+    )
+    [other] = client.receive("billing", "orders", 10, 30)  # ids[1] is dead-lettered UNDECODABLE
+    client.reject("billing", other, error="schema violation")  # and ids[0] REJECTED
+    only = DlqFilter(group="billing", reasons=["UNDECODABLE"])
+    assert count(client.conn, only) == 1
+    assert count(client.conn, DlqFilter(group="billing", reasons=["UNDECODABLE", "REJECTED"])) == 2
+    before = snapshot(client.conn)
+    request = RedriveRequest(group="billing", reasons=["UNDECODABLE"], dry_run=True)
+    result = redrive(request, run_key="undecodable-dry", url=database_url)
+    assert result["matched"] == 1 and result["moved"] == 0
+    assert [row["message_id"] for row in result["sample"]] == [ids[1]]
+    assert snapshot(client.conn) == before  # a dry run
+    done = run_cli(
+        "dlq", "count", "--group", "billing", "--reason", "UNDECODABLE", "--json", database_url=database_url
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["count"] == 1
+    done = run_cli(
+        "redrive", "--group", "billing", "--reason", "UNDECODABLE", "--json", database_url=database_url
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["dry_run"] is True
+    assert snapshot(client.conn) == before
+
+
 def test_an_ack_that_meets_a_deadlock_is_retried(client, topic_group, clean_db):
     """The ack locks its rows in message-id order; another transaction that locks them the other
     way round makes PostgreSQL abort one of the two: the ack then runs again and succeeds."""

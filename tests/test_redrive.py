@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helpers import at, snapshot
+from helpers import at, configured, snapshot, wait_for_session
 from redelivery.dead_letters import DlqFilter, count, select, summary
 from redelivery.errors import RedeliveryError, UnknownGroupError, UnknownTopicError
 from redelivery.redrive import RedriveRequest, redrive
@@ -83,14 +83,11 @@ def test_dry_run_changes_nothing_and_samples(dead, database_url):
         log=lambda *_: None,
     )
     assert (
-        result["dry_run"]
-        and result["selected"] == 10
-        and result["moved"] == 0
-        and len(result["sample"]) == 10
+        result["dry_run"] and result["matched"] == 10 and result["moved"] == 0 and len(result["sample"]) == 10
     )
     assert snapshot(dead.conn) == before
     audit = dead.conn.execute(
-        "SELECT dry_run, status, selected, moved FROM redrive_runs WHERE run_key = 'dry-1'"
+        "SELECT dry_run, status, matched, moved FROM redrive_runs WHERE run_key = 'dry-1'"
     ).fetchone()
     assert audit == (True, "success", 10, 0)
 
@@ -103,7 +100,7 @@ def test_real_run_moves_in_batches_restores_the_retry_budget_and_audits(dead, da
         url=database_url,
         log=lambda *_: None,
     )
-    assert (result["status"], result["selected"], result["moved"], result["triggered_by"]) == (
+    assert (result["status"], result["matched"], result["moved"], result["triggered_by"]) == (
         "success",
         10,
         10,
@@ -136,7 +133,7 @@ def test_real_run_moves_in_batches_restores_the_retry_budget_and_audits(dead, da
         url=database_url,
         log=lambda *_: None,
     )
-    assert (again["selected"], again["moved"]) == (0, 0)
+    assert (again["matched"], again["moved"]) == (0, 0)
 
 
 def test_keep_counts_max_messages_and_rate_limit(dead, database_url):
@@ -278,7 +275,7 @@ def test_cli_redrive_dry_run_by_default_then_execute(dead, clean_db):
         env=env,
     )
     assert dry.returncode == 0, dry.stderr
-    assert json.loads(dry.stdout)["selected"] == 30 and states(dead)["orders"]["DLQ"] == 30
+    assert json.loads(dry.stdout)["matched"] == 30 and states(dead)["orders"]["DLQ"] == 30
     done = subprocess.run(
         [
             CLI,
@@ -452,3 +449,107 @@ def test_a_stopped_run_resumes_under_its_key(dead, database_url):
     second = redrive(request, run_key="resume", url=database_url, log=lambda *_: None)
     assert (second["status"], second["moved"]) == ("success", 30)
     assert states(dead)["orders"]["READY"] == 30
+
+
+def run_row(conn, run_key):
+    return conn.execute(
+        "SELECT status, dry_run, finished_at, filter, moved FROM redrive_runs WHERE run_key = %s", (run_key,)
+    ).fetchone()
+
+
+def test_a_refused_redrive_changes_nothing_and_the_dry_run_stays_dry(dead, database_url):
+    """Issue 16.1: a call refused for its run key must not rewrite the run, and the original dry run
+    under that key, repeated, must still move nothing."""
+    dry = RedriveRequest(group="billing", topic="refunds")
+    redrive(dry, run_key="k", url=database_url, log=lambda *_: None)
+    before_run, before_state = run_row(dead.conn, "k"), snapshot(dead.conn)
+    with pytest.raises(RedeliveryError, match="another selection"):
+        redrive(RedriveRequest(group="billing", topic="orders", dry_run=False), run_key="k", url=database_url)
+    assert run_row(dead.conn, "k") == before_run
+    again = redrive(dry, run_key="k", url=database_url, log=lambda *_: None)
+    assert (again["dry_run"], again["moved"]) == (True, 0)
+    assert snapshot(dead.conn) == before_state
+
+
+def test_a_dry_run_under_the_key_of_a_real_run_moves_nothing(dead, database_url):
+    """A real run stopped between batches, then a dry run under its key: refused, nothing moves and
+    the run keeps its status (a dry run must never move anything)."""
+    real = RedriveRequest(group="billing", topic="orders", rate_limit=10, dry_run=False)
+    calls = []
+    stopped = redrive(
+        real, run_key="r", url=database_url, log=lambda *_: None,
+        should_stop=lambda: calls.append(1) or len(calls) > 1,
+    )  # fmt: skip
+    assert (stopped["status"], stopped["moved"]) == ("stopped", 10)
+    before_run, before_state = run_row(dead.conn, "r"), snapshot(dead.conn)
+    with pytest.raises(RedeliveryError, match="dry run"):
+        redrive(RedriveRequest(group="billing", topic="orders", rate_limit=10), run_key="r", url=database_url)
+    assert run_row(dead.conn, "r") == before_run
+    assert snapshot(dead.conn) == before_state
+
+
+def ready(conn, group, topic):
+    return conn.execute(
+        "SELECT count(*) FROM deliveries d JOIN topics t ON t.id = d.topic_id"
+        " JOIN consumer_groups g ON g.id = d.group_id"
+        " WHERE g.name = %s AND t.name = %s AND d.state = 'READY'",
+        (group, topic),
+    ).fetchone()[0]
+
+
+def test_redrive_keeps_a_ready_backlog_cap(dead, database_url):
+    """Issue 16.2: 30 dead letters of orders into group billing capped at 5 READY (2 already READY):
+    3 move, oldest first, the rest stay in the DLQ and are reported; uncapped refunds all move."""
+    config = configured(dead, {"topic": "orders", "group": "billing", "max_ready_backlog": 5})
+    dead.publish("orders", [{"late": i} for i in range(2)], at=at(200))
+    result = redrive(
+        RedriveRequest(group="billing", rate_limit=None, dry_run=False),
+        run_key="capped", url=database_url, log=lambda *_: None, config=config,
+    )  # fmt: skip
+    assert ready(dead.conn, "billing", "orders") == 5
+    assert ready(dead.conn, "billing", "refunds") == 10
+    assert (result["moved"], result["held_by_backlog_cap"], result["status"]) == (13, 27, "success")
+    moved = [r[0] for r in dead.conn.execute("SELECT message_id FROM redrive_moves ORDER BY message_id")]
+    assert moved[:3] == [1, 2, 3]  # oldest first
+    assert count(dead.conn, DlqFilter(group="billing", topic="orders")) == 27
+
+
+def test_redrive_to_another_topic_keeps_its_groups_caps(dead, database_url):
+    """A copy fans out to every group of the destination: a capped one there is kept at its cap."""
+    dead.create_topic("archive")
+    dead.create_group("auditors")
+    dead.subscribe("auditors", "archive")
+    dead.create_group("free")
+    dead.subscribe("free", "archive")
+    config = configured(dead, {"topic": "archive", "group": "auditors", "max_ready_backlog": 4})
+    result = redrive(
+        RedriveRequest(group="billing", topic="orders", destination_topic="archive", rate_limit=None,
+                       dry_run=False),
+        run_key="to-archive", url=database_url, log=lambda *_: None, config=config,
+    )  # fmt: skip
+    assert (result["moved"], result["held_by_backlog_cap"]) == (4, 26)
+    assert ready(dead.conn, "auditors", "archive") == 4
+    assert ready(dead.conn, "free", "archive") == 4
+
+
+def test_a_capped_redrive_and_a_publish_at_once_never_pass_the_cap(dead, database_url):
+    """The cap is checked under the topic's backlog lock, as publish and tier runs do: a redrive
+    that starts while a publish holds the lock waits for it, then counts its messages."""
+    config = configured(dead, {"topic": "orders", "group": "billing", "max_ready_backlog": 5})
+    request = RedriveRequest(group="billing", topic="orders", rate_limit=None, dry_run=False)
+    results = []
+    worker = threading.Thread(
+        target=lambda: results.append(
+            redrive(request, run_key="race", url=database_url, log=lambda *_: None, config=config)
+        )
+    )
+    with dead.conn.transaction():  # the publish's transaction, held open with the backlog lock
+        dead.publish("orders", [{"racing": 1}], retry=False)
+        worker.start()
+        wait_for_session(
+            database_url, "wait_event_type = 'Lock' AND query LIKE '%ADVISORY_XACT_LOCK%'",
+            "the redrive waiting for the publish's backlog lock",
+        )  # fmt: skip
+    worker.join(30)
+    assert results and (results[0]["moved"], results[0]["held_by_backlog_cap"]) == (4, 26)
+    assert ready(dead.conn, "billing", "orders") == 5

@@ -2,6 +2,7 @@
 never run ahead of the database's clock, the level table cannot shrink under waiting messages,
 nothing leaks, deleting a topic races with nothing, the embedded database needs its password."""
 
+import json
 import os
 import stat
 import threading
@@ -120,6 +121,36 @@ def test_cleanup_deletes_only_what_is_past_its_retention(client, topic_group, da
     assert len(again) == 2 and first not in again
     assert client.publish("orders", [{"n": 3}, {"n": 4}], batch_id="old") == again  # and only it replays
     assert client.stats()["orders"]["billing"]["READY"] == 4
+
+
+def test_settle_markers_have_their_own_retention(client, topic_group, database_url, tmp_path):
+    """Settle markers (``settle_parts``: a Spark task's part settled once) are kept for
+    ``retention.settle_markers``, not for the tier runs' setting (default: 7d, as before)."""
+    from helpers import run_cli
+    from redelivery.client import Outcome
+
+    assert RedeliveryConfig().retention.settle_markers == "7d"
+    client.publish("orders", [{"n": 1}, {"n": 2}, {"n": 3}])
+    for part, got in enumerate(client.receive("billing", "orders", 3, 30)):
+        assert client.settle("billing", [Outcome(got, "ack")], marker=("spark-run", part))["acked"] == 1
+    client.conn.execute("UPDATE settle_parts SET settled_at = now() - interval '3 days' WHERE part = 0")
+    client.conn.execute("UPDATE settle_parts SET settled_at = now() - interval '30 hours' WHERE part = 1")
+
+    def parts():
+        return [p for (p,) in client.conn.execute("SELECT part FROM settle_parts ORDER BY part")]
+
+    # tier runs kept for a day only: the markers keep their own (default) 7 days
+    config = RedeliveryConfig(retention={"tier_runs": "1d"})
+    assert maintenance.cleanup(client.conn, config)["settle_parts"] == 0
+    assert parts() == [0, 1, 2]
+    config = RedeliveryConfig(retention={"tier_runs": "30d", "settle_markers": "2d"})
+    assert maintenance.cleanup(client.conn, config)["settle_parts"] == 1
+    assert parts() == [1, 2]
+    path = tmp_path / "redelivery.yaml"  # the command reads it from the config file
+    path.write_text("retention:\n  tier_runs: 30d\n  settle_markers: 1d\n")
+    done = run_cli("cleanup", "--json", database_url=database_url, env={"REDELIVERY_CONFIG": str(path)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["settle_parts"] == 1 and parts() == [2]
 
 
 def test_a_batch_id_forgotten_by_retention_publishes_again_whatever_the_sequence_cache(

@@ -51,6 +51,11 @@ def subscribed_groups(conn: psycopg.Connection, topic: int) -> list[int]:
     return [g for (g,) in conn.execute(S.SUBSCRIBED_GROUPS, {"topic_id": topic})]
 
 
+def subscribed_topics(conn: psycopg.Connection, group_id: int) -> list[int]:
+    """Ids of the topics group id ``group_id`` is subscribed to, ascending."""
+    return [t for (t,) in conn.execute(S.SUBSCRIBED_TOPICS, {"group_id": group_id})]
+
+
 def lock_backlog(conn: psycopg.Connection, topic: int) -> None:
     """Serialise flow control on topic id ``topic`` until the transaction ends."""
     conn.execute(S.ADVISORY_XACT_LOCK, {"namespace": BACKLOG_LOCK, "key": topic})

@@ -304,7 +304,9 @@ SinceOpt = Annotated[datetime | None, typer.Option("--from", help="dead-lettered
 BeforeOpt = Annotated[datetime | None, typer.Option("--to", help="dead-lettered before (ISO time)")]
 ReasonOpt = Annotated[
     list[str] | None,
-    typer.Option(help="MAX_DELIVERIES_EXCEEDED, LEASE_EXPIRED, REJECTED, NEGATIVE_LEVEL; repeatable"),
+    typer.Option(
+        help="MAX_DELIVERIES_EXCEEDED, LEASE_EXPIRED, REJECTED, NEGATIVE_LEVEL, UNDECODABLE; repeatable"
+    ),
 ]
 ErrorOpt = Annotated[str | None, typer.Option(help="last error contains this text (case-insensitive)")]
 IdOpt = Annotated[list[int] | None, typer.Option("--message-id", help="only these message ids; repeatable")]
@@ -427,7 +429,7 @@ def redrive_command(
     """Move dead letters back to READY: a dry run unless --execute."""
     import getpass
 
-    from .redrive import redrive
+    from .redrive import redrive, summary_line
 
     request = _filter(
         group,
@@ -450,19 +452,13 @@ def redrive_command(
         triggered_by=getpass.getuser(),
         log=lambda line: typer.echo(line, err=True),
     )
-    verb = "would move" if request.dry_run else "moved"
-    _emit(
-        result,
-        as_json,
-        f"{verb} {result['selected'] if request.dry_run else result['moved']} dead letters "
-        f"of group {group} (audit run {result['run_key']})",
-    )
+    _emit(result, as_json, f"group {group}: {summary_line(result)} (audit run {result['run_key']})")
 
 
 @app.command("cleanup")
 def cleanup_command(as_json: JsonOpt = False) -> None:
     """Delete records older than their retention (config ``retention``): publish batch ids,
-    unfinished staged rows, tier runs, redrive runs."""
+    unfinished staged rows, tier runs, settle markers, redrive runs."""
     from .config import cached_config
     from .db import connect
     from .maintenance import cleanup
@@ -583,20 +579,39 @@ def tier_run(
 
 
 def one_line(exc: Exception) -> str:
-    """An error as one line; pydantic's ValidationError as 'field: problem; ...'."""
+    """An error as one line; pydantic's ValidationError as 'field: problem; ...'; Click's errors
+    by their message (naming the option or argument), without the usage text."""
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
         return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
+    if isinstance(exc, typer.TyperException):
+        return " ".join(exc.format_message().split())
     return " ".join(str(exc).split())
 
 
 def main() -> None:
+    """The ``redelivery`` command. Bad input, whether a command refuses it (``RedeliveryError``,
+    ``ValueError``) or Typer/Click do while parsing (any ``UsageError``: a bad value, a missing
+    or unknown option or command), prints one line ``error: ...`` and exits with status 2 before
+    anything changes. Click runs without its standalone mode so that its errors reach this one
+    place instead of printing Typer's usage box; ``--help`` and a command group given no command
+    still print their help."""
     try:
-        app()
+        status = app(standalone_mode=False)  # Click's own exit (--help, Ctrl-C) comes back as a status
+    except typer.TyperException as exc:  # Typer's (vendored) Click errors: UsageError (exit code 2),
+        # its BadParameter, MissingParameter, NoSuchOption..., and ClickException
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `redelivery dlq`: its help, printed already
+            raise SystemExit(exc.exit_code) from None  # (Typer checks it by name too: not exported)
+        typer.echo(f"error: {one_line(exc)}", err=True)
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        raise SystemExit(1) from None
     except (RedeliveryError, ValueError) as exc:  # bad input: every one of them is raised before any change
         typer.echo(f"error: {one_line(exc)}", err=True)
         raise SystemExit(2) from None
+    raise SystemExit(status if isinstance(status, int) else 0)
 
 
 if __name__ == "__main__":

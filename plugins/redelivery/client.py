@@ -133,13 +133,50 @@ def _receipts(group: str, messages: ReceivedMessage | Iterable[ReceivedMessage])
     return sorted(items, key=lambda m: (m.message_id, m.delivery_count))
 
 
+def _check_error(error: object) -> str | None:
+    """An error text as PostgreSQL can store it (``ValueError`` otherwise)."""
+    if error is not None and (not isinstance(error, str) or "\x00" in error):
+        raise ValueError(
+            f"an error text must be a str without a NUL character (PostgreSQL cannot store it), got {error!r}"
+        )
+    return error
+
+
 def _errors(error: str | Sequence[str] | None, count: int) -> list[str | None]:
     if error is None or isinstance(error, str):
-        return [error] * count
-    errors = list(error)
+        return [_check_error(error)] * count
+    errors = [_check_error(e) for e in error]
     if len(errors) != count:
         raise ValueError(f"got {len(errors)} errors for {count} messages")
     return errors
+
+
+def plan_outcome(item: Outcome) -> tuple[str, int, int]:
+    """``(mode, delay seconds, level)`` of one ``settle`` outcome, mode being ``"ack"`` or a failure
+    mode of ``Client._fail`` (``"reject"``, ``"delay"``, ``"level"``, ``"negative"``, ``"next"``).
+    Raises ``ValueError`` (an unknown outcome, both a delay and a level, a bad error text),
+    ``InvalidDelayError`` (not 1..864000 whole seconds, Pulsar reconsumeLater, seeds/000),
+    ``InvalidLevelError`` (not an int), each naming the message."""
+    where = f"message {getattr(item.receipt, 'message_id', '?')}"
+    try:
+        _check_error(item.error)
+        if item.outcome == "ack":
+            return ("ack", 0, 0)
+        if item.outcome == "reject":
+            return ("reject", 0, 0)
+        if item.outcome != "retry":
+            raise ValueError(f"unknown outcome {item.outcome!r}: use 'ack', 'retry' or 'reject'")
+        if item.delay is not None and item.level is not None:
+            raise ValueError("a retry takes a delay or a level, not both")
+        if item.delay is not None:
+            return ("delay", check_delay(item.delay), 0)
+        if item.level is None or item.level == 0:
+            return ("next", 0, 0)
+        if not isinstance(item.level, int) or isinstance(item.level, bool):
+            raise InvalidLevelError(f"delay level {item.level!r} is not an integer")
+        return ("negative", 0, 0) if item.level < 0 else ("level", 0, item.level)
+    except ValueError as exc:  # the same error, naming the message
+        raise type(exc)(f"{where}: {exc}") from None
 
 
 class _NeedDlqTable(Exception):
@@ -149,7 +186,9 @@ class _NeedDlqTable(Exception):
 class Client:
     """A connection to the state store. ``url``: libpq URL (default: ``database_url()``).
 
-    Raises ``ConfigError`` when messages wait at delay levels the config's level table lacks."""
+    Raises ``SchemaNotMigratedError`` when the database was never migrated or is at an older
+    migration (run ``redelivery db upgrade``: a client never migrates), ``ConfigError`` when
+    messages wait at delay levels the config's level table lacks."""
 
     def __init__(self, url: str | None = None, config: RedeliveryConfig | None = None):
         self.url = url or db.database_url()
@@ -157,6 +196,7 @@ class Client:
         self.levels = self.config.level_table
         self.conn = db.connect(self.url, autocommit=True)
         try:
+            db.check_schema(self.conn)
             catalog.check_level_table(self.conn, self.config)
         except BaseException:
             self.conn.close()
@@ -526,11 +566,13 @@ class Client:
         An ack counts only for the delivery it answers (same delivery count) while that delivery is
         still INFLIGHT; a late or repeated ack changes nothing and is counted as a stale receipt,
         so no message is ever committed twice. Raises ``ForeignReceiptError`` for a message another
-        group received, ``TypeError`` for anything but a ``ReceivedMessage``."""
+        group received or a receipt naming another topic than its message's, ``TypeError`` for
+        anything but a ``ReceivedMessage``, before anything changes."""
         group_id, _ = self._group(group)
         items = _receipts(group, messages)
         if not items:
             return 0
+        self._check_receipt_topics(items)
         params = {
             "g": group_id,
             "ids": [m.message_id for m in items],
@@ -608,6 +650,7 @@ class Client:
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
         group_id, _ = self._group(group)
         items = _receipts(group, messages)
+        self._check_receipt_topics(items)
         plans = self._plan_failures(
             group_id, group, items, _errors(error, len(items)), at, mode, delay, level
         )
@@ -677,39 +720,10 @@ class Client:
         counts: a Spark task that runs twice settles its partition once.
 
         Returns ``{"acked", "retried", "dead_lettered", "stale"}``. Raises, before changing
-        anything: ``ForeignReceiptError``, ``ValueError`` (an unknown outcome), and the errors of
-        ``reconsume_later`` for a bad delay or level."""
+        anything, what ``check_outcomes`` raises."""
         group_id, _ = self._group(group)
         items = list(outcomes)
-        acks, failures = [], {}
-        for item in items:
-            receipt = item.receipt
-            if receipt.group != group:
-                raise ForeignReceiptError(
-                    f"message {receipt.message_id} was received by group {receipt.group!r}: "
-                    f"group {group!r} cannot answer for it"
-                )
-            if item.outcome == "ack":
-                acks.append(receipt)
-                continue
-            if item.outcome == "reject":
-                key = ("reject", 0, 0)
-            elif item.outcome != "retry":
-                raise ValueError(
-                    f"unknown outcome {item.outcome!r} for message {receipt.message_id}: "
-                    "use 'ack', 'retry' or 'reject'"
-                )
-            elif item.delay is not None and item.level is not None:
-                raise ValueError("give a delay or a level, not both")
-            elif item.delay is not None:
-                key = ("delay", check_delay(item.delay), 0)
-            elif item.level is not None and item.level < 0:
-                key = ("negative", 0, 0)
-            elif item.level:
-                key = ("level", 0, item.level)
-            else:
-                key = ("next", 0, 0)
-            failures.setdefault(key, []).append(item)
+        acks, failures = self._sort_outcomes(group, items)
         plans = []
         for (mode, delay, level), group_items in failures.items():
             receipts = sorted(
@@ -749,6 +763,58 @@ class Client:
                 return counts
 
         return db.retry_lock_conflicts(apply)
+
+    def check_outcomes(self, group: str, outcomes: Iterable[Outcome]) -> None:
+        """Check ``outcomes`` as ``settle`` does before it changes anything, changing nothing (a
+        Spark settle checks every partition this way before any of them settles). Raises
+        ``ForeignReceiptError`` (a receipt of another group, or naming another topic than its
+        message's), ``UnknownTopicError`` / ``NotSubscribedError`` (a receipt's topic),
+        ``ValueError``, ``InvalidDelayError``, ``InvalidLevelError`` (``plan_outcome``; a level the
+        group's policy refuses on that topic), each naming the message."""
+        self._sort_outcomes(group, list(outcomes))
+
+    def _sort_outcomes(self, group: str, items: list[Outcome]) -> tuple[list, dict]:
+        """(the receipts to ack, {(mode, delay, level): outcomes} of the failures), every item
+        checked (``check_outcomes``)."""
+        group_id, _ = self._group(group)
+        acks, failures, levels_ok = [], {}, set()
+        for item in items:
+            receipt = item.receipt
+            if receipt.group != group:
+                raise ForeignReceiptError(
+                    f"message {receipt.message_id} was received by group {receipt.group!r}: "
+                    f"group {group!r} cannot answer for it"
+                )
+            mode, delay, level = plan_outcome(item)
+            if mode == "ack":
+                acks.append(receipt)
+                continue
+            if mode == "level" and (receipt.topic, level) not in levels_ok:
+                policy, _ = self._policy(self._topic(receipt.topic), group_id, receipt.topic, group)
+                try:
+                    policy.explicit_delay(level, self.levels)
+                except InvalidLevelError as exc:
+                    raise InvalidLevelError(f"message {receipt.message_id}: {exc}") from None
+                levels_ok.add((receipt.topic, level))
+            failures.setdefault((mode, delay, level), []).append(item)
+        self._check_receipt_topics([item.receipt for item in items])
+        return acks, failures
+
+    def _check_receipt_topics(self, receipts: Sequence) -> None:
+        """``ForeignReceiptError`` unless each receipt names the topic of its message: an answer
+        on the wrong topic would otherwise be applied in part and counted stale in part."""
+        if not receipts:
+            return
+        params = {
+            "ids": [r.message_id for r in receipts],
+            "topic_ids": [self._topic(r.topic) for r in receipts],
+        }
+        row = self.conn.execute(S.RECEIPT_OF_ANOTHER_TOPIC, params).fetchone()
+        if row is not None:
+            raise ForeignReceiptError(
+                f"message {row[0]} is a message of topic {row[1]!r}: a receipt naming another topic "
+                "cannot answer for it"
+            )
 
     def _ensure_dlq_table(self, params: dict) -> None:
         """Create the DLQ table before the first message is dead-lettered into it (not earlier)."""

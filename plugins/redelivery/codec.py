@@ -86,7 +86,8 @@ class Message:
     """A message to publish. ``body``: ``bytes`` (stored as application/octet-stream), or any
     JSON-serialisable value (application/json); with ``content_type="application/json"`` a ``str``
     body is taken as JSON text and must parse; with ``"text/plain"`` a ``str`` is stored as text.
-    ``properties``: string keys and string values."""
+    ``key``: a ``str``; ``properties``: string keys and string values. PostgreSQL stores neither a
+    NUL character nor a lone surrogate (not UTF-8) in any of them."""
 
     body: Any
     key: str | None = None
@@ -135,10 +136,12 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, str, dict]:
     """``(key, body bytes, content type, properties)`` of a message to publish (a ``Message`` or a
-    bare body). Raises ``MalformedMessageError`` naming the message ``index``."""
+    bare body). Raises ``MalformedMessageError`` naming the message ``index`` and the field (body,
+    key, a property) when PostgreSQL could not store it as given."""
     # Run once per published message (336,776 times for the demo's flights): the common shapes (a
-    # JSON text body, no properties) take the shortest path; properties are only copied and checked
-    # when there are some.
+    # JSON text body, no properties, an ASCII key) take the shortest path; properties are only
+    # copied and checked when there are some, and a text is encoded to find a lone surrogate only
+    # when it is not ASCII.
     if isinstance(message, Message):
         body, key, properties, ctype = message.body, message.key, message.properties, message.content_type
     else:
@@ -155,9 +158,29 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
         props = {}
     else:
         props = _checked_properties(properties, index)
-    if key is not None and not isinstance(key, str):
-        raise MalformedMessageError(f"message {index}: key must be a str, got {type(key).__name__}")
+    if key is not None:
+        if not isinstance(key, str):
+            raise MalformedMessageError(f"message {index}: key must be a str, got {type(key).__name__}")
+        if not key.isascii() or "\x00" in key:  # the common key (ASCII, no NUL) is one C scan
+            _check_text(key, f"message {index}: key")
     return key, raw, ctype, props
+
+
+def _check_text(text: str, what: str) -> None:
+    """``MalformedMessageError`` naming ``what`` unless PostgreSQL's text (and jsonb) can hold
+    ``text``: no NUL, no lone surrogate (\\ud800-\\udfff unpaired: not UTF-8). The message
+    shows the character escaped, so it prints anywhere."""
+    if "\x00" in text:
+        raise MalformedMessageError(
+            f"{what} has a \\u0000 character at character {text.index(chr(0))}, which PostgreSQL cannot store"
+        )
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise MalformedMessageError(
+            f"{what} has a lone surrogate ({text[exc.start]!r}) at character {exc.start}: "
+            "not UTF-8, which PostgreSQL cannot store"
+        ) from None
 
 
 def _encode_body(body: Any, ctype: str, index: int) -> bytes:
@@ -190,7 +213,7 @@ def _encode_body(body: Any, ctype: str, index: int) -> bytes:
 
 def _checked_properties(properties: Any, index: int) -> dict:
     """A copy of a message's properties; ``MalformedMessageError`` unless they map str to str with
-    no \\u0000 (jsonb cannot store it) and no reserved retry property."""
+    no \\u0000 and no lone surrogate (jsonb cannot store either) and no reserved retry property."""
     where = f"message {index}"
     if not isinstance(properties, Mapping):
         raise MalformedMessageError(
@@ -204,6 +227,10 @@ def _checked_properties(properties: Any, index: int) -> dict:
             raise MalformedMessageError(
                 f"{where}: property {name!r} has a \\u0000 character, which PostgreSQL's jsonb cannot store"
             )
+        if not name.isascii():
+            _check_text(name, f"{where}: property name {name!r}")
+        if not value.isascii():
+            _check_text(value, f"{where}: property {name!r}")
         if name in RETRY_PROPERTIES:
             raise MalformedMessageError(f"{where}: property {name!r} is reserved for redelivered messages")
     return props

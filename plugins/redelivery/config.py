@@ -71,8 +71,10 @@ MAX_RETENTION_SECONDS = 3650 * 86400
 class RetentionConfig(BaseModel):
     """How long records are kept (durations: ``7d``, ``12h``), deleted by ``redelivery cleanup``
     and the daily ``redelivery_maintenance`` DAG: publish batch ids (a batch id publishes once
-    within this time), tier run records, redrive runs with their per-message audit, and rows
-    staged by publishes that never finished."""
+    within this time), tier run records, redrive runs with their per-message audit, rows staged by
+    publishes that never finished, and settle markers (``settle_parts``: each part a Spark settle
+    answered, so that a task Spark runs again within this time changes nothing twice; a repeat
+    after it only meets stale receipts, counted as such)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,8 +82,9 @@ class RetentionConfig(BaseModel):
     tier_runs: str = "7d"
     redrive_runs: str = "90d"
     publish_staging: str = "1d"
+    settle_markers: str = "7d"
 
-    @field_validator("publish_batches", "tier_runs", "redrive_runs", "publish_staging")
+    @field_validator("publish_batches", "tier_runs", "redrive_runs", "publish_staging", "settle_markers")
     @classmethod
     def _duration(cls, value: str) -> str:
         parse_duration(value, MAX_RETENTION_SECONDS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ from tenacity import (
 
 from . import embedded
 from . import statements as S
+from .errors import SchemaNotMigratedError
 from .settings import get_settings
 
 SCHEMA = "redelivery"
@@ -80,6 +82,38 @@ def head_revision() -> str:
         parents.update(re.findall(r'^down_revision = "([^"]+)"', text, re.M))
     [head] = revisions - parents
     return head
+
+
+@functools.cache
+def _migration_revisions() -> tuple[frozenset[str], str]:
+    """(every revision id of ``migrations/versions``, the head), read once per process."""
+    found = set()
+    for path in (MIGRATIONS / "versions").glob("*.py"):
+        found.update(re.findall(r'^revision = "([^"]+)"', path.read_text(), re.M))
+    return frozenset(found), head_revision()
+
+
+def check_schema(conn: psycopg.Connection) -> None:
+    """Raise ``SchemaNotMigratedError`` (one line: the database, its revision, what to run) when
+    ``conn``'s database has no redelivery schema or one at an older migration than this version's
+    head. It never migrates: a library does not change a production schema behind its caller's
+    back (the CLI's commands migrate first, as the user asked them to). A revision this version
+    does not know (a newer one, during a rolling upgrade) is let through. One query."""
+    where = f"database {conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"
+    how = "run `redelivery db upgrade` with REDELIVERY_DATABASE_URL set to it (or redelivery.db.migrate(url))"
+    try:
+        row = conn.execute(S.SCHEMA_REVISION).fetchone()
+    except psycopg.errors.UndefinedTable:  # no schema redelivery, or no alembic_version in it
+        if not conn.autocommit:
+            conn.rollback()
+        row = None
+    if row is None:
+        raise SchemaNotMigratedError(f"{where} has no redelivery schema (it was never migrated): {how}")
+    known, head = _migration_revisions()
+    if row[0] != head and row[0] in known:
+        raise SchemaNotMigratedError(
+            f"{where} has the redelivery schema at revision {row[0]}, but this version needs {head}: {how}"
+        )
 
 
 #: Seconds a migration step waits for a table lock (lock_timeout) before it gives up and lets the

@@ -5,7 +5,7 @@ read through here."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -15,12 +15,17 @@ from .catalog import group, topic_id
 from .codec import decode
 from .names import check_name
 
-REASONS = ("MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL")
-Reason = Literal["MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL"]
+#: Why a message was dead-lettered (the database enum ``dlq_reason``): retries used up, a lease
+#: expired with retries used up, rejected, a negative delay level (RocketMQ), a body Python cannot
+#: decode (``Client.receive``).
+Reason = Literal["MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL", "UNDECODABLE"]
+REASONS: tuple[str, ...] = get_args(Reason)
 
 
 MAX_MESSAGE_ID = 2**63 - 1  # bigint
 MessageId = Annotated[int, Field(ge=1, le=MAX_MESSAGE_ID)]
+#: At most this many message ids in one filter; ``error_contains`` at most this many characters.
+MAX_MESSAGE_IDS, MAX_ERROR_TEXT = 100_000, 1000
 
 
 class DlqFilter(BaseModel):
@@ -36,8 +41,8 @@ class DlqFilter(BaseModel):
     dead_lettered_from: datetime | None = None
     dead_lettered_to: datetime | None = None
     reasons: list[Reason] = Field(default_factory=list)
-    error_contains: str | None = Field(default=None, max_length=1000)
-    message_ids: list[MessageId] = Field(default_factory=list, max_length=100_000)
+    error_contains: str | None = Field(default=None, max_length=MAX_ERROR_TEXT)
+    message_ids: list[MessageId] = Field(default_factory=list, max_length=MAX_MESSAGE_IDS)
 
     @field_validator("group")
     @classmethod

@@ -41,6 +41,11 @@ class DatabaseUnavailableError(RedeliveryError, RuntimeError):
     """The embedded PostgreSQL could not be started, or its port is held by another server."""
 
 
+class SchemaNotMigratedError(RedeliveryError, RuntimeError):
+    """The database has no redelivery schema, or one at an older migration than this version
+    needs: run ``redelivery db upgrade`` (``redelivery.db.migrate``) against it first."""
+
+
 class TooManyRequestsError(RedeliveryError):
     """Flow control: the topic's ready backlog is at its cap (RocketMQ reply code 530
     TOO_MANY_REQUESTS, seeds/002). Transient: a retrying publisher backs off and tries again."""

@@ -1,6 +1,6 @@
 """Retention: delete the records that would otherwise grow forever (publish batch ids, staged rows
-of publishes that never finished, tier runs, redrive runs with their audit), each older than its
-``retention`` setting, a bounded number of rows per statement."""
+of publishes that never finished, tier runs, settle markers, redrive runs with their audit), each
+older than its ``retention`` setting, a bounded number of rows per statement."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ CLEANUPS = (
     ("publish_parts", S.CLEANUP_PUBLISH_PARTS, "publish_staging"),
     ("publish_staging", S.CLEANUP_PUBLISH_STAGING, "publish_staging"),
     ("tier_runs", S.CLEANUP_TIER_RUNS, "tier_runs"),
-    ("settle_parts", S.CLEANUP_SETTLE_PARTS, "tier_runs"),
+    ("settle_parts", S.CLEANUP_SETTLE_PARTS, "settle_markers"),
     ("redrive_runs", S.CLEANUP_REDRIVE_RUNS, "redrive_runs"),
 )
 

@@ -139,7 +139,8 @@ class BrokerLevelsBackoff(_LevelTableBackoff):
 class ArtemisBackoff(_Strict):
     """Artemis redelivery (seeds/004): retry n waits ``redelivery_delay_ms * multiplier^(n-1)``
     milliseconds, at most ``max_redelivery_delay_ms`` (default: delay x 10), then moved up or down
-    by ``delay * factor * U`` with U uniform in [0, 1) and a random sign (collision avoidance)."""
+    by ``delay * factor * U`` with U uniform in [0, 1) and a random sign (collision avoidance),
+    the result cut to 864000 s (``EffectivePolicy.delay``)."""
 
     kind: Literal["exponential"]
     redelivery_delay_ms: int = Field(default=0, ge=0, le=MAX_DELAY_MS)
@@ -357,13 +358,15 @@ class EffectivePolicy:
         return self.backoff.base_delay(retry)
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
-        """Seconds before retry ``retry`` with Artemis collision avoidance applied."""
+        """Seconds before retry ``retry`` with Artemis collision avoidance applied, at most
+        ``MAX_DELAY_SECONDS`` (864000 s): a base wait near the bound moved up by the jitter is cut
+        to it, so one wait never passes it (``statements.NEXT_DELAY`` cuts the same way)."""
         base = self.base_delay(retry)
         if not self.jitter:
             return base
         rng = rng or random
         sign = -1 if rng.random() < 0.5 else 1
-        return base + base * self.jitter * sign * rng.random()
+        return min(base + base * self.jitter * sign * rng.random(), float(MAX_DELAY_SECONDS))
 
     def explicit_delay(self, level: int, routing: LevelTable) -> int:
         """Seconds before a retry at explicit delay ``level`` (>= 1) of ``explicit_levels`` (or of
@@ -411,7 +414,11 @@ class EffectivePolicy:
             "max_ready_backlog": self.max_ready_backlog,
             "waits_seconds": [round(self.base_delay(n), 3) for n in range(1, retries + 1)],
             "collision_avoidance": (
-                {"factor": self.jitter, "range": "each wait is moved by up to factor x wait, up or down"}
+                {
+                    "factor": self.jitter,
+                    "range": f"each wait is moved by up to factor x wait, up or down, "
+                    f"to at most {MAX_DELAY_SECONDS} s",
+                }
                 if self.jitter
                 else None
             ),

@@ -16,6 +16,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -23,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 
 from . import catalog, db
 from . import statements as S
-from .config import cached_config
+from .config import RedeliveryConfig, cached_config
 from .dead_letters import DlqFilter, filter_params, jsonable, select
 from .errors import RedeliveryError
 from .names import check_name
@@ -90,8 +91,52 @@ def _moving_params(conn: psycopg.Connection, request: RedriveRequest) -> dict:
     return params
 
 
-def _move_batch(conn: psycopg.Connection, params: dict, run_id: int, size: int, bounds=None) -> int:
-    """Move up to ``size`` selected dead letters in one transaction; return how many moved."""
+@dataclass(frozen=True)
+class Lane:
+    """Dead letters a capped redrive moves together: those of topic id ``topic_filter`` (None: the
+    request's own filter), becoming READY on topic id ``target`` for groups ``caps`` ((group id,
+    max_ready_backlog) pairs) whose READY backlog stays at or below its cap."""
+
+    topic_filter: int | None
+    target: int
+    caps: tuple[tuple[int, int], ...]
+
+
+def capped_lanes(conn: psycopg.Connection, config, request: RedriveRequest, params: dict) -> list[Lane]:
+    """The lanes of a redrive that lands under a ready-backlog cap (RocketMQ flow control,
+    seeds/002; publish and tier runs keep the same caps), or [] when none applies and the moves
+    need no room check. Back to the original topics: one lane per topic of the group (the request's
+    topic only, when it names one), each capped by the group's policy on it. To another topic: one
+    lane, capped by every capped group of that topic. A subscription whose policy cannot be
+    resolved has no known cap (as in publish)."""
+    if params["dest"] is not None:
+        pairs = [(params["dest"], g) for g in catalog.subscribed_groups(conn, params["dest"])]
+    else:
+        topics = [params["topic_id"]] if params["topic_id"] else catalog.subscribed_topics(conn, params["g"])
+        pairs = [(t, params["g"]) for t in topics]
+    policies = catalog.effective_policies(conn, config, pairs, problems={})
+    caps = {pair: p.max_ready_backlog for pair, p in policies.items() if p.max_ready_backlog is not None}
+    if not caps:
+        return []
+    if params["dest"] is not None:
+        return [Lane(params["topic_id"], params["dest"], tuple((g, c) for (_, g), c in sorted(caps.items())))]
+    return [Lane(t, t, ((g, caps[(t, g)]),) if (t, g) in caps else ()) for t, g in pairs]
+
+
+def _room(conn: psycopg.Connection, lane: Lane) -> int | None:
+    """Free places under the lane's caps, inside the batch's transaction, under the topic's
+    backlog lock (taken by publishers and tier runs too); None: no cap."""
+    if not lane.caps:
+        return None
+    catalog.lock_backlog(conn, lane.target)
+    return max(min(cap - catalog.ready_count(conn, g, lane.target) for g, cap in lane.caps), 0)
+
+
+def _move_batch(
+    conn: psycopg.Connection, params: dict, run_id: int, size: int, bounds=None, lane: Lane | None = None
+) -> tuple[int, bool]:
+    """Move up to ``size`` selected dead letters in one transaction: (moved, the lane's cap is
+    reached)."""
     params = {
         **params,
         "n": size,
@@ -102,31 +147,125 @@ def _move_batch(conn: psycopg.Connection, params: dict, run_id: int, size: int, 
     with conn.transaction():
         if params["dest"] is not None:  # its copies are messages of that topic: hold it as a publish does
             catalog.lock_topic(conn, params["dest"])
+        room = _room(conn, lane) if lane is not None else None
+        if room is not None:
+            if room == 0:
+                return 0, True
+            params["n"] = min(size, room)
         removed, revived = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
         if removed != revived:  # a DLQ row whose delivery is not in DLQ: roll back, touch nothing
             raise RedeliveryError(
                 f"redrive batch found {removed} dead letters but {revived} deliveries in DLQ state"
             )
-    return revived
+    return revived, room is not None and revived >= room
 
 
 def _finish(
     conn: psycopg.Connection,
     run_id: int,
     status: str,
-    selected: int | None = None,
+    matched: int | None = None,
     sample: list | None = None,
+    held_by_backlog_cap: int | None = None,
 ) -> dict:
     params = {
         "run": run_id,
         "status": status,
-        "selected": selected,
+        "matched": matched,
+        "held_by_backlog_cap": held_by_backlog_cap,
         "sample": Jsonb(sample) if sample is not None else None,
     }
-    cur = conn.execute(S.REDRIVE_RUN_FINISH, params)
-    out = dict(zip([c.name for c in cur.description], cur.fetchone(), strict=True))
-    out["started_at"], out["finished_at"] = out["started_at"].isoformat(), out["finished_at"].isoformat()
+    return _record(conn.execute(S.REDRIVE_RUN_FINISH, params))
+
+
+def _record(cursor: psycopg.Cursor) -> dict | None:
+    """The audit record a REDRIVE_RUN_FINISH or REDRIVE_RUN_BY_KEY cursor returns, JSON-ready."""
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    out = dict(zip([c.name for c in cursor.description], row, strict=True))
+    for key in ("started_at", "finished_at"):
+        out[key] = out[key].isoformat() if out[key] is not None else None
     return out
+
+
+def summary_line(record: dict) -> str:
+    """One line naming each number of a redrive's audit record, the same words as its keys and
+    the columns of ``redrive_runs``: e.g. ``matched 8,255, max messages 10, moved 10``."""
+    cap = record.get("max_messages")
+    line = (
+        f"matched {record['matched'] or 0:,}, max messages {'all' if cap is None else f'{cap:,}'}, "
+        f"moved {record['moved']:,}"
+    )
+    if record.get("held_by_backlog_cap"):
+        line += f", held by backlog cap {record['held_by_backlog_cap']:,}"
+    return line + (" (dry run: nothing moves)" if record["dry_run"] else "")
+
+
+def run_record(conn: psycopg.Connection, run_key: str) -> dict:
+    """The audit record of run ``run_key`` (the dict ``redrive`` returns); ``RedeliveryError`` if
+    there is no such run."""
+    record = _record(conn.execute(S.REDRIVE_RUN_BY_KEY, {"run_key": run_key}))
+    if record is None:
+        raise RedeliveryError(f"no redrive run has the key {run_key!r}")
+    return record
+
+
+@dataclass(frozen=True)
+class Run:
+    """A redrive run's row as REDRIVE_RUN_START returns it."""
+
+    id: int
+    moved: int
+    status: str
+    dry_run: bool
+
+
+def start_run(
+    conn: psycopg.Connection, request: RedriveRequest, group_id: int, run_key: str, triggered_by: str | None
+) -> Run:
+    """Start run ``run_key`` for ``request``, or resume it; raises ``RedeliveryError``, changing
+    nothing, when the key is a redrive of another selection, or a real run that a dry run would
+    resume (a dry run never moves anything)."""
+    start = {
+        "run_key": run_key,
+        "triggered_by": triggered_by,
+        "g": group_id,
+        "dry_run": request.dry_run,
+        "filter": Jsonb(request.model_dump(mode="json")),
+    }
+    row = conn.execute(S.REDRIVE_RUN_START, start).fetchone()
+    if row is not None:
+        return Run(*row[:4])
+    existing = run_record(conn, run_key)  # (deleted by retention meanwhile: "no redrive run has the key")
+    selection = {k: v for k, v in existing["filter"].items() if k != "dry_run"}
+    if selection != request.selection():
+        raise RedeliveryError(
+            f"run key {run_key!r} is a redrive of another selection: {json.dumps(existing['filter'])}"
+        )
+    raise RedeliveryError(
+        f"run key {run_key!r} is a real redrive ({existing['status']}, {existing['moved']} moved): "
+        "a dry run under it would move; use another run key"
+    )
+
+
+def open_run(
+    request: RedriveRequest, *, run_key: str, triggered_by: str | None = None, url: str | None = None
+):
+    """Check ``request`` and record it as run ``run_key`` without moving anything, so that a job
+    elsewhere (spark_jobs/dlq_redrive.py under spark-submit) runs it from the key alone
+    (``request_of_run``): the request never travels as a command-line argument, which Linux caps
+    at 128 KiB. Raises what ``redrive`` raises before moving anything."""
+    with db.connect(url or db.database_url(), autocommit=True) as conn:
+        db.check_schema(conn)
+        params = _moving_params(conn, request)
+        start_run(conn, request, params["g"], run_key, triggered_by)
+
+
+def request_of_run(conn: psycopg.Connection, run_key: str) -> tuple[RedriveRequest, str | None]:
+    """(the request, who triggered it) of run ``run_key``; ``RedeliveryError`` if there is none."""
+    record = run_record(conn, run_key)
+    return RedriveRequest.model_validate(record["filter"]), record["triggered_by"]
 
 
 def redrive(
@@ -140,58 +279,88 @@ def redrive(
     spark=None,
     spark_threshold: int | None = None,
     wait: Callable[[float], object] = time.sleep,
+    config: RedeliveryConfig | None = None,
 ) -> dict:
     """Redrive the dead letters ``request`` selects and return the audit record as a dict:
-    ``{"run_key", "triggered_by", "filter", "dry_run", "status", "selected", "moved", "sample",
-    "started_at", "finished_at"}``. A dry run moves nothing and reports the count and a sample.
+    ``{"run_key", "triggered_by", "filter", "dry_run", "status", "matched", "max_messages",
+    "moved", "held_by_backlog_cap", "sample", "started_at", "finished_at"}``: ``matched`` counts
+    the dead letters the filter matches, ``max_messages`` caps how many the run moves (None: all),
+    ``moved`` counts what this run moved, and ``held_by_backlog_cap`` the matched ones left in the
+    DLQ because a ready-backlog cap (``max_ready_backlog`` of a group they would reach) had no
+    room. A dry run moves nothing and reports the count and a sample.
 
     ``run_key`` names the run in ``redrive_runs``: running the same key again resumes it (a retried
     Airflow task; a real run after a dry run under the same key moves) and a finished key moves
-    nothing more; a key stands for one selection. ``should_stop()`` is asked between batches: the
-    run then ends with status ``stopped``, every message in one place, and resumes under its key.
-    ``wait(seconds)`` paces the batches (an interruptible wait lets a stop cut a pause short).
-    With ``spark`` and a selection of at least ``spark_threshold`` messages (default: the config's
-    ``spark_threshold``; no ``max_messages``), the batches run in Spark tasks over message-id
-    ranges, paced together.
+    nothing more; a key stands for one selection, and a dry run is refused under the key of a real
+    run. ``should_stop()`` is asked between batches: the run then ends with status ``stopped``,
+    every message in one place, and resumes under its key. ``wait(seconds)`` paces the batches (an
+    interruptible wait lets a stop cut a pause short). Under a ready-backlog cap, what fits moves,
+    oldest message first, each batch checking the room under the topic's backlog lock. With
+    ``spark`` and a selection of at least ``spark_threshold`` messages (default: the config's
+    ``spark_threshold``; no ``max_messages``, no cap), the batches run in Spark tasks over
+    message-id ranges, paced together. ``config``: the policies (default: the config file's).
     Raises UnknownGroupError, UnknownTopicError, RedeliveryError before moving anything."""
     url = url or db.database_url()
+    config = config or cached_config()
     with db.connect(url, autocommit=True) as conn:
+        db.check_schema(conn)  # SchemaNotMigratedError, not an UndefinedTable halfway
         params = _moving_params(conn, request)
-        start = {
-            "run_key": run_key,
-            "triggered_by": triggered_by,
-            "g": params["g"],
-            "dry_run": request.dry_run,
-        }
-        start["filter"] = Jsonb(request.model_dump(mode="json"))
-        run_id, already, status, is_dry, selection = conn.execute(S.REDRIVE_RUN_START, start).fetchone()
-        if {k: v for k, v in selection.items() if k != "dry_run"} != request.selection():
-            raise RedeliveryError(
-                f"run key {run_key!r} is a redrive of another selection: {json.dumps(selection)}"
-            )
+        lanes = capped_lanes(conn, config, request, params)
+        run = start_run(conn, request, params["g"], run_key, triggered_by)
         try:
-            selected = conn.execute(S.DLQ_COUNT, params).fetchone()[0]
+            matched = conn.execute(S.DLQ_COUNT, params).fetchone()[0]
             sample = jsonable(select(conn, request, limit=SAMPLE_SIZE))
             log(
-                f"redrive {run_key}: {selected} dead letters of group {request.group!r} match; "
-                f"{'dry run' if is_dry else 'moving'}; already moved by this run: {already}"
+                f"redrive {run_key}: {matched} dead letters of group {request.group!r} match"
+                f"{'' if request.max_messages is None else f', max {request.max_messages}'}; "
+                f"{'dry run' if run.dry_run else 'moving'}; already moved by this run: {run.moved}"
             )
-            if is_dry or status == "success":
-                return _finish(conn, run_id, "success", selected=selected, sample=sample)
-            budget = None if request.max_messages is None else max(request.max_messages - already, 0)
-            threshold = cached_config().spark_threshold if spark_threshold is None else spark_threshold
-            if spark is not None and budget is None and selected >= threshold:
-                moved, stopped = _redrive_spark(spark, url, params, run_id, request.rate_limit, conn), False
+            if run.dry_run or run.status == "success":
+                return _logged(log, _finish(conn, run.id, "success", matched=matched, sample=sample))
+            budget = None if request.max_messages is None else max(request.max_messages - run.moved, 0)
+            threshold = config.spark_threshold if spark_threshold is None else spark_threshold
+            held = None
+            pace = Pace(conn, run.id, request.rate_limit, wait)
+            if lanes:
+                moved, stopped, held = _redrive_lanes(
+                    conn, params, run.id, budget, pace, log, should_stop, lanes
+                )
+            elif spark is not None and budget is None and matched >= threshold:
+                moved, stopped = _redrive_spark(spark, url, params, run.id, request.rate_limit, conn), False
             else:
-                pace = Pace(conn, run_id, request.rate_limit, wait)
-                moved, stopped = _redrive_loop(conn, params, run_id, budget, pace, log, should_stop)
+                moved, stopped, _ = _redrive_loop(conn, params, run.id, budget, pace, log, should_stop)
             log(f"redrive {run_key}: moved {moved} in this attempt{' and stopped' if stopped else ''}")
-            return _finish(
-                conn, run_id, "stopped" if stopped else "success", selected=selected, sample=sample
-            )
+            return _logged(log, _finish(
+                conn, run.id, "stopped" if stopped else "success", matched=matched, sample=sample,
+                held_by_backlog_cap=held,
+            ))  # fmt: skip
         except BaseException:
-            _finish(conn, run_id, "failed")
+            _finish(conn, run.id, "failed")
             raise
+
+
+def _logged(log, record: dict) -> dict:
+    log(f"redrive {record['run_key']} {record['status']}: {summary_line(record)}")
+    return record
+
+
+def _redrive_lanes(conn, params, run_id, budget, pace, log, should_stop, lanes) -> tuple[int, bool, int]:
+    """The batches of each lane in turn, sharing the budget: (moved, stopped, matched dead letters
+    left in the DLQ because a lane's cap was reached)."""
+    moved, full_lanes = 0, []
+    for lane in lanes:
+        lane_params = {**params, "topic_id": lane.topic_filter}
+        left = None if budget is None else budget - moved
+        if left == 0:
+            break
+        n, stopped, full = _redrive_loop(conn, lane_params, run_id, left, pace, log, should_stop, lane=lane)
+        moved += n
+        if stopped:
+            return moved, True, 0
+        if full:
+            full_lanes.append(lane_params)
+    held = sum(conn.execute(S.DLQ_COUNT, p).fetchone()[0] for p in full_lanes)
+    return moved, False, held if budget is None else min(held, budget - moved)
 
 
 class Pace:
@@ -215,23 +384,27 @@ class Pace:
 
 
 def _redrive_loop(
-    conn, params, run_id, budget, pace: Pace, log, should_stop, bounds=None
-) -> tuple[int, bool]:
-    """Batches until nothing is left or the budget is spent: (moved, stopped by should_stop)."""
+    conn, params, run_id, budget, pace: Pace, log, should_stop, bounds=None, lane: Lane | None = None
+) -> tuple[int, bool, bool]:
+    """Batches until nothing is left, the budget is spent or the lane's cap is reached: (moved,
+    stopped by should_stop, cap reached)."""
     moved = 0
     while budget is None or moved < budget:
         size = pace.batch_size() if budget is None else min(pace.batch_size(), budget - moved)
         pace.before(size)
         if should_stop():  # between two batches (a stop that came during the wait included)
             log("  stopped between batches")
-            return moved, True
-        n = _move_batch(conn, params, run_id, size, bounds)
+            return moved, True, False
+        n, full = _move_batch(conn, params, run_id, size, bounds, lane)
         moved += n
         if n:
             log(f"  batch: moved {n} (total {moved})")
+        if full:
+            log("  the ready-backlog cap is reached: the rest stays in the DLQ")
+            return moved, False, True
         if n < size:
             break
-    return moved, False
+    return moved, False, False
 
 
 def _range_task(url: str, params: dict, run_id: int, rate: float | None, bounds: tuple[int, int]) -> int:

@@ -45,10 +45,11 @@ POLICIES_CTE = """policies AS (
 POLICY_JOIN = "p.topic_id = d.topic_id AND p.group_id = d.group_id"
 CAN_RETRY = "(p.max_times = -1 OR d.reconsume_times < p.max_times)"
 # Retry n = d.reconsume_times + 1: its routing level, and its wait in seconds with Artemis collision
-# avoidance (wait + wait * factor * U[0,1) with a random sign, seeds/004).
+# avoidance (wait + wait * factor * U[0,1) with a random sign, seeds/004), at most 864000 s
+# (levels.MAX_DELAY_SECONDS; policies.EffectivePolicy.delay cuts it the same way).
 NEXT_LEVEL = "(p.levels::int[])[least(d.reconsume_times + 1, cardinality(p.levels::int[]))]"
-NEXT_DELAY = """((p.delays::float8[])[least(d.reconsume_times + 1, cardinality(p.delays::float8[]))]
-                 * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()))"""
+NEXT_DELAY = """least((p.delays::float8[])[least(d.reconsume_times + 1, cardinality(p.delays::float8[]))]
+                 * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000)"""
 
 # Acks and nacks find their rows through the primary key. Written as a text comparison so that the
 # planner cannot use the partial index of leases instead: that index keeps an entry for every row
@@ -185,6 +186,8 @@ SUBSCRIPTIONS = _named("SUBSCRIPTIONS", """
     WHERE %(all)s OR (s.topic_id, s.group_id) IN (SELECT * FROM unnest(%(t)s::int[], %(gs)s::int[]))""")
 SUBSCRIBED_GROUPS = _named("SUBSCRIBED_GROUPS", """
     SELECT group_id FROM subscriptions WHERE topic_id = %(topic_id)s""")
+SUBSCRIBED_TOPICS = _named("SUBSCRIBED_TOPICS", """
+    SELECT topic_id FROM subscriptions WHERE group_id = %(group_id)s ORDER BY topic_id""")
 SUBSCRIPTION_NAMES = _named("SUBSCRIPTION_NAMES", """
     SELECT t.name, g.name FROM subscriptions s JOIN topics t ON t.id = s.topic_id
     JOIN consumer_groups g ON g.id = s.group_id ORDER BY 1, 2""")
@@ -348,6 +351,14 @@ ACK = _named("ACK", f"""
       FROM n WHERE g.id = %(g)s AND %(count_stale)s AND n.acked < cardinality(%(ids)s::bigint[])
       RETURNING 1)
     SELECT acked FROM n""")
+#: The first receipt whose message is not of the topic the receipt names: (message id, the
+#: message's topic). A message's topic never changes, so this read needs no lock.
+RECEIPT_OF_ANOTHER_TOPIC = _named("RECEIPT_OF_ANOTHER_TOPIC", """
+    SELECT i.message_id, t.name
+    FROM unnest(%(ids)s::bigint[], %(topic_ids)s::int[]) AS i(message_id, topic_id)
+    JOIN messages m ON m.id = i.message_id JOIN topics t ON t.id = m.topic_id
+    WHERE m.topic_id <> i.topic_id
+    LIMIT 1""")
 GROUP_STALE_RECEIPTS = _named("GROUP_STALE_RECEIPTS", """
     SELECT stale_receipts FROM consumer_groups WHERE id = %(g)s""")
 #: Settle markers: a job run's part answered once (``Client.settle(marker=...)``).
@@ -557,7 +568,10 @@ PLAN_REDRIVE_RANGES = _named("PLAN_REDRIVE_RANGES", f"""
            percentile_disc(%(fractions)s::float8[]) WITHIN GROUP (ORDER BY message_id)
     FROM dlq_messages q WHERE {DLQ_FILTER}""")
 #: Start a redrive run, or resume it (same run key): a finished run stays finished, except that a
-#: real run after a dry run under the same key moves (once real, a run stays real).
+#: real run after a dry run under the same key moves (once real, a run stays real). A key stands
+#: for one selection (``filter`` without ``dry_run``), and a dry run never resumes a real run:
+#: otherwise the conflicting row is left as it is and nothing is returned (REDRIVE_RUN_BY_KEY says
+#: why), so a refused call changes nothing.
 REDRIVE_RUN_START = _named("REDRIVE_RUN_START", """
     INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run)
     VALUES (%(run_key)s, %(triggered_by)s, %(g)s, %(filter)s, %(dry_run)s)
@@ -567,7 +581,15 @@ REDRIVE_RUN_START = _named("REDRIVE_RUN_START", """
         dry_run = redrive_runs.dry_run AND EXCLUDED.dry_run,
         finished_at = CASE WHEN redrive_runs.dry_run AND NOT EXCLUDED.dry_run THEN NULL
                            ELSE redrive_runs.finished_at END
+    WHERE redrive_runs.filter - 'dry_run' = EXCLUDED.filter - 'dry_run'
+      AND (redrive_runs.dry_run OR NOT EXCLUDED.dry_run)
     RETURNING id, moved, status, dry_run, filter""")
+#: A redrive run's audit record by its key (why REDRIVE_RUN_START refused a call; the request a
+#: spark-submit job runs; what it did), the columns of REDRIVE_RUN_FINISH.
+REDRIVE_RUN_BY_KEY = _named("REDRIVE_RUN_BY_KEY", """
+    SELECT run_key, triggered_by, filter, dry_run, status, matched, filter->'max_messages' AS max_messages,
+           moved, held_by_backlog_cap, sample, started_at, finished_at
+    FROM redrive_runs WHERE run_key = %(run_key)s""")
 #: Pace a run's batches (all its Spark tasks included): reserve the next ``seconds`` of the run's
 #: schedule; returns how long to wait (seconds, <= 0: go now) before moving the batch.
 RESERVE_REDRIVE_SLOT = _named("RESERVE_REDRIVE_SLOT", """
@@ -630,17 +652,18 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       UPDATE consumer_groups SET redriven = redriven + (SELECT count(*) FROM revived)
       WHERE id = %(g)s AND EXISTS (SELECT 1 FROM revived))
     SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM revived) FROM counted""")
-#: Close a redrive run: ``status`` and, when given, ``selected`` and ``sample``.
+#: Close a redrive run: ``status`` and, when given, ``matched``, ``held_by_backlog_cap`` and ``sample``.
 REDRIVE_RUN_FINISH = _named("REDRIVE_RUN_FINISH", """
     UPDATE redrive_runs SET status = %(status)s, finished_at = now(),
-        selected = coalesce(%(selected)s::bigint, selected), sample = coalesce(%(sample)s::jsonb, sample)
+        matched = coalesce(%(matched)s::bigint, matched),
+        held_by_backlog_cap = coalesce(%(held_by_backlog_cap)s::bigint, held_by_backlog_cap),
+        sample = coalesce(%(sample)s::jsonb, sample)
     WHERE id = %(run)s
-    RETURNING run_key, triggered_by, filter, dry_run, status, selected, moved, sample, started_at,
-              finished_at""")
-REDRIVE_RUN_RESULT = _named("REDRIVE_RUN_RESULT",
-                            "SELECT status, moved, selected FROM redrive_runs WHERE run_key = %(run_key)s")
+    RETURNING run_key, triggered_by, filter, dry_run, status, matched, filter->'max_messages' AS max_messages,
+              moved, held_by_backlog_cap, sample, started_at, finished_at""")
 LATEST_REDRIVES = _named("LATEST_REDRIVES", """
-    SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.selected, r.moved, r.started_at
+    SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.matched,
+           (r.filter->>'max_messages')::bigint, r.moved, r.held_by_backlog_cap, r.started_at
     FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DESC LIMIT 10""")
 
 # ---- operator page --------------------------------------------------------------------------------

@@ -207,7 +207,18 @@ def render(data: dict) -> str:
     parts.append("<h2>Latest redrives</h2>")
     parts.append(
         table(
-            ["run", "group", "triggered by", "dry run", "status", "selected", "moved", "started"],
+            [
+                "run",
+                "group",
+                "triggered by",
+                "dry run",
+                "status",
+                "matched",
+                "max messages",
+                "moved",
+                "held by backlog cap",
+                "started",
+            ],
             [list(r) for r in data["redrives"]],
         )
     )

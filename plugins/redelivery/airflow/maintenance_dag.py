@@ -17,7 +17,8 @@ DOC = """
 
 Deletes what would otherwise grow forever, each kind older than its `retention` setting in the
 config file: publish batch ids (a batch id publishes once within its retention), rows staged by
-publishes that never finished, tier run records, and redrive runs with their per-message audit.
+publishes that never finished, tier run records, settle markers (`settle_markers`: the parts a
+Spark settle answered), and redrive runs with their per-message audit.
 """
 
 

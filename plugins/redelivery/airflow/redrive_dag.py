@@ -12,11 +12,11 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, BaseOperator, Param, get_current_context, task
 
-from .. import statements as S
 from ..config import cached_config
-from ..dead_letters import MAX_MESSAGE_ID, REASONS, count, summary
+from ..dead_letters import MAX_ERROR_TEXT, MAX_MESSAGE_ID, MAX_MESSAGE_IDS, REASONS, count, summary
 from ..names import NAME_REGEX
-from ..redrive import RedriveRequest, redrive
+from ..policies import MAX_INT
+from ..redrive import RedriveRequest, open_run, redrive, run_record
 from ..settings import REPO_ROOT
 from ..spark.session import submit_environment
 from .dags import START
@@ -26,6 +26,8 @@ from .operators import connect_session, spark_connection, spark_master
 
 #: A topic name, or empty (the form's blank field).
 OPTIONAL_NAME = f"^({NAME_REGEX})?$"
+#: Any text without a NUL character (PostgreSQL's text cannot hold one); ECMA 262 and Python alike.
+NO_NUL = r"^[^\u0000]*$"
 REDRIVE_APPLICATION = str(REPO_ROOT / "spark_jobs" / "dlq_redrive.py")
 
 DOC = """
@@ -109,7 +111,8 @@ def redrive_dag() -> DAG:
             "error_contains": Param(
                 None,
                 type=["null", "string"],
-                maxLength=1000,
+                maxLength=MAX_ERROR_TEXT,
+                pattern=NO_NUL,
                 title="Error text contains",
                 description="Case-insensitive text of the last error. Empty: any.",
             ),
@@ -117,13 +120,15 @@ def redrive_dag() -> DAG:
                 [],
                 type="array",
                 items={"type": "integer", "minimum": 1, "maximum": MAX_MESSAGE_ID},
+                maxItems=MAX_MESSAGE_IDS,
                 title="Message ids",
-                description="Only these message ids. Empty: any.",
+                description=f"Only these message ids (at most {MAX_MESSAGE_IDS:,}). Empty: any.",
             ),
             "max_messages": Param(
                 None,
                 type=["null", "integer"],
                 minimum=1,
+                maximum=MAX_INT,
                 title="Max messages",
                 description="Move at most this many. Empty: all that match.",
             ),
@@ -227,20 +232,13 @@ class RedriveOperator(BaseOperator):
     def _redrive_with_spark_submit(
         self, request: RedriveRequest, run_key: str, who: str | None, url: str
     ) -> dict:
-        """Submit spark_jobs/dlq_redrive.py through the Spark provider and read back the audit row."""
+        """Record the request under its run key, submit spark_jobs/dlq_redrive.py with the key
+        through the Spark provider, and return the run's audit record."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+        open_run(request, run_key=run_key, triggered_by=who, url=url)  # the request stays out of argv
         env_vars, conf = submit_environment(spark_master(SPARK_CONN_ID), url)
-        args = [
-            "--run-key",
-            run_key,
-            "--triggered-by",
-            who or "",
-            "--request",
-            request.model_dump_json(),
-            "--spark-threshold",
-            str(cached_config().spark_threshold),
-        ]
+        args = ["--run-key", run_key, "--spark-threshold", str(cached_config().spark_threshold)]
         self._spark_hook = SparkSubmitHook(
             conn_id=SPARK_CONN_ID,
             conf=conf,
@@ -250,13 +248,7 @@ class RedriveOperator(BaseOperator):
         )
         self._spark_hook.submit(REDRIVE_APPLICATION)
         with RedeliveryHook().get_conn() as conn:
-            row = conn.execute(S.REDRIVE_RUN_RESULT, {"run_key": run_key}).fetchone()
-        if row is None or row[0] != "success":
-            raise RuntimeError(f"redrive {run_key!r} did not finish (status {row and row[0]})")
-        return {
-            "run_key": run_key,
-            "status": row[0],
-            "moved": row[1],
-            "selected": row[2],
-            "engine": "spark-submit",
-        }
+            record = run_record(conn, run_key)
+        if record["status"] != "success":
+            raise RuntimeError(f"redrive {run_key!r} did not finish (status {record['status']})")
+        return {**record, "engine": "spark-submit"}

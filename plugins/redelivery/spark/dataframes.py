@@ -20,11 +20,11 @@ import uuid
 from collections.abc import Iterator
 from datetime import datetime
 
-from .. import db
+from .. import db, errors
 from ..client import Client, Outcome
 from ..codec import Receipt
 from ..config import RedeliveryConfig, cached_config
-from ..errors import ForeignReceiptError, MalformedMessageError
+from ..errors import MalformedMessageError
 from .session import functions_for
 
 #: The columns of a leased DataFrame (Spark DDL).
@@ -103,25 +103,101 @@ def settle(
     """Apply a DataFrame of outcomes for ``group``'s messages of ``topic``: columns
     ``message_id``, ``delivery_count`` (the receipt), ``outcome`` (``ack``, ``retry`` or
     ``reject``), and optionally ``error``, ``delay`` (seconds) or ``level`` for a retry, and
-    ``group`` (every row must be ``group``'s). Each Spark partition is one transaction, applied
-    once however often Spark runs its task. Returns ``{"acked", "retried", "dead_lettered",
-    "stale"}``. Raises ``MalformedMessageError`` for a missing column, ``ForeignReceiptError``
-    for a row of another group, before anything is settled."""
+    ``group`` (every row must be ``group``'s).
+
+    The DataFrame is evaluated once (``localCheckpoint``: a UDF or a side effect upstream runs
+    once per row); every row is then checked as ``Client.check_outcomes`` checks, in Spark tasks
+    that change nothing; only then does each partition settle, in one transaction applied once
+    however often Spark runs its task. Returns ``{"acked", "retried", "dead_lettered", "stale"}``.
+    Raises, before anything is settled: ``MalformedMessageError`` for a missing column,
+    ``ForeignReceiptError`` for a row of another group or a message of another topic, and the
+    ``ValueError`` subclass ``Client.settle`` would raise for a bad outcome, delay, level or error
+    text, naming the first bad row's message."""
     F = functions_for(df)  # noqa: N806
     missing = {"message_id", "delivery_count", "outcome"} - set(df.columns)
     if missing:
         raise MalformedMessageError(f"the outcomes DataFrame has no {sorted(missing)} column(s)")
-    if "group" in df.columns and df.filter(F.col("group") != F.lit(group)).limit(1).count():
-        raise ForeignReceiptError(f"the outcomes hold receipts of another group than {group!r}")
     columns = [
         (F.col(name) if name in df.columns else F.lit(None)).cast(kind).alias(name)
-        for name, kind in SETTLE_COLUMNS.items()
+        for name, kind in {**SETTLE_COLUMNS, "group": "string"}.items()
     ]
-    task = _settle_partition(
-        url or db.database_url(), group, topic, uuid.uuid4().hex, config or cached_config(), at
-    )
-    reports = df.select(*columns).mapInArrow(task, SETTLED_SCHEMA).collect()
+    url, config = url or db.database_url(), config or cached_config()
+    with Client(url, config=config) as client:
+        client.policy(topic, group)  # UnknownGroupError, UnknownTopicError, NotSubscribedError
+    outcomes = df.select(*columns).localCheckpoint(eager=True)
+    problems = outcomes.mapInArrow(_check_partition(url, group, topic, config), PROBLEM_SCHEMA).collect()
+    if problems:
+        first = min(problems, key=lambda r: r["message_id"] if r["message_id"] is not None else -1)
+        raise _error_class(first["error_type"])(
+            f"{first['problem']} (outcomes row of message {first['message_id']}, "
+            f"delivery count {first['delivery_count']}); nothing was settled"
+        )
+    task = _settle_partition(url, group, topic, uuid.uuid4().hex, config, at)
+    reports = outcomes.drop("group").mapInArrow(task, SETTLED_SCHEMA).collect()
     return {key: sum(r[key] for r in reports) for key in ("acked", "retried", "dead_lettered", "stale")}
+
+
+#: What a check task reports: the first bad row of its partition, if any.
+PROBLEM_SCHEMA = "message_id long, delivery_count int, error_type string, problem string"
+
+
+def _error_class(name: str) -> type[Exception]:
+    """The exception class ``name`` of ``redelivery.errors``, else ``ValueError``."""
+    found = getattr(errors, name, None)
+    return found if isinstance(found, type) and issubclass(found, Exception) else ValueError
+
+
+def _outcomes_of(batches: Iterator, group: str | None, topic: str) -> Iterator[Outcome]:
+    for batch in batches:
+        for row in batch.to_pylist():
+            receipt = Receipt(row["message_id"], row["delivery_count"], topic, row.get("group") or group)
+            yield Outcome(receipt, row["outcome"], row["error"], row["delay"], row["level"])
+
+
+def _check_partition(url: str, group: str, topic: str, config: RedeliveryConfig):
+    """A Spark task that checks its partition's outcomes (``Client.check_outcomes``) and yields
+    its first bad row as a PROBLEM_SCHEMA row (nothing when all are good); it changes nothing."""
+
+    def run(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+
+        outcomes = list(_outcomes_of(batches, group, topic))
+        bad = next((o for o in outcomes if None in (o.receipt.message_id, o.receipt.delivery_count)), None)
+        problem = None
+        if bad is not None:
+            problem = ("MalformedMessageError", "a receipt needs a message_id and a delivery_count")
+        elif outcomes:
+            with Client(url, config=config) as client:
+                try:
+                    client.check_outcomes(group, outcomes)
+                except (errors.RedeliveryError, ValueError) as exc:
+                    problem = (type(exc).__name__, str(exc))
+                    bad = _named_outcome(outcomes, str(exc))
+        if problem is not None:
+            row = {"message_id": bad.receipt.message_id if bad else None,
+                   "delivery_count": bad.receipt.delivery_count if bad else None,
+                   "error_type": problem[0], "problem": problem[1]}  # fmt: skip
+            yield pa.RecordBatch.from_pylist([row], schema=_problem_arrow_schema())
+
+    return run
+
+
+def _named_outcome(outcomes: list[Outcome], text: str) -> Outcome | None:
+    """The outcome whose message an error text names ("message <id>"), if any."""
+    import re
+
+    match = re.search(r"message (\d+)", text)
+    wanted = int(match.group(1)) if match else None
+    return next((o for o in outcomes if o.receipt.message_id == wanted), None)
+
+
+def _problem_arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [("message_id", pa.int64()), ("delivery_count", pa.int32()), ("error_type", pa.string()),
+         ("problem", pa.string())]
+    )  # fmt: skip
 
 
 def _settle_partition(url: str, group: str, topic: str, run_id: str, config: RedeliveryConfig, at):
@@ -130,11 +206,7 @@ def _settle_partition(url: str, group: str, topic: str, run_id: str, config: Red
         from pyspark import TaskContext
 
         part = TaskContext.get().partitionId()
-        outcomes = []
-        for batch in batches:
-            for row in batch.to_pylist():
-                receipt = Receipt(row["message_id"], row["delivery_count"], topic, group)
-                outcomes.append(Outcome(receipt, row["outcome"], row["error"], row["delay"], row["level"]))
+        outcomes = list(_outcomes_of(batches, group, topic))
         counts = {"acked": 0, "retried": 0, "dead_lettered": 0, "stale": 0}
         if outcomes:
             with Client(url, config=config) as client:

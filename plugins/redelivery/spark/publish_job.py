@@ -63,14 +63,38 @@ def message_columns(df):
     )
 
 
+#: The columns of ``message_columns`` as an error names them.
+_COLUMN_NAMES = ("key", "body", "content type", "properties")
+
+
+def _column(batch, column: int, part: int, first: int) -> list:
+    """Column ``column`` of an Arrow batch as Python values. A Spark string holding bytes that are
+    not UTF-8 (how a lone surrogate looks there) raises ``MalformedMessageError`` naming the
+    partition, the message (``first`` is the batch's first message index) and the field, instead
+    of a ``UnicodeDecodeError`` that would fail the task for Spark to retry."""
+    values = batch.column(column)
+    try:
+        return values.to_pylist()
+    except UnicodeDecodeError:
+        for offset in range(len(values)):  # only on failure: find the row
+            try:
+                values[offset].as_py()
+            except UnicodeDecodeError as exc:
+                raise MalformedMessageError(
+                    f"partition {part} message {first + offset}: {_COLUMN_NAMES[column]} is not UTF-8 "
+                    f"text (byte {exc.start}: a lone surrogate or a bad byte), which PostgreSQL cannot store"
+                ) from None
+        raise
+
+
 def _rows(batches: Iterator, part: int) -> Iterator[tuple]:
     """``codec.encode`` of every row of the Arrow batches: (key, body bytes, content type,
     properties), checked as the API checks a message (JSON text as PostgreSQL's jsonb takes it,
-    properties a JSON object of strings; a NULL body is empty). Raises ``MalformedMessageError``
-    naming the partition and the message's index in it."""
+    a key and properties PostgreSQL can store, properties a JSON object of strings; a NULL body is
+    empty). Raises ``MalformedMessageError`` naming the partition and the message's index in it."""
     index = 0
     for batch in batches:
-        keys, bodies, types, props = (batch.column(i).to_pylist() for i in range(4))
+        keys, bodies, types, props = (_column(batch, i, part, index) for i in range(4))
         for key, body, ctype, prop in zip(keys, bodies, types, props, strict=True):
             where = f"partition {part} message {index}"
             try:

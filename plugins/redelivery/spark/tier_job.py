@@ -119,6 +119,7 @@ def run_tier_window(
     url = url or db.database_url()
     started = time.perf_counter()
     with db.connect(url, autocommit=True) as conn:
+        db.check_schema(conn)  # SchemaNotMigratedError, not an UndefinedTable halfway
         now = conn.execute(S.DB_NOW).fetchone()[0]
         if window_end > now:
             raise InvalidWindowError(
