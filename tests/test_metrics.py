@@ -13,6 +13,7 @@ from redelivery import statements as S
 from redelivery.config import cached_config
 from redelivery.metrics import CONTENT_TYPE, render
 from redelivery.redrive import RedriveRequest, redrive
+from redelivery.settings import REPO_ROOT
 from redelivery.spark.tier_job import run_tier_window
 from redelivery.transitions import LATENESS_BOUNDS
 
@@ -278,3 +279,15 @@ def test_cli_prints_the_metrics_and_writes_a_textfile(state, database_url, tmp_p
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and ".prom" in refused.stderr
     missing = run_cli("metrics", "--textfile", str(tmp_path / "no" / "r.prom"), database_url=database_url)
     assert missing.returncode == 2 and missing.stderr.startswith("error: cannot write")
+
+
+def test_the_tier_paused_gauge_is_one_per_tier_airflow_has_paused(client, topic_group):
+    """``redelivery_tier_paused{tier}`` from the pause states the caller read in Airflow's
+    metadata database (the api-server's route does: tests/test_operator_ui.py); without them (the
+    CLI, which has no Airflow database) the gauge is left out rather than guessed."""
+    samples = parse(render(client.conn, tier_paused={"seconds": True, "minutes": False}).decode())
+    assert value(samples, "redelivery_tier_paused", tier="seconds") == 1
+    assert value(samples, "redelivery_tier_paused", tier="minutes") == 0
+    assert not [k for k in scrape(client.conn) if k[0] == "redelivery_tier_paused"]
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "`redelivery_tier_paused`" in readme

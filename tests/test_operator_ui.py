@@ -50,7 +50,57 @@ def airflow(database_url, tmp_path_factory):
     }
     with LocalAirflow(tmp_path_factory.mktemp("airflow-home"), "airflow_e2e", env) as running:
         running.unpause("dlq_redrive")  # runs triggered through the API run (the form unpauses by itself)
+        # The tier DAGs are active from the start, and their runs would move these tests' state
+        # (its times are in the past): paused here, as an operator would, which the page and the
+        # metrics then show (test_a_paused_tier_is_shown_at_the_top_and_measured).
+        pause_tier_dags(running.url)
         yield running.url
+
+
+def tier_dag_ids() -> list[str]:
+    from redelivery.airflow.dags import dag_id
+    from redelivery.config import cached_config
+
+    return [dag_id(t) for t in cached_config().tiers]
+
+
+def pause_tier_dags(base: str) -> None:
+    """Every tier DAG paused at once (Airflow's bulk PATCH, audit event ``patch_dags``), then the
+    seconds tier again on its own (``patch_dag``: it was paused already); returns once no tier run
+    is running."""
+    deadline = time.monotonic() + 120
+    while not all(requests.get(f"{base}/api/v2/dags/{d}", timeout=30).ok for d in tier_dag_ids()):
+        assert time.monotonic() < deadline, "the tier DAGs were never registered"
+        time.sleep(2)
+    bulk = requests.patch(
+        f"{base}/api/v2/dags",
+        params={"dag_id_pattern": "redelivery_tier_"},
+        json={"is_paused": True},
+        timeout=30,
+    )
+    assert bulk.status_code == 200 and bulk.json()["total_entries"] == len(tier_dag_ids()), bulk.text
+    time.sleep(1.1)  # the audit log's times: a second apart
+    single = requests.patch(
+        f"{base}/api/v2/dags/redelivery_tier_seconds", json={"is_paused": True}, timeout=30
+    )
+    assert single.status_code == 200, single.text
+    settle_tier_runs(base)
+
+
+def settle_tier_runs(base: str, timeout: float = 180) -> None:
+    """Until no run of a tier DAG is running (a queued one of a paused DAG never starts)."""
+    deadline, quiet = time.monotonic() + timeout, 0
+    while quiet < 2:
+        running = [
+            r
+            for d in tier_dag_ids()
+            for r in requests.get(
+                f"{base}/api/v2/dags/{d}/dagRuns", params={"state": "running"}, timeout=30
+            ).json()["dag_runs"]
+        ]
+        quiet = 0 if running else quiet + 1
+        assert time.monotonic() < deadline, f"tier runs still running: {running}"
+        time.sleep(2)
 
 
 @pytest.fixture()
@@ -187,10 +237,13 @@ BAD_CONFS = [
     ({"group": "billing", "dead_lettered_from": "yesterday"}, "date-time"),
     ({"group": "billing", "dead_lettered_from": "2026-01-01T00:00:00"}, "date-time"),  # no zone
     ({"group": "billing", "message_ids": [2**63]}, "maximum"),
-    ({"group": "billing", "rate_limit": 0}, "exclusiveMinimum"),
-    ({"group": "g" * 57}, "pattern"),
-    ({"group": "billing", "topic": "bad name"}, "pattern"),
-    ({"group": "billing", "reasons": ["SOMETIMES"]}, "enum"),
+    (
+        {"group": "billing", "rate_limit": 0},
+        "rate_limit: 0 is less than or equal to the minimum",
+    ),
+    ({"group": "g" * 57}, "does not match"),
+    ({"group": "billing", "topic": "bad name"}, "topic: 'bad name' does not match"),
+    ({"group": "billing", "reasons": ["SOMETIMES"]}, "reasons[0]: 'SOMETIMES' is not one of"),
 ]
 
 
@@ -419,20 +472,20 @@ def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airf
     frame = open_page(browser, airflow)
     frame.locator('form[data-group="billing"] input[name="error_contains"]').fill("x" * 1001)
     frame.locator('form[data-group="billing"]').get_by_role("button").click()
-    refusal = frame.locator("p.refused")  # in the frame, under the UI's navigation
-    refusal.wait_for(timeout=30_000)
-    text = refusal.inner_text()
-    assert "error_contains" in text and "is too long" in text and "maxLength" in text and "\n" not in text
-    assert len(text) <= 320
+    refusal = frame.locator("ul.refused li")  # in the frame, under the UI's navigation
+    refusal.first.wait_for(timeout=30_000)
+    [text] = refusal.all_inner_texts()
+    assert text.startswith("error_contains: ") and "is too long" in text and "\n" not in text
+    assert len(text) <= 300
     base = {"group": "billing"}
     same = {"Origin": airflow}
     logged = {e["event_log_id"] for e in trigger_logs(airflow)}
     refused = post_form(airflow, {**base, "reason": "SOMETIMES"}, **same)
-    assert refused.status_code == 400 and "enum" in refused.text, refused.text
+    assert refused.status_code == 400 and "is not one of" in refused.text, refused.text
     [entry] = [e for e in trigger_logs(airflow) if e["event_log_id"] not in logged]  # audited too
-    assert "enum" in json.loads(entry["extra"])["refused"] and entry["owner"]
+    assert "is not one of" in " ".join(json.loads(entry["extra"])["refused"]) and entry["owner"]
     refused = post_form(airflow, {"group": "bad group!"}, **same)
-    assert refused.status_code == 400 and "pattern" in refused.text, refused.text
+    assert refused.status_code == 400 and "does not match" in refused.text, refused.text
     for headers in (
         {"Origin": "http://evil.example"},
         {"Referer": "http://127.0.0.2:1/x"},
@@ -444,3 +497,115 @@ def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airf
     time.sleep(3)
     assert {r["dag_run_id"] for r in runs(airflow)} == known
     assert dlq_state(charted)["DLQ"] == 10
+
+
+# ---- issue 17: every bad field of a refused dry run; the group filter; run links; paused tiers ---
+
+
+def test_a_refused_dry_run_names_every_bad_field_one_line_each(airflow, browser, charted):
+    """The form's post is checked against dlq_redrive's Params as a whole: every refused value is
+    a line of its own (Airflow's trigger names only the first, with its JSON schema)."""
+    known = {r["dag_run_id"] for r in runs(airflow)}
+    logged = {e["event_log_id"] for e in trigger_logs(airflow)}
+    frame = open_page(browser, airflow)
+    form = frame.locator('form[data-group="billing"]')
+    form.locator('input[name="error_contains"]').fill("x" * 1001)
+    # values the page never offers, as a crafted post would carry them
+    form.evaluate(
+        """f => { f.querySelector('input[name="group"]').value = 'bad group!';
+                  const o = document.createElement('option'), select = f.querySelector('select');
+                  o.value = o.textContent = 'SOMETIMES'; select.appendChild(o);
+                  select.value = 'SOMETIMES'; }"""
+    )
+    form.get_by_role("button").click()
+    lines = frame.locator("ul.refused li")
+    lines.first.wait_for(timeout=30_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.screenshot(path=str(ARTIFACTS / "dead-letters-refused.png"))
+    texts = lines.all_inner_texts()
+    assert [t.split(":")[0] for t in texts] == ["group", "reasons[0]", "error_contains"], texts
+    assert all("\n" not in t and len(t) <= 300 for t in texts), texts
+    page_text = frame.locator("body").inner_text()
+    assert "Failed validating" not in page_text and "'type'" not in page_text and "schema" not in page_text
+    [entry] = [e for e in trigger_logs(airflow) if e["event_log_id"] not in logged]
+    assert [p.split(":")[0] for p in json.loads(entry["extra"])["refused"]] == [
+        "group",
+        "reasons[0]",
+        "error_contains",
+    ]
+    time.sleep(3)
+    assert {r["dag_run_id"] for r in runs(airflow)} == known and dlq_state(charted)["DLQ"] == 10
+
+
+def test_the_group_filter_is_in_the_address_and_run_ids_open_their_runs(airflow, browser, charted):
+    known = {r["dag_run_id"] for r in runs(airflow)}
+    created = requests.post(
+        f"{airflow}/api/v2/dags/dlq_redrive/dagRuns",
+        json={"logical_date": None, "conf": {"group": "billing"}},  # a dry run
+        timeout=30,
+    )
+    assert created.status_code == 200, created.text
+    run = wait_for_run(airflow, known)
+    shared = requests.get(f"{airflow}/redelivery/dlq", params={"group": "AUD"}, timeout=30)
+    assert "Group audit: no dead letters" in shared.text and "Group billing" not in shared.text
+    frame = open_page(browser, airflow)
+    frame.locator('form.filter input[name="group"]').fill("aud")
+    frame.locator("form.filter").get_by_role("button").click()
+    frame.get_by_text("1 group whose name contains “aud”").wait_for(timeout=20_000)
+    frame.get_by_text("Group audit: no dead letters").wait_for(timeout=20_000)
+    assert frame.get_by_text("Group billing: 10 dead letters").count() == 0
+    framed = next(f for f in browser.frames if "/redelivery/dlq" in f.url)
+    assert framed.url.endswith("/redelivery/dlq?group=aud"), framed.url  # a link to share
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.screenshot(path=str(ARTIFACTS / "dead-letters-filtered.png"))
+    frame = open_page(browser, airflow)
+    frame.get_by_role("link", name=f"dlq_redrive/{run['dag_run_id']}").click()
+    browser.wait_for_url(re.compile(r"/dags/dlq_redrive/runs/[^/?#]+"), timeout=30_000)
+    assert browser.url == f"{airflow}/dags/dlq_redrive/runs/{quote(run['dag_run_id'], safe='')}"
+
+
+def event_time(base: str, event: str, dag_id: str | None) -> str:
+    """The newest audit-log entry's time of ``event`` (of ``dag_id``), as the page writes times."""
+    from datetime import UTC, datetime
+
+    entries = requests.get(
+        f"{base}/api/v2/eventLogs", params={"event": event, "order_by": "-when", "limit": 100}, timeout=30
+    ).json()["event_logs"]
+    [newest, *_] = [e for e in entries if e["dag_id"] == dag_id]
+    when = datetime.fromisoformat(newest["when"].replace("Z", "+00:00"))
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def test_a_paused_tier_is_shown_at_the_top_and_measured(airflow, browser, charted):
+    """The fixture paused every tier DAG in bulk, then the seconds tier alone again: each is paused
+    since the bulk pause. The page says so at the top and /redelivery/metrics has a gauge per tier;
+    unpaused, a tier leaves both."""
+    frame = open_page(browser, airflow)
+    banners = frame.locator("div.paused")
+    assert banners.count() == 4
+    seconds = frame.locator('div.paused[data-tier="seconds"]').inner_text()
+    bulk = event_time(airflow, "patch_dags", None)
+    assert "Tier seconds is paused in Airflow" in seconds and "delay levels 1 (10s) and 2 (30s)" in seconds
+    assert f"paused since {bulk} by " in seconds, (seconds, bulk)
+    assert "6 retries wait at them, 6 of them due" in seconds
+    assert "delay levels 15 (1h) and 16 (2h)" in frame.locator('div.paused[data-tier="hours"]').inner_text()
+    gauges = lambda: {  # noqa: E731
+        line.split('"')[1]: line.rsplit(" ", 1)[1]
+        for line in requests.get(f"{airflow}/redelivery/metrics", timeout=30).text.splitlines()
+        if line.startswith("redelivery_tier_paused{")
+    }
+    assert gauges() == {"seconds": "1.0", "minutes": "1.0", "half_hours": "1.0", "hours": "1.0"}
+    try:
+        unpaused = requests.patch(
+            f"{airflow}/api/v2/dags/redelivery_tier_hours", json={"is_paused": False}, timeout=30
+        )
+        assert unpaused.status_code == 200
+        assert gauges()["hours"] == "0.0"
+        page = requests.get(f"{airflow}/redelivery/dlq", timeout=30).text
+        assert 'data-tier="hours"' not in page and 'data-tier="seconds"' in page
+    finally:
+        requests.patch(f"{airflow}/api/v2/dags/redelivery_tier_hours", json={"is_paused": True}, timeout=30)
+        settle_tier_runs(airflow)
+    paused_again = event_time(airflow, "patch_dag", "redelivery_tier_hours")
+    page = requests.get(f"{airflow}/redelivery/dlq", timeout=30).text
+    assert f"paused since {paused_again} by " in page.split('data-tier="hours"')[1].split("</div>")[0]

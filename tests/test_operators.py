@@ -96,3 +96,18 @@ def test_the_hook_keeps_the_connections_libpq_options(database_url, monkeypatch)
         shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in shown_settings]
         assert shown == ["4321ms", "hook-test"]
         assert conn.execute("SELECT current_schema()").fetchone()[0] == "redelivery"
+
+
+def test_airflow_env_sizes_the_executor_for_the_machine(monkeypatch):
+    """Issue 17.6: 32 LocalExecutor workers on 2 cores was Airflow's default; now 4 per core."""
+    import os
+
+    from redelivery.airflow.env import airflow_environ
+
+    monkeypatch.delenv("AIRFLOW__CORE__PARALLELISM", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "8"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "64"
+    monkeypatch.setenv("AIRFLOW__CORE__PARALLELISM", "3")  # a deployment's own setting wins
+    assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "3"

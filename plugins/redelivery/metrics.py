@@ -1,7 +1,8 @@
 """Prometheus metrics of the state store, read at scrape time.
 
 ``render(conn)`` returns the exposition text (Prometheus text format, UTF-8 bytes) of the metrics
-below, read in one read-only snapshot; ``StateStoreCollector`` is the ``prometheus_client``
+below, read in one read-only snapshot (``redelivery_tier_paused`` only when the caller passes the
+tiers' pause states: see its row); ``StateStoreCollector`` is the ``prometheus_client``
 collector behind it, for a registry of one's own (``render`` uses a private ``CollectorRegistry``,
 never the global one). Served as ``GET /redelivery/metrics`` by the Airflow api-server, to the users
 allowed to read the dlq_redrive DAG (``redelivery.airflow.ui``), and printed or written to a
@@ -25,6 +26,7 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 | ``redelivery_stale_receipts_total`` | counter | group | receipts that changed nothing (a late or repeated ack, nack or reject) | ``consumer_groups.stale_receipts``, added by the statement that found them stale |
 | ``redelivery_tier_run_duration_seconds`` | histogram | tier | the duration of each tier run that is not a dry run, failed ones included | ``tier_histograms`` (run_duration), added with the run's record (``TIER_RUN_FINISH``) |
 | ``redelivery_retry_lateness_seconds`` | histogram | tier | per promoted retry, its window's end minus its due time | ``tier_histograms`` (retry_lateness), added in the transaction of the promotion |
+| ``redelivery_tier_paused`` | gauge | tier | 1 while Airflow has the tier's DAG (``redelivery_tier_<tier>``) paused: its delay levels are not promoted; 0 while it is active; no sample for a tier whose DAG Airflow has not registered | Airflow's metadata database (``dag.is_paused``), read by the api-server's ``GET /redelivery/metrics`` and passed to ``render`` as ``tier_paused``; ``redelivery metrics`` has no Airflow database and leaves the gauge out |
 | ``redelivery_metrics_scrape_duration_seconds`` | gauge | | how long this scrape's queries took | this process |
 
 The counters and histograms are durable totals that never decrease: written in the transaction
@@ -40,7 +42,7 @@ all-visible, and one heap page per row changed since (``bench/bench_metrics.py``
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 
@@ -97,10 +99,17 @@ class StateStoreCollector(Collector):
     """A ``prometheus_client`` collector that reads the state store over ``conn`` (a psycopg
     connection with the redelivery search path, e.g. ``db.connect()``) at every ``collect()`` and
     yields the families of the module's table. ``at``: a timezone-aware ``datetime`` replacing the
-    database clock for the age gauge (``None``: ``now()``). Raises psycopg errors of the queries."""
+    database clock for the age gauge (``None``: ``now()``). ``tier_paused``: ``{tier: whether
+    Airflow has its DAG paused}``, read by the caller in Airflow's metadata database (``None``: the
+    ``redelivery_tier_paused`` gauge is left out). Raises psycopg errors of the queries."""
 
-    def __init__(self, conn: psycopg.Connection, at: datetime | None = None):
-        self.conn, self.at = conn, at
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        at: datetime | None = None,
+        tier_paused: Mapping[str, bool] | None = None,
+    ):
+        self.conn, self.at, self.tier_paused = conn, at, tier_paused
 
     def collect(self) -> Iterator:
         started = time.perf_counter()
@@ -174,6 +183,14 @@ class StateStoreCollector(Collector):
             families[metric].add_metric([tier], buckets, total)
         yield from families.values()
 
+        if self.tier_paused is not None:  # the state store does not know it: only Airflow does
+            yield _gauge(
+                "redelivery_tier_paused",
+                "1 while Airflow has the tier's DAG paused (its delay levels are not promoted), else 0.",
+                ["tier"],
+                (([tier], int(paused)) for tier, paused in sorted(self.tier_paused.items())),
+            )
+
         yield GaugeMetricFamily(
             "redelivery_metrics_scrape_duration_seconds",
             "How long the queries of this scrape took, seconds.",
@@ -189,16 +206,22 @@ def _gauge(name: str, help_text: str, labels: list[str], samples) -> GaugeMetric
     return family
 
 
-def _registry(conn: psycopg.Connection, at: datetime | None) -> CollectorRegistry:
+def _registry(
+    conn: psycopg.Connection, at: datetime | None, tier_paused: Mapping[str, bool] | None = None
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateStoreCollector(conn, at))
+    registry.register(StateStoreCollector(conn, at, tier_paused))
     return registry
 
 
-def render(conn: psycopg.Connection, at: datetime | None = None) -> bytes:
+def render(
+    conn: psycopg.Connection, at: datetime | None = None, tier_paused: Mapping[str, bool] | None = None
+) -> bytes:
     """The metrics as Prometheus text (UTF-8, content type ``CONTENT_TYPE``), read over ``conn``
-    in one read-only snapshot. ``at`` replaces the database clock for the age gauge."""
-    return generate_latest(_registry(conn, at))
+    in one read-only snapshot. ``at`` replaces the database clock for the age gauge;
+    ``tier_paused`` (``{tier: paused}``, from Airflow's metadata database) adds
+    ``redelivery_tier_paused``."""
+    return generate_latest(_registry(conn, at, tier_paused))
 
 
 def write_textfile(conn: psycopg.Connection, path: str) -> None:

@@ -706,6 +706,86 @@ RECENT_TIER_LATENESS = _named("RECENT_TIER_LATENESS", """
         WHERE tier = t.tier AND status = 'success' AND NOT dry_run
         ORDER BY window_end DESC LIMIT %(n)s) r
     WHERE t.tier IS NOT NULL ORDER BY 1, 2""")
+#: The groups the page lists, at most ``limit``: each group whose name contains ``name`` (as text,
+#: case-insensitively; '' matches every group) and that has live deliveries (READY, INFLIGHT,
+#: WAITING_RETRY) or dead letters, most dead letters first, then by name. Per group: id, name, its
+#: counts per live state, its oldest and newest dead-lettering time, and how many groups matched in
+#: all (before the limit). The counts come from the partial indexes and dlq_messages_group.
+PAGE_GROUPS = _named("PAGE_GROUPS", """
+    WITH chosen AS MATERIALIZED (
+        SELECT id, name FROM consumer_groups WHERE strpos(lower(name), lower(%(name)s::text)) > 0),
+    counts AS (
+        SELECT group_id, count(*) AS ready, 0::bigint AS inflight, 0::bigint AS waiting, 0::bigint AS dead,
+               NULL::timestamptz AS oldest, NULL::timestamptz AS newest
+        FROM deliveries WHERE state = 'READY' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT group_id, 0, count(*), 0, 0, NULL, NULL
+        FROM deliveries WHERE state = 'INFLIGHT' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT group_id, 0, 0, count(*), 0, NULL, NULL
+        FROM deliveries WHERE state = 'WAITING_RETRY' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT group_id, 0, 0, 0, count(*), min(dead_lettered_at), max(dead_lettered_at)
+        FROM dlq_messages WHERE group_id IN (SELECT id FROM chosen) GROUP BY 1),
+    per_group AS (
+        SELECT c.id, c.name, sum(k.ready)::bigint AS ready, sum(k.inflight)::bigint AS inflight,
+               sum(k.waiting)::bigint AS waiting, sum(k.dead)::bigint AS dead, min(k.oldest) AS oldest,
+               max(k.newest) AS newest
+        FROM counts k JOIN chosen c ON c.id = k.group_id GROUP BY 1, 2)
+    SELECT id, name, ready, inflight, waiting, dead, oldest, newest, count(*) OVER ()
+    FROM per_group ORDER BY dead DESC, name LIMIT %(limit)s""")
+#: Retries waiting (WAITING_RETRY) per delay level of the groups ``ids``: (group id, level, count).
+PAGE_WAITING_PER_LEVEL = _named("PAGE_WAITING_PER_LEVEL", """
+    SELECT group_id, delay_level, count(*) FROM deliveries
+    WHERE state = 'WAITING_RETRY' AND group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 2""")
+#: Dead letters per DLQ of the groups ``ids``, at most ``limit`` DLQs per group, most first:
+#: (group id, DLQ name, count).
+PAGE_DLQ_QUEUES = _named("PAGE_DLQ_QUEUES", """
+    SELECT group_id, name, n FROM (
+        SELECT c.group_id, dq.name, c.n,
+               row_number() OVER (PARTITION BY c.group_id ORDER BY c.n DESC, dq.name) AS rank
+        FROM (SELECT group_id, dlq_id, count(*) AS n FROM dlq_messages
+              WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c
+        JOIN dead_letter_queues dq ON dq.id = c.dlq_id) r
+    WHERE rank <= %(limit)s ORDER BY 1, 3 DESC, 2""")
+#: Dead letters per reason of the groups ``ids`` (every reason a group has): (group id, reason,
+#: count), most first.
+PAGE_DLQ_REASONS = _named("PAGE_DLQ_REASONS", """
+    SELECT group_id, reason::text, count(*) FROM dlq_messages
+    WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2""")
+#: The ``limit`` most frequent last errors of the groups ``ids`` (a dead letter's whole row is
+#: read: the error is not in an index): (group id, error or '(none)', count), most first.
+PAGE_DLQ_TOP_ERRORS = _named("PAGE_DLQ_TOP_ERRORS", """
+    SELECT group_id, error, n FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.group_id ORDER BY c.n DESC, c.error) AS rank
+        FROM (SELECT group_id, coalesce(last_error, '(none)') AS error, count(*) AS n FROM dlq_messages
+              WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c) r
+    WHERE rank <= %(limit)s ORDER BY 1, 3 DESC, 2""")
+#: Per tier with runs: its latest run (by window end: run key, window end, status, dry run,
+#: promoted, dead-lettered, lateness p99 in seconds) and when its latest finished run finished.
+#: The tiers by the skip scan of RECENT_TIER_LATENESS, each tier's runs read backwards.
+PAGE_TIER_RUNS = _named("PAGE_TIER_RUNS", """
+    WITH RECURSIVE tiers AS (
+        SELECT min(tier) AS tier FROM tier_runs
+        UNION ALL
+        SELECT (SELECT min(r.tier) FROM tier_runs r WHERE r.tier > t.tier)
+        FROM tiers t WHERE t.tier IS NOT NULL)
+    SELECT t.tier, r.run_key, r.window_end, r.status, r.dry_run, (r.summary->>'promoted')::bigint,
+           (r.summary->>'dead_lettered')::bigint, (r.summary->'lateness_seconds'->>'p99')::float8,
+           f.finished_at
+    FROM tiers t
+    CROSS JOIN LATERAL (
+        SELECT run_key, window_end, status, dry_run, summary FROM tier_runs
+        WHERE tier = t.tier ORDER BY window_end DESC LIMIT 1) r
+    LEFT JOIN LATERAL (
+        SELECT finished_at FROM tier_runs
+        WHERE tier = t.tier AND finished_at IS NOT NULL ORDER BY window_end DESC LIMIT 1) f ON true
+    WHERE t.tier IS NOT NULL ORDER BY 1""")
+#: Retries waiting at the delay levels ``levels`` (a paused tier's), and how many of them are due
+#: (at ``at``, default the database clock): from the index deliveries_waiting alone.
+PAGE_WAITING_AT_LEVELS = _named("PAGE_WAITING_AT_LEVELS", f"""
+    SELECT count(*), count(*) FILTER (WHERE due_at <= {AT}) FROM deliveries
+    WHERE state = 'WAITING_RETRY' AND delay_level = ANY(%(levels)s::smallint[])""")
 
 # ---- metrics --------------------------------------------------------------------------------------
 # Read at scrape time (``redelivery.metrics``), together in one read-only snapshot. Each costs what

@@ -24,6 +24,7 @@ from ..http_delivery import HttpEndpoint, drain
 from .assets import asset_for
 from .dags import START
 from .hooks import RedeliveryHook
+from .params import check_run_conf
 from .triggers import DEFAULT_POLL_SECONDS, ReadyMessagesTrigger
 
 DEFAULT_ENDPOINT = "/flights"
@@ -119,6 +120,7 @@ Airflow connection `{conn_id}` and acks, retries or rejects every message by the
         @task(task_id="deliver")
         def deliver() -> dict:
             context = get_current_context()
+            check_run_conf(context)
             for asset, events in (context.get("triggering_asset_events") or {}).items():
                 for event in events:
                     print(f"started by an event of {asset}: {event.extra}")

@@ -43,6 +43,8 @@ level, and lateness from due time to window end (p50, p99, max).
         start_date=START,
         catchup=False,
         max_active_runs=1,
+        # the system's heartbeat: paused, no retry ever comes back and no lease expiry is handled
+        is_paused_upon_creation=False,
         tags=["redelivery", "tier"],
         doc_md=doc,
         params={

@@ -47,6 +47,42 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def fresh_metadata_db(name: str, env: dict) -> str:
+    """Make Airflow's metadata database ``name`` anew on the embedded PostgreSQL, a copy of one
+    migrated to this Airflow version's head (``migrated_template``); returns its SQLAlchemy URL."""
+    template = migrated_template(env)
+    with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+        )
+    return _sqlalchemy_url(name)
+
+
+def migrated_template(env: dict) -> str:
+    """The name of a metadata database that ``airflow db migrate`` (run with ``env``) brought to
+    this Airflow version's head, made once (about 10 s) and copied for each start (under 0.1 s). It
+    is migrated under a temporary name and renamed when done: a half-migrated one is never used."""
+    name = "airflow_template_" + re.sub(r"[^0-9a-z]", "_", version("apache-airflow").lower())
+    with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
+        if conn.execute(S.DATABASE_EXISTS, {"name": name}).fetchone():
+            return name
+        building_name = f"{name}_building_{os.getpid()}"
+        building = sql.Identifier(building_name)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(building))
+        conn.execute(S.CREATE_DATABASE.format(name=building))
+        env = {**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": _sqlalchemy_url(building_name)}
+        try:
+            subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True)
+            conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(building, sql.Identifier(name)))
+        except psycopg.errors.DuplicateDatabase:  # another start made it meanwhile
+            conn.execute(sql.SQL("DROP DATABASE {}").format(building))
+        except BaseException:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(building))
+            raise
+    return name
+
+
 class LocalAirflow:
     """Airflow's servers (``components``: ``COMPONENTS`` or ``WITH_TRIGGERER``); ``url`` is the
     api-server's base URL once entered. ``env``: extra environment (connections, REDELIVERY_*
@@ -88,16 +124,7 @@ class LocalAirflow:
         # Every setting comes from the environment. An existing (empty) airflow.cfg keeps the
         # components, started together, from each writing one while another reads it half-written.
         (self.home / "airflow.cfg").touch()
-        template = self._migrated_template()
-        with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.metadata_db))
-            )
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(self.metadata_db), sql.Identifier(template)
-                )
-            )
+        fresh_metadata_db(self.metadata_db, self.env)
         for command in self.components:
             args = [*command, "--port", str(self.port)] if command[0] == "api-server" else list(command)
             self.procs.append(
@@ -115,29 +142,6 @@ class LocalAirflow:
             self.__exit__()
             raise
         return self
-
-    def _migrated_template(self) -> str:
-        """The name of a metadata database that ``airflow db migrate`` brought to this Airflow
-        version's head, made once (about 10 s) and copied for each start (under 0.1 s). It is
-        migrated under a temporary name and renamed when done: a half-migrated one is never used."""
-        name = "airflow_template_" + re.sub(r"[^0-9a-z]", "_", version("apache-airflow").lower())
-        with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
-            if conn.execute(S.DATABASE_EXISTS, {"name": name}).fetchone():
-                return name
-            building_name = f"{name}_building_{os.getpid()}"
-            building = sql.Identifier(building_name)
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(building))
-            conn.execute(S.CREATE_DATABASE.format(name=building))
-            env = {**self.env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": _sqlalchemy_url(building_name)}
-            try:
-                subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True)
-                conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(building, sql.Identifier(name)))
-            except psycopg.errors.DuplicateDatabase:  # another start made it meanwhile
-                conn.execute(sql.SQL("DROP DATABASE {}").format(building))
-            except BaseException:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(building))
-                raise
-        return name
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, get_current_context, task
 
 from ..config import cached_config
 from ..maintenance import cleanup
 from .dags import START
 from .hooks import RedeliveryHook
+from .params import check_run_conf
 
 DOC = """
 ### Retention
@@ -29,6 +30,7 @@ def maintenance_dag() -> DAG:
         start_date=START,
         catchup=False,
         max_active_runs=1,
+        is_paused_upon_creation=False,  # retention: the store grows without it
         tags=["redelivery", "maintenance"],
         doc_md=DOC,
         default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
@@ -36,6 +38,7 @@ def maintenance_dag() -> DAG:
 
         @task(task_id="cleanup")
         def run_cleanup() -> dict:
+            check_run_conf(get_current_context())
             with RedeliveryHook().get_conn() as conn:
                 conn.autocommit = True
                 deleted = cleanup(conn, cached_config())

@@ -28,6 +28,7 @@ from ..transitions import count_window
 from .assets import emit_promotions, promotions_alias
 from .env import SPARK_CONN_ID
 from .hooks import RedeliveryHook
+from .params import check_run_conf
 
 TIER_APPLICATION = str(REPO_ROOT / "spark_jobs" / "tier_window.py")
 
@@ -100,6 +101,7 @@ class TierWindowOperator(BaseOperator):
     def execute(self, context) -> dict:
         from ..spark.tier_job import run_tier_window
 
+        check_run_conf(context)  # a conf key no Param declares: fail before the first move
         window_end = datetime.fromisoformat(self.window_end)
         window_start = datetime.fromisoformat(self.window_start) if self.window_start else None
         levels = [int(x) for x in self.levels.split(",") if x.strip()] or None

@@ -23,6 +23,7 @@ from .dags import START
 from .env import SPARK_CONN_ID
 from .hooks import RedeliveryHook
 from .operators import connect_session, spark_connection, spark_master
+from .params import check_run_conf
 
 #: A topic name, or empty (the form's blank field).
 OPTIONAL_NAME = f"^({NAME_REGEX})?$"
@@ -68,6 +69,7 @@ def redrive_dag() -> DAG:
         start_date=START,
         catchup=False,
         max_active_runs=1,
+        is_paused_upon_creation=False,  # the page's dry-run form and REST triggers need it active
         tags=["redelivery", "dlq"],
         # a retried redrive resumes its run key: it never moves a message twice
         default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
@@ -166,7 +168,9 @@ def redrive_dag() -> DAG:
 
         @task(task_id="dlq_summary")
         def dlq_summary() -> list:
-            params = get_current_context()["params"]
+            context = get_current_context()
+            check_run_conf(context)
+            params = context["params"]
             request_from(
                 params
             )  # a request the Params schema cannot refuse (a time range backwards): fail here
@@ -194,6 +198,7 @@ class RedriveOperator(BaseOperator):
         self._spark_hook = None
 
     def execute(self, context) -> dict:
+        check_run_conf(context)  # a misspelt key must never widen a redrive: fail before any move
         request = request_from(context["params"])
         run_key = f"dlq_redrive/{context['run_id']}"
         who = getattr(context["dag_run"], "triggering_user_name", None)

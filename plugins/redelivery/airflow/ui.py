@@ -2,26 +2,33 @@
 mounts under /redelivery; the plugin adds ``/redelivery/dlq`` to the navigation as "Dead letters"
 (the UI shows it in an iframe of the same origin).
 
-- ``GET /redelivery/dlq``: the page (``redelivery.airflow.dlq_page``): per group, deliveries per
-  state and retries waiting per delay level as charts, its dead letters, a dry-run redrive form;
-  the lateness of recent tier runs; the latest redrives. ``GET /redelivery/dlq.json``: the dead
-  letters per group (``dead_letters.summary``).
+- ``GET /redelivery/dlq?group=<text>``: the page (``redelivery.airflow.dlq_page``): at the top,
+  each tier whose DAG Airflow has paused (``dag.is_paused``) and since when (``pause_since``, from
+  Airflow's audit log); every group with live messages or dead letters whose name contains the
+  filter (at most ``dlq_page.GROUP_LIMIT``), most dead letters first: deliveries per state and
+  retries waiting per delay level as charts, its dead letters, a dry-run redrive form; the lateness
+  of recent tier runs; the latest tier runs and redrives, linked to their Airflow runs.
+  ``GET /redelivery/dlq.json``: the dead letters per group (``dead_letters.summary``).
 - ``POST /redelivery/dlq/redrive`` (the page's form; fields ``group``, ``reason``,
   ``error_contains``): triggers a ``dlq_redrive`` run with ``{"group", "dry_run": true,
-  "reasons": [reason], "error_contains"}`` (empty fields left out) through Airflow's own REST
-  trigger endpoint function, so the DAG's Params validate the conf. Answers 303 to the run's page
+  "reasons": [reason], "error_contains"}`` (empty fields left out). The conf is checked first
+  against the DAG's Params as a whole (``params.conf_problems`` on the api-server's serialized
+  DAG: Airflow's trigger names only the first refused value, with its JSON schema), then the run
+  is created through Airflow's own REST trigger endpoint function. Answers 303 to the run's page
   in the Airflow UI when the form was posted by a top-level page (``Sec-Fetch-Dest: document``),
-  otherwise 303 to ``GET /redelivery/dlq/runs/<run id>``; or a page with a one-line message (400:
-  a value the Params refuse; no run is created). Dry run is always on: moving happens only from
-  the DAG's own trigger form or the API. Each POST that reaches the trigger, refused or not, gets an
-  entry in Airflow's audit log (event ``trigger_dag_run``, the user as owner, the conf in extra).
+  otherwise 303 to ``GET /redelivery/dlq/runs/<run id>``; or a page listing every problem, one
+  line each (400: values the Params refuse; no run is created). Dry run is always on: moving
+  happens only from the DAG's own trigger form or the API. Each POST that reaches the check,
+  refused or not, gets an entry in Airflow's audit log (event ``trigger_dag_run``, the user as
+  owner, the conf in extra, and a refusal's problems as ``refused``).
 - ``GET /redelivery/dlq/runs/<run id>``: "dry run triggered", and the way to the run's page. The UI
   shows plugin pages in an iframe sandboxed without ``allow-top-navigation`` (Airflow 3.3: scripts,
   same origin, forms, downloads), so neither a form with ``target=_top`` nor a link can take the UI
   to the run; a tiny inline script clicks a link made in the top document instead (a link of the
   top document is navigated by the top document: no sandbox applies). Opened top-level, it
   replaces itself with the run's page. The run's address is on the page too, as a link.
-- ``GET /redelivery/metrics``: the Prometheus metrics (``redelivery.metrics``).
+- ``GET /redelivery/metrics``: the Prometheus metrics (``redelivery.metrics``), with
+  ``redelivery_tier_paused{tier}`` read from Airflow's metadata database (``tier_pauses``).
 
 Access: every route needs Airflow's permission to read the dlq_redrive DAG; the POST also needs
 the permission to trigger it (``DagAccessEntity.RUN``, POST), as the REST endpoint does. Cross-site
@@ -35,6 +42,7 @@ scheme and host, or the origin of ``[api] base_url``.
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 from typing import Annotated
 from urllib.parse import quote, urlsplit
@@ -44,14 +52,15 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
-from fastapi import Depends, FastAPI, Form, HTTPException, Request
+from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ..dead_letters import summary
 from ..metrics import CONTENT_TYPE
 from ..metrics import render as render_metrics
-from .dlq_page import REDRIVE_DAG, STYLE, page_data, render
+from .dlq_page import REDRIVE_DAG, STYLE, PauseEvent, page_data, render, run_url, tier_dags
 from .hooks import RedeliveryHook
+from .params import conf_problems
 
 app = FastAPI(
     title="redelivery",
@@ -59,8 +68,19 @@ app = FastAPI(
     redoc_url=None,
     dependencies=[Depends(requires_access_dag("GET", param_dag_id=REDRIVE_DAG))],
 )
-#: The longest refusal message shown (a refused value is quoted in it).
+#: The longest refusal line shown (a refused value is quoted in it).
 MESSAGE_CHARS = 300
+#: The longest group filter taken (names have at most 56 characters: a longer one matches none).
+FILTER_CHARS = 1000
+#: How many of a DAG's pause changes, and of bulk ones, the audit log is read for (newest first).
+PAUSE_CHANGES_READ = 200
+#: Airflow's audit-log events that pause or unpause DAGs, and through what.
+PAUSE_EVENTS = {
+    "patch_dag": "the Airflow UI or REST API",
+    "patch_dags": "a bulk change in the Airflow UI or REST API",
+    "cli_dag_pause": "the Airflow CLI",
+    "cli_dag_unpause": "the Airflow CLI",
+}
 
 
 def _base_url() -> str:
@@ -96,9 +116,112 @@ def _conn() -> psycopg.Connection:
 
 
 @app.get("/dlq", response_class=HTMLResponse)
-def dead_letters_page() -> str:
+def dead_letters_page(session: SessionDep, group: Annotated[str, Query(max_length=FILTER_CHARS)] = "") -> str:
+    """The page; ``group``: list only groups whose name contains it (case-insensitive)."""
+    pauses = {tier: pause_since(session, dag) for tier, dag in paused_tier_dags(session).items()}
     with _conn() as conn:
-        return render(page_data(conn))
+        data = page_data(conn, group, paused_tiers=list(pauses))
+    return render(data, ui_root=_ui_root(), paused=pauses)
+
+
+def tier_pauses(session) -> dict[str, bool]:
+    """``{tier: whether Airflow has its DAG paused}`` (``dag.is_paused`` through ``session``, a
+    session of Airflow's metadata database) for each tier of the config whose DAG Airflow has
+    registered."""
+    from airflow.models.dag import DagModel
+    from sqlalchemy import select
+
+    dags = tier_dags()
+    known = select(DagModel.dag_id, DagModel.is_paused).where(DagModel.dag_id.in_(list(dags.values())))
+    paused = dict(session.execute(known).all())
+    return {tier: bool(paused[dag]) for tier, dag in dags.items() if dag in paused}
+
+
+def paused_tier_dags(session) -> dict[str, str]:
+    """``{tier: its DAG id}`` of the tiers whose DAG Airflow has paused."""
+    dags = tier_dags()
+    return {tier: dags[tier] for tier, paused in tier_pauses(session).items() if paused}
+
+
+def pause_since(session, dag_id: str) -> PauseEvent | None:
+    """When ``dag_id`` was paused, from Airflow's audit log (table ``log``; Airflow keeps no time
+    of a pause): the first pause after its latest unpause, so a repeated pause does not move it.
+    None when the log has no pause since the latest unpause (paused at creation, by Airflow
+    itself, or the entries are gone)."""
+    since = None
+    for at, paused, owner, via in pause_changes(session, dag_id):
+        if not paused:
+            break
+        since = PauseEvent(at, owner, via)
+    return since
+
+
+def pause_changes(session, dag_id: str) -> list[tuple]:
+    """``dag_id``'s pauses and unpauses in Airflow's audit log, newest first: ``(when, paused,
+    owner, via)``. Events: ``patch_dag`` (the UI's toggle, ``PATCH /api/v2/dags/{dag_id}``;
+    ``is_paused`` in extra), ``patch_dags`` (a bulk ``PATCH /api/v2/dags``, no DAG id: its
+    query's patterns in extra say which DAGs), ``cli_dag_pause`` / ``cli_dag_unpause``."""
+    from airflow.models.log import Log
+    from sqlalchemy import select
+
+    columns = (
+        select(Log.dttm, Log.event, Log.owner, Log.extra).order_by(Log.dttm.desc()).limit(PAUSE_CHANGES_READ)
+    )
+    own = columns.where(
+        Log.dag_id == dag_id, Log.event.in_(["patch_dag", "cli_dag_pause", "cli_dag_unpause"])
+    )
+    bulk = columns.where(Log.event == "patch_dags")
+    changes = []
+    for at, event, owner, extra in [*session.execute(own).all(), *session.execute(bulk).all()]:
+        paused = _pauses(event, _json(extra), dag_id)
+        if paused is not None and at is not None:
+            changes.append((at, paused, owner, PAUSE_EVENTS[event]))
+    return sorted(changes, key=lambda change: change[0], reverse=True)
+
+
+def _json(text: str | None) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _pauses(event: str, extra: dict, dag_id: str) -> bool | None:
+    """True: the event paused ``dag_id``; False: unpaused it; None: it did neither."""
+    if event in ("cli_dag_pause", "cli_dag_unpause"):
+        return event == "cli_dag_pause"
+    if "is_paused" not in extra or (event == "patch_dags" and not bulk_covers(extra, dag_id)):
+        return None
+    return str(extra["is_paused"]).lower() == "true"
+
+
+def bulk_covers(query: dict, dag_id: str) -> bool:
+    """Whether a bulk ``PATCH /api/v2/dags`` with these query parameters matched ``dag_id``, as
+    Airflow 3.3 matches: ``dag_id_pattern`` a case-insensitive ``LIKE '%term%'`` (``~``: every
+    DAG), ``dag_id_prefix_pattern`` a prefix (trailing non-alphanumerics dropped), ``|`` between
+    alternatives, both when both are given, neither: no DAG. Its other filters (tags, owners,
+    paused) are not checked: a bulk pause they narrowed may be counted."""
+    pattern, prefix = query.get("dag_id_pattern"), query.get("dag_id_prefix_pattern")
+    if pattern is None and prefix is None:
+        return False
+    if pattern is not None and not any(_like(term, dag_id) for term in _terms(pattern)):
+        return False
+    strip = lambda term: re.sub(r"[^0-9A-Za-z]+$", "", term)  # noqa: E731
+    return prefix is None or any(dag_id.startswith(strip(term)) for term in _terms(prefix))
+
+
+def _terms(value) -> list[str]:
+    text = str(value)
+    terms = [t.strip() for t in text.split("|") if t.strip()] if "|" in text else []
+    return terms or [text]
+
+
+def _like(term: str, text: str) -> bool:
+    """``text ILIKE '%term%'`` (``~`` is ``%``)."""
+    term = "%" if term == "~" else term
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in term)
+    return re.search(regex, text, re.IGNORECASE | re.DOTALL) is not None
 
 
 @app.get("/dlq.json")
@@ -129,11 +252,13 @@ def _small_page(title: str, body: str, status: int = 200) -> HTMLResponse:
     )
 
 
-def _refused(request: Request, status: int, detail) -> HTMLResponse:
+def _refused(request: Request, status: int, problems: list[str]) -> HTMLResponse:
+    """The answer to a refused post: every problem on a line of its own."""
     back = escape(request.url_for("dead_letters_page").path)  # in the UI's frame when posted from it
+    lines = "".join(f"<li>{escape(problem)}</li>" for problem in problems)
     return _small_page(
         "Redrive refused",
-        f"<p class='refused'>Refused: {escape(one_line(detail))}</p>"
+        f"<p>The dry run of {REDRIVE_DAG} was refused:</p><ul class='refused'>{lines}</ul>"
         "<p class='muted'>Nothing was triggered.</p>"
         f"<p><a href='{back}'>Back to Dead letters</a></p>",
         status,
@@ -142,7 +267,7 @@ def _refused(request: Request, status: int, detail) -> HTMLResponse:
 
 def run_page(run_id: str) -> str:
     """The path of a dlq_redrive run's page in the Airflow UI."""
-    return f"{_ui_root()}dags/{REDRIVE_DAG}/runs/{quote(run_id, safe='')}"
+    return run_url(_ui_root(), REDRIVE_DAG, run_id)
 
 
 @app.post(
@@ -165,7 +290,7 @@ def dry_run_redrive(
     # Airflow's REST trigger endpoint itself (Params validated by their JSON schema, run created in
     # this request's session, triggered by this user), imported here: plugins load in every
     # Airflow process, the REST routes matter in the api-server only.
-    from airflow.api_fastapi.common.dagbag import create_dag_bag
+    from airflow.api_fastapi.common.dagbag import create_dag_bag, get_latest_version_of_dag
     from airflow.api_fastapi.core_api.datamodels.dag_run import TriggerDAGRunPostBody
     from airflow.api_fastapi.core_api.routes.public.dag_run import trigger_dag_run
 
@@ -176,21 +301,27 @@ def dry_run_redrive(
         conf_["error_contains"] = error_contains
     if getattr(app.state, "dag_bag", None) is None:  # the api-server's own is on its root app
         app.state.dag_bag = create_dag_bag()
+    status, run_id = 400, None
     try:
-        body = TriggerDAGRunPostBody(logical_date=None, conf=conf_)
-        run = trigger_dag_run(REDRIVE_DAG, body, app.state.dag_bag, user, session, request)
-        run_id = run.run_id
-    except HTTPException as exc:
+        # every refused value at once, one line each (Airflow's trigger stops at the first)
+        dag = get_latest_version_of_dag(app.state.dag_bag, REDRIVE_DAG, session)
+        problems = [one_line(problem) for problem in conf_problems(dag.params, conf_)]
+        if not problems:
+            body = TriggerDAGRunPostBody(logical_date=None, conf=conf_)
+            run_id = trigger_dag_run(REDRIVE_DAG, body, app.state.dag_bag, user, session, request).run_id
+    except HTTPException as exc:  # no such DAG, or a refusal the check above did not foresee
+        status, problems = exc.status_code, [one_line(exc.detail)]
+    if problems:
         session.rollback()  # nothing of a refused run may be committed by the session's teardown
-        _audit(session, user, conf_, refused=one_line(exc.detail))
-        return _refused(request, exc.status_code, exc.detail)
+        _audit(session, user, conf_, refused=problems)
+        return _refused(request, status, problems)
     _audit(session, user, conf_, run_id=run_id)
     if request.headers.get("sec-fetch-dest") == "document":  # a top-level page: straight to the run
         return RedirectResponse(run_page(run_id), status_code=303)
     return RedirectResponse(request.url_for("triggered", run_id=quote(run_id, safe="")).path, status_code=303)
 
 
-def _audit(session, user, conf_: dict, run_id: str | None = None, refused: str | None = None) -> None:
+def _audit(session, user, conf_: dict, run_id: str | None = None, refused: list[str] | None = None) -> None:
     """An entry in Airflow's audit log (Browse > Audit Log, ``/api/v2/eventLogs``) for a trigger
     from the page, as Airflow's own REST trigger writes one (event ``trigger_dag_run``, the user as
     owner): committed with the run by the request's session, or alone for a refused one."""
@@ -238,7 +369,9 @@ def triggered(run_id: str) -> HTMLResponse:
 
 
 @app.get("/metrics")
-def metrics() -> Response:
-    """The Prometheus metrics, read from the state store now (text exposition format)."""
+def metrics(session: SessionDep) -> Response:
+    """The Prometheus metrics, read from the state store now (text exposition format), and each
+    tier's ``redelivery_tier_paused`` from Airflow's metadata database (``tier_pauses``)."""
+    paused = tier_pauses(session)
     with RedeliveryHook().get_conn() as conn:
-        return Response(render_metrics(conn), media_type=CONTENT_TYPE)
+        return Response(render_metrics(conn, tier_paused=paused), media_type=CONTENT_TYPE)
