@@ -1,23 +1,60 @@
-"""The promise, checked in SQL after every round of the crash suite: nothing lost, doubled or
-reset. Each check returns the rows that break it (empty: it holds)."""
+"""The promise, checked after every round of the crash suite: nothing lost, doubled or reset.
+
+Two kinds of check, each returning the rows (or ledger calls) that break it (empty: it holds):
+
+- the state store against itself, in SQL (``CHECKS``, ``history``, ``decreased``);
+- the state store against what its clients saw (``chaos/ledger.py``: every call of every worker
+  and of the controller, with what the API answered), as Jepsen checks a database against its
+  clients' history (``LEDGER_CHECKS``).
+
+``INVARIANTS`` names them all; ``check`` runs every one that its arguments allow, and the crash
+suite requires each of them to have run. ``tests/test_invariants.py`` plants one violation of each
+in a small state and asserts that exactly that invariant reports it.
+"""
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+
 import psycopg
+from ledger import Call, events
+
+MISSING_DELIVERY = "every published message has exactly one delivery per subscribed group"
+FOREIGN_DELIVERY = "every delivery belongs to a message of its topic and to a subscribed group"
+DLQ_ROWS = "a DLQ row exists iff the delivery is in DLQ, once"
+BATCH_COUNT = "each publish batch applied once, with the count it was published with"
+EARLY_PROMOTION = "nothing promoted before its due time"
+REDRIVE_AUDIT = "redrive audit rows equal the moves"
+HISTORY = "each failed delivery appears once in the attempt history (no receipt honoured twice)"
+DECREASED = "no delivery count, redrive count or group total ever decreased"
+PUBLISHED = "every message a producer saw published exists once, with its key"
+HANDED_ONCE = "a delivery (message, group, delivery count) was handed to at most one consumer"
+APPLIED = "an answer the API applied holds: an ack ends COMMITTED under its delivery, a nack or reject never"
+INCREASING = "delivery counts a consumer saw for a message strictly increase"
+STALE = "an answer the API called stale changed nothing, and was counted"
+REPORTED = "what tier runs and redrives reported is what the state store holds"
+WORKERS = "no worker died of an error or exited unexpectedly"
+FINAL = "after draining, every message ended exactly once per group (COMMITTED or DLQ)"
+
+#: Every invariant, in the order the README lists them.
+INVARIANTS = (
+    MISSING_DELIVERY, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
+    DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, FINAL,
+)  # fmt: skip
 
 #: name -> statement returning one row per violation
 CHECKS = {
-    "every published message has exactly one delivery per subscribed group": """
+    MISSING_DELIVERY: """
         SELECT m.id, s.group_id FROM messages m JOIN subscriptions s ON s.topic_id = m.topic_id
         WHERE NOT EXISTS (SELECT 1 FROM deliveries d
                           WHERE d.message_id = m.id AND d.group_id = s.group_id)""",
     # no foreign key checks this row by row any more (migration 0008): the statements must
-    "every delivery belongs to a message of its topic and to a subscribed group": """
+    FOREIGN_DELIVERY: """
         SELECT d.message_id, d.group_id, d.topic_id FROM deliveries d
         WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = d.message_id AND m.topic_id = d.topic_id)
            OR NOT EXISTS (SELECT 1 FROM subscriptions s
                           WHERE s.topic_id = d.topic_id AND s.group_id = d.group_id)""",
-    "a DLQ row exists iff the delivery is in DLQ, once": """
+    DLQ_ROWS: """
         SELECT d.message_id, d.group_id, 'no DLQ row' FROM deliveries d
         WHERE d.state = 'DLQ' AND NOT EXISTS (
             SELECT 1 FROM dlq_messages q WHERE q.message_id = d.message_id AND q.group_id = d.group_id)
@@ -27,14 +64,14 @@ CHECKS = {
                           AND d.group_id = q.group_id AND d.state = 'DLQ')
         UNION ALL
         SELECT message_id, group_id, 'two DLQ rows' FROM dlq_messages GROUP BY 1, 2 HAVING count(*) > 1""",
-    "each publish batch applied once, with the count it was published with": """
+    BATCH_COUNT: """
         SELECT b.batch_id, b.message_count, count(m.id) FROM publish_batches b
         LEFT JOIN messages m ON m.publish_batch = b.batch_id
         GROUP BY 1, 2 HAVING count(m.id) <> b.message_count""",
-    "nothing promoted before its due time": """
+    EARLY_PROMOTION: """
         SELECT message_id, group_id, due_at, ready_at FROM deliveries
         WHERE state IN ('READY', 'INFLIGHT', 'COMMITTED') AND due_at IS NOT NULL AND ready_at < due_at""",
-    "redrive audit rows equal the moves": """
+    REDRIVE_AUDIT: """
         SELECT r.run_key, r.moved, (SELECT count(*) FROM redrive_moves m WHERE m.run_id = r.id)
         FROM redrive_runs r
         WHERE r.moved <> (SELECT count(*) FROM redrive_moves m WHERE m.run_id = r.id)
@@ -44,37 +81,30 @@ CHECKS = {
         GROUP BY d.message_id, d.group_id, d.redrive_count HAVING count(m.run_id) <> d.redrive_count""",
 }
 HISTORY_LIMIT = 20  # the attempt history keeps the last 20 failed deliveries
+#: The attempt history's outcome of a consumer's failing answer (client._MODES).
+FAILED_OUTCOME = {"nack": "nack", "reject": "rejected"}
 
 
 def check(
-    conn: psycopg.Connection, previous: dict | None = None, published: dict | None = None
+    conn: psycopg.Connection,
+    previous: dict | None = None,
+    calls: list[Call] | None = None,
+    workers: list | None = None,
 ) -> dict[str, list]:
-    """{invariant: violating rows} for every invariant (SQL and Python ones). ``previous``: a
-    ``counts`` snapshot of an earlier round (delivery and redrive counts never go down);
-    ``published``: {batch id: count} of the batches a producer saw published."""
+    """{invariant: violations} for every invariant its arguments allow: the SQL ones always;
+    ``previous`` (a ``counts`` snapshot of an earlier round): nothing decreased since; ``calls``
+    (``ledger.read``): the state store against what the clients saw; ``workers``: (tag, exit code,
+    killed by the controller, traceback text or None) of the workers that ended."""
     found = {name: conn.execute(sql).fetchall() for name, sql in CHECKS.items()}
-    found["each failed delivery appears once in the attempt history (no receipt honoured twice)"] = history(
-        conn
-    )
+    found[HISTORY] = history(conn)
     if previous is not None:
-        now = counts(conn)
-        found["no delivery count, redrive count or group total ever decreased"] = [
-            (key, before, now.get(key))
-            for key, before in previous.items()
-            if key not in now or any(a < b for a, b in zip(now[key], before, strict=True))
-        ]
-    if published is not None:
-        found["every batch a producer saw published is there, with its count"] = [
-            (batch, count, row)
-            for batch, count in published.items()
-            if (
-                row := conn.execute(
-                    "SELECT message_count FROM publish_batches WHERE batch_id = %s", (batch,)
-                ).fetchone()
-            )
-            is None
-            or row[0] != count
-        ]
+        found[DECREASED] = decreased(previous, counts(conn))
+    if calls is not None:
+        states = delivery_states(conn)
+        for name, ledger_check in LEDGER_CHECKS.items():
+            found[name] = ledger_check(conn, calls, states)
+    if workers is not None:
+        found[WORKERS] = [w for w in workers if not w[2] and (w[1] != 0 or w[3])]
     return found
 
 
@@ -112,8 +142,164 @@ def counts(conn: psycopg.Connection) -> dict:
     return found
 
 
+def decreased(previous: dict, now: dict) -> list:
+    """Counters lower now than before (a delivery row gone is the other invariants' to judge)."""
+    return [
+        (key, before, now[key])
+        for key, before in previous.items()
+        if key in now and any(a < b for a, b in zip(now[key], before, strict=True))
+    ]
+
+
 def final(conn: psycopg.Connection) -> list:
     """After draining: every delivery ended, COMMITTED or DLQ."""
     return conn.execute(
         "SELECT message_id, group_id, state::text FROM deliveries WHERE state NOT IN ('COMMITTED', 'DLQ')"
     ).fetchall()
+
+
+# ---- the state store against the ledger ------------------------------------------------------
+
+
+def delivery_states(conn: psycopg.Connection) -> dict:
+    """{(message id, group name): (state, delivery count, {delivery: outcome} of its attempt history)}."""
+    rows = conn.execute("""
+        SELECT d.message_id, g.name, d.state::text, d.delivery_count,
+               coalesce(ARRAY(SELECT (e->>'delivery') || ':' || (e->>'outcome')
+                              FROM jsonb_array_elements(d.attempts) e), '{}')
+        FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id""").fetchall()
+    return {
+        (m, g): (state, count, dict((int(a.split(":")[0]), a.split(":", 1)[1]) for a in attempts))
+        for m, g, state, count, attempts in rows
+    }
+
+
+def published(conn, calls: list[Call], states) -> list:
+    """Each publish a producer saw answered: its batch holds exactly the ids the API gave, with the
+    keys the producer asked for, as many as it asked for."""
+    bad = []
+    for call in events(calls, "publish"):
+        rows = conn.execute(
+            "SELECT id, key FROM messages WHERE publish_batch = %s ORDER BY id", (call.asked["batch"],)
+        ).fetchall()
+        if (
+            len(rows) != call.asked["count"]
+            or sorted(r[0] for r in rows) != sorted(call.answer.get("ids", [r[0] for r in rows]))
+            or Counter(r[1] for r in rows) != Counter(call.asked["keys"])
+        ):
+            bad.append((call.worker, call.asked["batch"], call.asked["count"], len(rows)))
+    return bad
+
+
+def handed(calls: list[Call]) -> list[tuple]:
+    """(call, message id, group, delivery count) of every message a consumer was handed."""
+    return [
+        (call, m, call.answer["group"], c)
+        for call in events(calls, "receive")
+        for m, c in call.answer.get("handed", [])
+    ]
+
+
+def handed_once(conn, calls: list[Call], states) -> list:
+    seen = Counter((m, g, c) for _, m, g, c in handed(calls))
+    return [(m, g, c, n) for (m, g, c), n in seen.items() if n > 1]
+
+
+def increasing(conn, calls: list[Call], states) -> list:
+    """A receive that began after another one for the same message and group ended must hand out
+    a higher delivery count (real time: the ledger's clock is the machine's)."""
+    by_message = defaultdict(list)
+    for call, m, g, c in handed(calls):
+        by_message[(m, g)].append((call.began, call.ended, c, call.worker))
+    bad = []
+    for (m, g), seen in by_message.items():
+        for began, _, count, worker in seen:
+            for _, ended, earlier, other in seen:
+                if ended < began and count <= earlier:
+                    bad.append((m, g, earlier, count, other, worker))
+    return bad
+
+
+def _holds(verb: str, receipt: tuple, states: dict) -> bool:
+    """Whether the state store shows ``verb`` applied to receipt (message, group, delivery)."""
+    m, g, c = receipt
+    state, count, attempts = states.get((m, g), (None, None, {}))
+    if verb == "ack":
+        return state == "COMMITTED" and count == c
+    return not (state == "COMMITTED" and count == c)
+
+
+def applied(conn, calls: list[Call], states) -> list:
+    """An answer the API said applied to n of its receipts: at least n of them show it (all of
+    them when n is all): an ack COMMITTED under that delivery count; a nack or reject not."""
+    bad = []
+    for call in events(calls, "answer"):
+        receipts = [(m, call.asked["group"], c) for m, c in call.asked["receipts"]]
+        showing = sum(_holds(call.asked["verb"], r, states) for r in receipts)
+        if showing < call.answer["applied"]:
+            bad.append((call.worker, call.asked["verb"], receipts, call.answer["applied"], showing))
+    return bad
+
+
+def stale(conn, calls: list[Call], states) -> list:
+    """An answer the API called stale for every receipt changed none of them: no ack COMMITTED
+    the delivery, no nack or reject put its outcome in the delivery's history (unless another
+    call of the same answer, applied or of unknown outcome, could have). And each group counted
+    at least the stale receipts the API told of."""
+    answers = events(calls, "answer", phase=None)
+    maybe = Counter(
+        (call.asked["verb"], m, call.asked["group"], c)
+        for call in answers
+        if call.phase != "ok" or call.answer["applied"] > 0
+        for m, c in call.asked["receipts"]
+    )
+    bad, told = [], Counter()
+    for call in events(calls, "answer"):
+        verb, group = call.asked["verb"], call.asked["group"]
+        told[group] += len(call.asked["receipts"]) - call.answer["applied"]
+        if call.answer["applied"]:
+            continue
+        for m, c in call.asked["receipts"]:
+            if maybe[(verb, m, group, c)]:
+                continue
+            state, count, attempts = states.get((m, group), (None, None, {}))
+            changed = (
+                state == "COMMITTED" and count == c
+                if verb == "ack"
+                else attempts.get(c) == FAILED_OUTCOME[verb]
+            )
+            if changed:
+                bad.append((call.worker, verb, m, group, c))
+    counted = dict(conn.execute("SELECT name, stale_receipts FROM consumer_groups").fetchall())
+    bad += [
+        ("stale receipts counted", g, counted.get(g, 0), n) for g, n in told.items() if counted.get(g, 0) < n
+    ]
+    return bad
+
+
+def reported(conn, calls: list[Call], states) -> list:
+    """A tier run's reported promotions are its record's; a finished redrive's moves are its run's."""
+    bad = []
+    for call in events(calls, "tier"):
+        row = conn.execute(
+            "SELECT (summary->>'promoted')::int FROM tier_runs WHERE run_key = %s", (call.answer["run_key"],)
+        ).fetchone()
+        if row is None or row[0] != call.answer["promoted"]:
+            bad.append(("tier", call.answer["run_key"], call.answer["promoted"], row))
+    for call in events(calls, "redrive"):
+        row = conn.execute(
+            "SELECT status, moved FROM redrive_runs WHERE run_key = %s", (call.answer["run_key"],)
+        ).fetchone()
+        if row is None or tuple(row) != (call.answer["status"], call.answer["moved"]):
+            bad.append(("redrive", call.answer["run_key"], call.answer["status"], call.answer["moved"], row))
+    return bad
+
+
+LEDGER_CHECKS = {
+    PUBLISHED: published,
+    HANDED_ONCE: handed_once,
+    APPLIED: applied,
+    INCREASING: increasing,
+    STALE: stale,
+    REPORTED: reported,
+}

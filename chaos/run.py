@@ -21,6 +21,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,25 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "chaos" / "worker.py"
 CONFIG = ROOT / "chaos" / "config.yaml"
 TOPIC, GROUPS = "chaos", ("g1", "g2", "capped")
+#: Every kind of kill point (the short run in `make test` requires each of them).
+KINDS = (
+    "consumer: after its receive committed, before the handler",
+    "consumer: after the handler, inside its ack/nack/reject",
+    "tier job: inside a range's transaction",
+    "tier job: ranges committed, before the run record is finished",
+    "redrive: inside a batch",
+    "redrive: between two batches",
+    "API publish: inside its transaction",
+    "lost commit answer: publish",
+    "lost commit answer: receive",
+    "lost commit answer: ack",
+    "PostgreSQL: immediate shutdown in the middle of runs",
+    "Spark publish: staged, before the publishing transaction",
+    "Spark publish: inside the publishing transaction",
+    "Spark publish: a task killed while it stages",
+    "Spark tier job: a task killed inside its range",
+    "Spark consumer: a task killed after its receive committed",
+)
 BACKLOG_LOCK = 7_424_003  # redelivery.catalog.BACKLOG_LOCK
 
 
@@ -52,10 +72,13 @@ def setup_environment(home: Path, port: int) -> None:
 
 
 class Worker:
-    """A worker process; its stdout lines arrive on ``lines``."""
+    """A worker process; its stdout lines arrive on ``lines``. ``killed``: the controller killed it
+    (a kill point, a server restart): its exit says nothing about the code it ran."""
 
-    def __init__(self, proc: subprocess.Popen, tag: str):
-        self.proc, self.tag, self.lines = proc, tag, queue.Queue()
+    def __init__(self, proc: subprocess.Popen, tag: str, log: Path):
+        self.proc, self.tag, self.log, self.lines = proc, tag, log, queue.Queue()
+        self.killed = False
+        self.scenario = None  # the scenario that started it (for a violation's report)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -70,11 +93,25 @@ class Worker:
             return None
 
     def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.killed = True
+        elif os.environ.get("CHAOS_DEBUG"):
+            import traceback
+
+            print(f"DEBUG kill of {self.tag}: already ended {self.proc.poll()}", flush=True)
+            traceback.print_stack()
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
+
+    def status(self) -> tuple:
+        """(tag and scenario, exit code, killed by the controller, the end of the traceback it
+        printed or None)."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        traceback = text[text.index("Traceback") :][-600:] if "Traceback" in text else None
+        return f"{self.tag} ({self.scenario})", self.proc.poll(), self.killed, traceback
 
     def send(self, command: dict) -> None:
         self.proc.stdin.write(json.dumps(command) + "\n")
@@ -85,7 +122,7 @@ class Forked:
     """A worker forked from the controller, with the ``subprocess.Popen`` calls the suite uses:
     its own session (a process group to kill), stdout to a pipe, stderr to its log."""
 
-    def __init__(self, argv: list[str], url: str, log: Path):
+    def __init__(self, argv: list[str], url: str, log: Path, tag: str):
         read, write = os.pipe()
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         pid = os.fork()
@@ -98,6 +135,7 @@ class Forked:
                 sys.stdout = os.fdopen(1, "w", buffering=1)
                 sys.stderr = os.fdopen(2, "w", buffering=1)
                 os.environ["REDELIVERY_DATABASE_URL"] = url
+                os.environ["CHAOS_WORKER"] = tag
                 from redelivery.settings import get_settings
 
                 get_settings.cache_clear()
@@ -127,9 +165,17 @@ class Forked:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def wait(self) -> int:
-        if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code; ``subprocess.TimeoutExpired`` if it is still running after ``timeout`` s."""
+        if timeout is None:
+            if self.returncode is None:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
         return self.returncode
 
 
@@ -142,12 +188,16 @@ class Controller:
         self.base_url = embedded.ensure_running(("chaos",)).rsplit("/", 1)[0] + "/chaos"
         self.kills: Counter = Counter()
         self.violations: Counter = Counter()
-        self.published: dict[str, int] = {}
+        self.workers: list[Worker] = []  # started since the last check
+        self.scenario: str | None = None
+        self.calls_compared = 0
         self.seconds: Counter = Counter()  # time spent per scenario
         self.spark: Worker | None = None
         self.standby: Worker | None = None
         self.logs = Path(args.home) / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.ledger_dir = Path(args.home) / "ledger"
+        os.environ["CHAOS_LEDGER"] = str(self.ledger_dir)
         self.reset_database()
         from proxy import LostAnswerProxy
 
@@ -186,19 +236,28 @@ class Controller:
             for group in GROUPS:
                 client.create_group(group, max_reconsume_times=1 if group == "g2" else None)
                 client.subscribe(group, TOPIC)
-        self.client = Client(self.url())
+        shutil.rmtree(self.ledger_dir, ignore_errors=True)
+        self.client = self.ledgered_client()
         self.conn = self.connect()
         self.topic_id = self.conn.execute("SELECT id FROM topics WHERE name = %s", (TOPIC,)).fetchone()[0]
 
     def reconnect(self) -> None:
-        from redelivery.client import Client
-
         for closing in (self.conn, self.client):
             try:
                 closing.close()
             except Exception:
                 pass
-        self.client, self.conn = Client(self.url()), self.connect()
+        self.client, self.conn = self.ledgered_client(), self.connect()
+
+    def ledgered_client(self):
+        """The controller's own client: its publishes, receives and answers go into the ledger too."""
+        from ledger import Ledger, LedgeredClient
+
+        from redelivery.client import Client
+
+        return LedgeredClient(
+            Client(self.url()), Ledger(self.ledger_dir, f"controller-{uuid.uuid4().hex[:6]}")
+        )
 
     # ---- workers ----------------------------------------------------------------------------
 
@@ -209,8 +268,11 @@ class Controller:
         tag = f"{role}-{uuid.uuid4().hex[:8]}"
         url, log = self.url(tag, through_proxy), self.logs / f"{tag}.log"
         if role != "spark":
-            return Worker(Forked([role, *args], url, log), tag)
-        env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+            worker = Worker(Forked([role, *args], url, log, tag), tag, log)
+            worker.scenario = self.scenario
+            self.workers.append(worker)
+            return worker
+        env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "PYTHONUNBUFFERED": "1", "CHAOS_WORKER": tag}
         proc = subprocess.Popen(
             [sys.executable, str(WORKER), role, *args],
             env=env,
@@ -220,7 +282,10 @@ class Controller:
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stderr=open(log, "w"),
         )
-        return Worker(proc, tag)
+        worker = Worker(proc, tag, log)
+        worker.scenario = self.scenario
+        self.workers.append(worker)
+        return worker
 
     def waiting(self, tag_prefix: str, query_like: str = "%", wait_event: str | None = None) -> list:
         """Backends of workers whose tag starts with ``tag_prefix`` waiting on a lock."""
@@ -289,8 +354,9 @@ class Controller:
         )
         if min(ready.get(g, 0) for g in ("g1", "g2")) < 15:
             batch = f"top-{uuid.uuid4().hex[:8]}"
-            ids = self.client.publish(TOPIC, [{"n": i} for i in range(30)], batch_id=batch)
-            self.published[batch] = len(ids)
+            from redelivery.client import Message
+
+            self.client.publish(TOPIC, [Message({"n": i}) for i in range(30)], batch_id=batch)
 
     def make_due_retries(self, group: str = "g1") -> None:
         due = "SELECT count(*) FROM deliveries WHERE state = 'WAITING_RETRY' AND due_at <= now()"
@@ -299,7 +365,7 @@ class Controller:
         self.top_up()
         got = self.client.receive(group, TOPIC, 10, 30)
         if got:
-            self.client.nack(group, got, error="chaos")
+            self.client.answer("nack", group, got, error="chaos")
         time.sleep(1.05)  # the fixed 1 s backoff: due now
 
     def make_dead_letters(self, group: str, at_least: int) -> None:
@@ -310,9 +376,8 @@ class Controller:
         ).fetchone()[0]
         if dead < at_least:
             self.top_up()
-            self.client.reject(
-                group, self.client.receive(group, TOPIC, at_least - dead + 2, 30), error="chaos"
-            )
+            got = self.client.receive(group, TOPIC, at_least - dead + 2, 30)
+            self.client.answer("reject", group, got, error="chaos")
 
     def tier_run_now(self, purpose: str) -> None:
         """A tier run in this process (never killed) for a window ending at the database's now."""
@@ -324,7 +389,7 @@ class Controller:
             window_end=now,
             run_key=f"{purpose}-{uuid.uuid4().hex[:8]}",
             url=self.url(),
-            config=self.client.config,
+            config=self.client.client.config,
         )
 
     def churn(self) -> None:
@@ -333,8 +398,8 @@ class Controller:
         for group in GROUPS:
             batch = self.client.receive(group, TOPIC, 10, 2)
             if batch:
-                self.client.ack(group, batch[: len(batch) // 2])
-                self.client.nack(group, batch[len(batch) // 2 :], error="churn")
+                self.client.answer("ack", group, batch[: len(batch) // 2])
+                self.client.answer("nack", group, batch[len(batch) // 2 :], error="churn")
 
     # ---- kill points ------------------------------------------------------------------------
 
@@ -507,11 +572,28 @@ class Controller:
         return self.spark
 
     def kill_task_of(self, backend_port: int) -> bool:
-        """Kill the Python worker (a Spark task) that owns the connection from ``backend_port``."""
+        """Kill the Python worker (a Spark task) that owns the connection from ``backend_port``;
+        never one of the suite's own workers (a Spark driver doing the work itself would make the
+        kill point a driver kill under a task kill's name: nothing is killed then)."""
         import psutil
 
+        ours = {w.proc.pid for w in [*self.workers, self.spark, self.standby] if w is not None}
         for conn in psutil.net_connections(kind="tcp"):
-            if conn.laddr and conn.laddr.port == backend_port and conn.pid:
+            # Linux reuses a local port for connections to other remotes (the driver's to the
+            # Spark Connect server, say): the connection is the one to this PostgreSQL
+            if (
+                conn.laddr
+                and conn.laddr.port == backend_port
+                and conn.raddr
+                and conn.raddr.port == self.args.port
+                and conn.pid
+            ):
+                if conn.pid in ours:
+                    print(
+                        f"  not a Spark task: the connection from port {backend_port} is a driver's",
+                        flush=True,
+                    )
+                    return False
                 os.kill(conn.pid, signal.SIGKILL)
                 return True
         return False
@@ -565,9 +647,7 @@ class Controller:
             found = self.wait_until(lambda: self.waiting("spark", like), 60)
             if found and self.kill_task_of(found[0][1]):
                 self.kills[kind] += 1
-        line = self.expect(spark, answer, 180)
-        if line and job == "publish":
-            self.published[batch] = int(line.split()[-1])
+        self.expect(spark, answer, 180)
 
     def expect(self, worker: Worker, prefix: str, timeout: float) -> str | None:
         line = worker.line(timeout)
@@ -580,12 +660,16 @@ class Controller:
         return line
 
     def run_to_end(self, worker: Worker, timeout: float = 60) -> None:
+        """Until the worker exits by itself; one still running after ``timeout`` seconds is killed
+        and counted as a worker that hung (its exit code says so: not killed by a kill point)."""
         deadline = time.monotonic() + timeout
-        while (line := worker.line(max(0.1, deadline - time.monotonic()))) is not None:
-            if line.startswith("PUBLISHED"):
-                _, batch, count = line.split()
-                self.published[batch] = int(count)
-        worker.kill()
+        while worker.line(max(0.1, deadline - time.monotonic())) is not None:
+            pass
+        try:
+            worker.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.killed = False  # not a kill point: the worker hung
 
     # ---- the run ----------------------------------------------------------------------------
 
@@ -611,13 +695,19 @@ class Controller:
     }
 
     def run_scenario(self, name: str) -> None:
+        self.scenario = name
         method, _, arg = name.partition(":")
         getattr(self, method)(*([arg] if arg else []))
 
     def check(self, previous) -> dict:
         from invariants import check
+        from ledger import read
 
-        found = check(self.conn, previous, self.published)
+        calls = read(self.ledger_dir)
+        self.calls_compared = len(calls)
+        ended = [w for w in self.workers if w.proc.poll() is not None and w not in (self.spark, self.standby)]
+        self.workers = [w for w in self.workers if w not in ended]
+        found = check(self.conn, previous, calls, [w.status() for w in ended])
         for name, rows in found.items():
             self.violations[name] += len(rows)
             if rows:
@@ -633,7 +723,7 @@ class Controller:
             self.tier_run_now("drain")
             for group in GROUPS:
                 while batch := self.client.receive(group, TOPIC, 500, 30):
-                    self.client.ack(group, batch)
+                    self.client.answer("ack", group, batch)
             left = final(self.conn)
             if not left:
                 return []
@@ -646,6 +736,8 @@ class Controller:
         scenarios = dict(self.SCENARIOS)
         if self.args.spark:
             scenarios.update({k: v * self.args.spark_weight for k, v in self.SPARK_SCENARIOS.items()})
+        if self.args.only:
+            scenarios = {k: v for k, v in scenarios.items() if k in self.args.only.split(",")}
         names, weights = list(scenarios), list(scenarios.values())
         started, previous, rounds = time.monotonic(), counts(self.conn), 0
         forced = list(scenarios) if self.args.every_kind else []  # every kind at least once, first
@@ -673,9 +765,9 @@ class Controller:
             if spark is not None:
                 spark.kill()
         left = self.drain()
-        self.violations["after draining, every message ended exactly once per group (COMMITTED or DLQ)"] += (
-            len(left)
-        )
+        from invariants import FINAL
+
+        self.violations[FINAL] += len(left)
         self.check(previous)
         return self.report(time.monotonic() - started)
 
@@ -693,7 +785,8 @@ class Controller:
             "messages": messages,
             "final_states": states,
             "stale_receipts": stale,
-            "publish_batches_seen_published": len(self.published),
+            "ledger_calls_compared": self.calls_compared,
+            "invariants_checked": sorted(self.violations),
         }
         print("\nkill points by kind:")
         for kind, n in sorted(self.kills.items(), key=lambda kv: -kv[1]):
@@ -705,10 +798,21 @@ class Controller:
         print(
             f"{summary['kill_points']} kill points in {summary['seconds']} s; {messages} messages, "
             "final states "
-            f"{states}; {stale} stale receipts counted"
+            f"{states}; {stale} stale receipts counted; {self.calls_compared} ledger calls compared "
+            "with the state store"
         )
+        from invariants import INVARIANTS
+
+        unchecked = [name for name in INVARIANTS if name not in self.violations]
+        if unchecked:
+            print(f"NOT CHECKED: {unchecked}")
+        unknown = set(self.kills) - set(KINDS)
+        assert not unknown, f"kill kinds missing from KINDS: {unknown}"
+        missed = [kind for kind in KINDS if not self.kills[kind]]
+        if missed:
+            print(f"kill kinds that did not happen: {missed}")
         print("CHAOS_SUMMARY " + json.dumps(summary), flush=True)
-        return 1 if sum(self.violations.values()) else 0
+        return 1 if sum(self.violations.values()) or unchecked else 0
 
 
 def main() -> int:
@@ -722,6 +826,7 @@ def main() -> int:
     parser.add_argument("--spark-weight", type=int, default=1, help="weight of each Spark kill point kind")
     parser.add_argument("--keep-server", action="store_true", help="leave the suite's PostgreSQL running")
     parser.add_argument("--every-kind", action="store_true", help="run every kind of kill point first, once")
+    parser.add_argument("--only", help="only these scenarios, comma-separated (to chase one kind)")
     parser.add_argument("--home", default=str(ROOT / ".redelivery" / "chaos"))
     parser.add_argument("--port", type=int, default=54339)
     args = parser.parse_args()

@@ -10,17 +10,21 @@ through the public API exactly as a pipeline would, and killed by the controller
 The database is REDELIVERY_DATABASE_URL; the config REDELIVERY_CONFIG (chaos/config.yaml). A
 consumer's handler decides by (message id, delivery): reject some, fail some, ack the rest; with
 a gate it first waits on a row of chaos.gates the controller may hold, which freezes it at a known
-point. Every success is printed as one line the controller reads.
+point. Every call and what the API answered go into the worker's ledger (chaos/ledger.py, the
+directory CHAOS_LEDGER, the file named by CHAOS_WORKER); every success is also printed as one line
+the controller reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 
 import psycopg
+from ledger import Ledger, LedgeredClient
 
 from redelivery.client import Client, Message
 
@@ -40,58 +44,68 @@ def wait_at_gate(url: str, gate: str) -> None:
         conn.execute("SELECT 1 FROM chaos.gates WHERE name = %s FOR SHARE", (gate,))
 
 
+def ledgered_client() -> LedgeredClient:
+    """The public client, its calls recorded in this worker's ledger (chaos/ledger.py)."""
+    return LedgeredClient(Client(), own_ledger())
+
+
+def own_ledger() -> Ledger:
+    return Ledger(os.environ["CHAOS_LEDGER"], os.environ.get("CHAOS_WORKER", f"worker-{os.getpid()}"))
+
+
 def publish(args) -> None:
-    with Client() as client:
-        messages = [
-            Message({"n": args.first + i, "batch": args.batch}, key=f"{args.batch}:{i}")
-            for i in range(args.count)
-        ]
-        ids = client.publish(TOPIC, messages, batch_id=args.batch)
+    client = ledgered_client()
+    messages = [
+        Message({"n": args.first + i, "batch": args.batch}, key=f"{args.batch}:{i}")
+        for i in range(args.count)
+    ]
+    ids = client.publish(TOPIC, messages, batch_id=args.batch)
     print(f"PUBLISHED {args.batch} {len(ids)}", flush=True)
+
+
+def reconnected(client: LedgeredClient) -> None:
+    """A new connection after a lost one (a lost commit answer, a restarted server), as a consumer
+    that goes on would make."""
+    client.client.conn = psycopg.connect(
+        client.client.url, autocommit=True, options="-c search_path=redelivery"
+    )
 
 
 def consume(args) -> None:
     url = os.environ["REDELIVERY_DATABASE_URL"]
-    with Client() as client:
-        while True:
+    client = ledgered_client()
+    while True:
+        try:
             batch = client.receive(args.group, TOPIC, args.max, args.lease)
-            if not batch:
-                break
-            print(f"RECEIVED {len(batch)}", flush=True)
-            if args.gate and args.gate_at == "before":
-                wait_at_gate(url, args.gate)
-            plan: dict[str, list] = {"ack": [], "nack": [], "reject": []}
-            for message in batch:
-                plan[outcome(message.message_id, message.delivery_count)].append(message)
-            if args.gate and args.gate_at == "after":
-                with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute(
-                        "INSERT INTO chaos.received (gate, ids) VALUES (%s, %s)",
-                        (args.gate, [m.message_id for m in batch]),
-                    )
-                wait_at_gate(url, args.gate)
-            answered = 0
-            for verb, messages in plan.items():
-                if messages:
-                    call = {"ack": client.ack, "nack": client.nack, "reject": client.reject}[verb]
-                    try:
-                        answered += (
-                            call(args.group, messages)
-                            if verb == "ack"
-                            else call(args.group, messages, error=verb)
-                        )
-                    except psycopg.OperationalError:  # a lost answer: answer again on a new connection
-                        client.conn = psycopg.connect(
-                            client.url, autocommit=True, options="-c search_path=redelivery"
-                        )
-                        answered += (
-                            call(args.group, messages)
-                            if verb == "ack"
-                            else call(args.group, messages, error=verb)
-                        )
-            print(f"ANSWERED {answered}", flush=True)
-            if not args.loop:
-                break
+        except psycopg.OperationalError:  # its answer was lost (recorded): the lease runs out, try again
+            reconnected(client)
+            continue
+        if not batch:
+            break
+        print(f"RECEIVED {len(batch)}", flush=True)
+        if args.gate and args.gate_at == "before":
+            wait_at_gate(url, args.gate)
+        plan: dict[str, list] = {"ack": [], "nack": [], "reject": []}
+        for message in batch:
+            plan[outcome(message.message_id, message.delivery_count)].append(message)
+        if args.gate and args.gate_at == "after":
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO chaos.received (gate, ids) VALUES (%s, %s)",
+                    (args.gate, [m.message_id for m in batch]),
+                )
+            wait_at_gate(url, args.gate)
+        answered = 0
+        for verb, messages in plan.items():
+            if messages:
+                try:
+                    answered += client.answer(verb, args.group, messages, error=verb)
+                except psycopg.OperationalError:  # a lost answer: answer again on a new connection
+                    reconnected(client)
+                    answered += client.answer(verb, args.group, messages, error=verb)
+        print(f"ANSWERED {answered}", flush=True)
+        if not args.loop:
+            break
 
 
 def tier(args) -> None:
@@ -99,8 +113,13 @@ def tier(args) -> None:
 
     with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
         now = conn.execute("SELECT now()").fetchone()[0]
-    summary = run_tier_window(
-        tier="fast", window_end=now, run_key=args.run_key, max_partitions=args.partitions
+    summary = own_ledger().record(
+        "tier",
+        {"run_key": args.run_key},
+        lambda: run_tier_window(
+            tier="fast", window_end=now, run_key=args.run_key, max_partitions=args.partitions
+        ),
+        tier_answer(args.run_key),
     )
     print(
         f"TIER {json.dumps({'promoted': summary['promoted'], 'dead_lettered': summary['dead_lettered']})}",
@@ -108,12 +127,21 @@ def tier(args) -> None:
     )
 
 
+def tier_answer(run_key: str):
+    return lambda summary: {"run_key": run_key, "promoted": summary["promoted"]}
+
+
 def redrive(args) -> None:
     from redelivery.redrive import RedriveRequest
     from redelivery.redrive import redrive as run
 
     request = RedriveRequest(group=args.group, dry_run=False, rate_limit=args.rate)
-    result = run(request, run_key=args.run_key, log=lambda *_: None)
+    result = own_ledger().record(
+        "redrive",
+        {"group": args.group, "run_key": args.run_key},
+        lambda: run(request, run_key=args.run_key, log=lambda *_: None),
+        lambda r: {"run_key": r["run_key"], "status": r["status"], "moved": r["moved"]},
+    )
     print(f"REDRIVEN {result['moved']} {result['status']}", flush=True)
 
 
@@ -126,24 +154,39 @@ def spark(args) -> None:
 
     # the warm Spark Connect server of the suite (local[cores,3]: a failed task is tried again)
     session = get_spark("redelivery-chaos")
+    ledger = own_ledger()
     print("READY", flush=True)
     for line in sys.stdin:
         command = json.loads(line)
         if command["op"] == "publish":
-            rows = [
-                (f"{command['batch']}:{i}", json.dumps({"n": i, "batch": command["batch"]}))
-                for i in range(command["count"])
-            ]
+            keys = [f"{command['batch']}:{i}" for i in range(command["count"])]
+            rows = [(key, json.dumps({"n": i, "batch": command["batch"]})) for i, key in enumerate(keys)]
             df = session.createDataFrame(rows, "key string, body string").repartition(
                 command.get("partitions", 3)
             )
-            count = publish_dataframe(df, TOPIC, command["batch"])
+            count = ledger.record(
+                "publish",
+                {"topic": TOPIC, "batch": command["batch"], "count": len(keys), "keys": keys},
+                functools.partial(publish_dataframe, df, TOPIC, command["batch"]),
+                lambda n: {"count": n},
+            )
             print(f"PUBLISHED {command['batch']} {count}", flush=True)
         elif command["op"] == "tier":
             with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
                 now = conn.execute("SELECT now()").fetchone()[0]
-            summary = run_tier_window(
-                tier="fast", window_end=now, run_key=command["run_key"], spark=session, max_partitions=3
+            summary = ledger.record(
+                "tier",
+                {"run_key": command["run_key"]},
+                functools.partial(
+                    run_tier_window,
+                    tier="fast",
+                    window_end=now,
+                    run_key=command["run_key"],
+                    spark=session,
+                    max_partitions=3,
+                    spark_threshold=0,  # in Spark tasks however small the window: the task kill point
+                ),  # fmt: skip
+                tier_answer(command["run_key"]),
             )
             print(f"TIER {summary['promoted']}", flush=True)
         elif command["op"] == "consume":
@@ -151,7 +194,7 @@ def spark(args) -> None:
                 session,
                 group=command["group"],
                 topic=TOPIC,
-                handler=SparkHandler(command.get("gate")),
+                handler=SparkHandler(command["group"], os.environ["CHAOS_LEDGER"], command.get("gate")),
                 consumers=2,
                 batch_size=command.get("max", 20),
                 invisible_duration=2,
@@ -160,15 +203,35 @@ def spark(args) -> None:
 
 
 class SparkHandler:
-    """The consumer handler as a Spark task runs it (picklable); an optional gate freezes the task."""
+    """The consumer handler as a Spark task runs it (picklable): what it is handed goes into a
+    ledger of the task's process (written here with the standard library only: Spark's Python
+    workers cannot import chaos/ modules); an optional gate freezes the task."""
 
-    def __init__(self, gate: str | None = None):
-        self.gate = gate
+    def __init__(self, group: str, ledger_dir: str, gate: str | None = None):
+        self.group, self.ledger_dir, self.gate = group, ledger_dir, gate
 
     def __call__(self, messages):
+        import time
+        import uuid
+
+        worker, call_id = f"spark-task-{os.getpid()}", uuid.uuid4().hex
+        handed = [[m.message_id, m.delivery_count] for m in messages]
+        base = {"w": worker, "id": call_id, "op": "receive", "group": self.group}
+        lines = [  # a call and its answer, as chaos/ledger.py writes them
+            {**base, "t": time.time(), "phase": "call"},
+            {**base, "t": time.time(), "phase": "ok", "handed": handed},
+        ]
+        path = os.path.join(self.ledger_dir, f"{worker}.jsonl")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            for line in lines:
+                os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
         if self.gate:
             wait_at_gate(os.environ["REDELIVERY_DATABASE_URL"], self.gate)
-        return [(outcome(m.message_id, m.delivery_count), "spark says no") for m in messages]
+        verbs = {"ack": "ack", "nack": "retry", "reject": "reject"}  # the consumer job's outcomes
+        return [(verbs[outcome(m.message_id, m.delivery_count)], "spark says no") for m in messages]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -75,6 +75,18 @@ def topic_group(client):
     return "orders", "billing"
 
 
+@pytest.fixture()
+def dagbag():
+    """The DAGs of dags/ as Airflow loads them, parsed anew for each test: ``dag.test`` runs tasks
+    in this process, where Airflow's ParamsDict.update sets the DAG's own Param values from the
+    run's conf, so a DAG object kept between tests would carry one run's conf into the next."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from redelivery.settings import REPO_ROOT
+
+    return DagBag(dag_folder=str(REPO_ROOT / "dags"))
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A classic local session (a JVM driver in the test process), as spark-submit runs jobs."""

@@ -43,12 +43,74 @@ def reset(conn) -> None:
     empty_state_store(conn)
 
 
-def snapshot(conn) -> list:
-    """Every delivery and dead letter, to assert that a failed call changed nothing."""
-    deliveries = conn.execute("SELECT * FROM deliveries ORDER BY message_id, group_id").fetchall()
-    dead = conn.execute("SELECT group_id, message_id, reason FROM dlq_messages ORDER BY 1, 2").fetchall()
-    messages = conn.execute("SELECT count(*) FROM messages").fetchone()
-    return [deliveries, dead, messages]
+#: Every table holding rows in the state store's schemas, found in the catalog (a table a migration
+#: adds is never forgotten): the ``redelivery`` schema's tables and partitions and the DLQ tables of
+#: ``redelivery_dlq``, each with what it is a partition of and for which values, so that a DLQ table
+#: made, dropped, attached or detached changes the snapshot too. A partitioned table holds no rows
+#: of its own: its rows are read from its partitions.
+_SNAPSHOT_TABLES = """
+    SELECT n.nspname, c.relname,
+           coalesce(' (partition of ' || p.inhparent::regclass::text
+                    || ' ' || pg_get_expr(c.relpartbound, c.oid) || ')', '')
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_inherits p ON p.inhrelid = c.oid
+    WHERE n.nspname = ANY(%(schemas)s) AND c.relkind = 'r'
+    ORDER BY 1, 2"""
+
+
+def snapshot(conn, leave_out: tuple[str, ...] = ()) -> dict:
+    """Every row of every table of the state store (``_SNAPSHOT_TABLES``), to assert that a call
+    changed nothing: ``{table: rows}``, each table's rows in the order of their text form, so that
+    two snapshots are equal exactly when no row was added, removed or changed and no table appeared
+    or went. ``leave_out``: tables (``"redelivery.redrive_runs"``) a test checks by itself, e.g. the
+    audit row a dry run writes by design. One consistent view of the database (a REPEATABLE READ
+    transaction, unless ``conn`` is in one already); ``conn`` is left as it was."""
+    from psycopg import pq, sql
+
+    from redelivery.catalog import DLQ_SCHEMA
+    from redelivery.db import SCHEMA
+
+    tables: dict = {}
+
+    def read() -> None:
+        named = conn.execute(_SNAPSHOT_TABLES, {"schemas": [SCHEMA, DLQ_SCHEMA]}).fetchall()
+        assert (SCHEMA, "deliveries", "") in named, f"no state store tables found: {named}"
+        for schema, table, partition in named:
+            if f"{schema}.{table}" in leave_out:
+                continue
+            query = sql.SQL('SELECT * FROM ONLY {} AS r ORDER BY r::text COLLATE "C"').format(
+                sql.Identifier(schema, table)
+            )
+            tables[f"{schema}.{table}{partition}"] = conn.execute(query).fetchall()
+
+    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            read()
+    else:
+        read()
+    return tables
+
+
+def _poll(url: str, query: str, done, what: str, timeout: float):
+    """``query``'s first value on ``url``'s database, read again every 20 ms until ``done(value)``;
+    fails naming ``what`` after ``timeout`` seconds (a test's own limit on waiting, never a
+    measurement)."""
+    import time
+
+    from redelivery import db
+
+    deadline = time.monotonic() + timeout
+    with db.connect(url, autocommit=True) as conn:
+        while True:
+            conn.execute("SELECT pg_stat_clear_snapshot()")  # fresh statistics on each read
+            value = conn.execute(query).fetchone()[0]
+            if done(value):
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} never happened within {timeout} s (last value: {value})")
+            time.sleep(0.02)
 
 
 def wait_for_session(url: str, condition: str, what: str, timeout: float = 60.0) -> None:
@@ -56,21 +118,34 @@ def wait_for_session(url: str, condition: str, what: str, timeout: float = 60.0)
     ``pg_stat_activity``, e.g. ``"wait_event_type = 'Lock'"``): how a test knows that the other
     side of a race is where it should be, instead of sleeping. Fails naming ``what`` after
     ``timeout`` seconds."""
-    import time
-
-    from redelivery import db
-
     query = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
         " AND pid <> pg_backend_pid() AND " + condition
     )
-    deadline = time.monotonic() + timeout
-    with db.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            if conn.execute(query).fetchone()[0]:
-                return
-            time.sleep(0.02)
-    raise AssertionError(f"{what} never happened within {timeout} s")
+    _poll(url, query, bool, what, timeout)
+
+
+def waiting_for_a_lock(statement: str) -> str:
+    """A ``wait_for_session`` condition: a session runs the named statement of
+    ``redelivery.statements`` (``"ACK"``: its text starts ``/* redelivery:ACK */``) and waits for a
+    lock (a row or a table another transaction holds)."""
+    return f"wait_event_type = 'Lock' AND query LIKE '/* redelivery:{statement} */%'"
+
+
+#: Deadlocks PostgreSQL detected in the current database (each aborted one transaction).
+_DEADLOCKS = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+
+
+def deadlocks(url: str) -> int:
+    """How many deadlocks PostgreSQL has detected in ``url``'s database so far
+    (``pg_stat_database.deadlocks``, as the statistics system has it now)."""
+    return _poll(url, _DEADLOCKS, lambda _: True, "reading pg_stat_database", 10.0)
+
+
+def wait_for_deadlocks(url: str, at_least: int, what: str, timeout: float = 60.0) -> int:
+    """Until ``pg_stat_database.deadlocks`` of ``url``'s database reaches ``at_least`` (a backend
+    reports its counts when it is next idle, within about a second, or when it ends); returns it."""
+    return _poll(url, _DEADLOCKS, lambda n: n >= at_least, what, timeout)
 
 
 def unique(prefix: str) -> str:

@@ -6,16 +6,8 @@ from datetime import timedelta
 import pytest
 
 from helpers import at
-from redelivery.settings import REPO_ROOT
 
 pytestmark = pytest.mark.airflow
-
-
-@pytest.fixture(scope="module")
-def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(REPO_ROOT / "dags"))
 
 
 def test_dags_import_without_errors(dagbag):

@@ -3,16 +3,7 @@ run, and documented Params."""
 
 import pytest
 
-from redelivery.settings import REPO_ROOT
-
 pytestmark = pytest.mark.airflow
-
-
-@pytest.fixture(scope="module")
-def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(REPO_ROOT / "dags"))
 
 
 def test_no_import_errors(dagbag):
@@ -32,7 +23,7 @@ def test_every_dag_follows_the_rules(dagbag):
             assert param.schema.get("title") and param.description, f"{dag_id} param {name} is undocumented"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def redrive_params(dagbag):
     """The dlq_redrive DAG's Params as the api-server holds them (the serialized DAG): a trigger's
     ``create_dagrun`` merges the conf into them and validates; a ParamValidationError is its HTTP 400."""

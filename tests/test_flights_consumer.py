@@ -8,6 +8,7 @@ import json
 import math
 import time
 from datetime import datetime
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -197,18 +198,40 @@ def airflow(database_url, tmp_path_factory):
         ),
     }
     home = tmp_path_factory.mktemp("airflow-home")
+    # a metadata database of this state store's own: two test databases never share one
+    metadata = f"airflow_assets_{urlsplit(database_url).path.lstrip('/')}"[:63]
     try:
-        with LocalAirflow(home, "airflow_assets", env, components=WITH_TRIGGERER) as running:
+        with LocalAirflow(home, metadata, env, components=WITH_TRIGGERER) as running:
             running.receiver = receiver
             yield running
     finally:
         receiver.stop()
 
 
-def consumer_runs(base: str) -> list[dict]:
-    return requests.get(
+@pytest.fixture()
+def scheduled(airflow):
+    """The module's Airflow, its receiver's memory emptied (message ids start again from 1 in each
+    test's state store, so another test's accepted ids would count as duplicates)."""
+    receiver = airflow.receiver
+    with receiver._lock:
+        receiver.accepted.clear()
+        receiver.last_answer.clear()
+        receiver.duplicates = 0
+    return airflow
+
+
+def consumer_runs(base: str, known: frozenset = frozenset()) -> list[dict]:
+    """The consumer DAG's runs, oldest first, but those in ``known`` (another test's)."""
+    runs = requests.get(
         f"{base}/api/v2/dags/{DAG_ID}/dagRuns", params={"order_by": "run_after"}, timeout=30
     ).json()["dag_runs"]
+    return [r for r in runs if r["dag_run_id"] not in known]
+
+
+def asset_events(base: str, known: frozenset = frozenset()) -> list[dict]:
+    """The asset's events Airflow stored, but those in ``known`` (ids: another test's)."""
+    events = requests.get(f"{base}/api/v2/assets/events", params={"limit": 100}, timeout=30).json()
+    return [e for e in events["asset_events"] if e["uri"] == ASSET and e["id"] not in known]
 
 
 def open_transactions(client) -> list:
@@ -219,17 +242,41 @@ def open_transactions(client) -> list:
     ).fetchall()
 
 
-def wait_for_runs(base: str, count: int, client, timeout: float = 180) -> list[dict]:
+def wait_for_runs(base: str, count: int, client, known: frozenset, timeout: float = 180) -> list[dict]:
+    """Until ``count`` runs of the consumer DAG, not in ``known``, have finished; returns them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runs = consumer_runs(base)
+        runs = consumer_runs(base, known)
         if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
             return runs
         time.sleep(1)
     raise AssertionError(
-        f"{count} finished runs of {DAG_ID} expected in {timeout} s: {consumer_runs(base)}; "
+        f"{count} finished runs of {DAG_ID} expected in {timeout} s: {consumer_runs(base, known)}; "
         f"open transactions: {open_transactions(client)}"
     )
+
+
+def wait_for_polls(client, count: int, timeout: float = 180) -> None:
+    """Until the asset watcher (its session in pg_stat_activity) has counted the READY deliveries
+    ``count`` more times (one count a poll that got that far), as seen from now: instead of sleeping
+    for a number of poll intervals."""
+    since = client.conn.execute("SELECT now()").fetchone()[0]
+    polls: set = set()
+    deadline = time.monotonic() + timeout
+    while len(polls) < count:
+        assert time.monotonic() < deadline, (
+            f"the watcher polled {len(polls)} times in {timeout} s; open transactions: "
+            f"{open_transactions(client)}"
+        )
+        polls.update(
+            client.conn.execute(
+                "SELECT pid, query_start FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'redelivery-asset-watcher'"
+                " AND query LIKE '/* redelivery:READY_SINCE */%%' AND query_start > %s",
+                (since,),
+            ).fetchall()
+        )
+        time.sleep(0.02)
 
 
 def upstream_events(base: str, run_id: str) -> list[dict]:
@@ -237,12 +284,15 @@ def upstream_events(base: str, run_id: str) -> list[dict]:
     return reply.json()["asset_events"]
 
 
-def test_new_messages_start_the_consumer_dag_once_each(airflow, flights_group):
-    client, base = flights_group, airflow.url
+def test_new_messages_start_the_consumer_dag_once_each(scheduled, flights_group):
+    client, base, airflow = flights_group, scheduled.url, scheduled
+    # another test of this module may have run the DAG and stored events for the asset already
+    known = frozenset(r["dag_run_id"] for r in consumer_runs(base))
+    known_events = frozenset(e["id"] for e in asset_events(base))
     backlog = client.publish("flights", real_flights(departed=3, cancelled=1))  # before the DAG runs
     airflow.unpause(DAG_ID)
 
-    first = wait_for_runs(base, 1, client)[0]
+    first = wait_for_runs(base, 1, client, known)[0]
     assert first["state"] == "success" and first["run_type"] == "asset_triggered"
     [event] = upstream_events(base, first["dag_run_id"])
     assert event["uri"] == ASSET and event["extra"]["from_trigger"] is True
@@ -251,7 +301,7 @@ def test_new_messages_start_the_consumer_dag_once_each(airflow, flights_group):
     assert (state["COMMITTED"], state["DLQ"], state["READY"]) == (3, 1, 0)
 
     more = client.publish("flights", real_flights(departed=6, cancelled=0)[3:])  # 3 new flights
-    runs = wait_for_runs(base, 2, client)
+    runs = wait_for_runs(base, 2, client, known)
     assert [r["state"] for r in runs] == ["success", "success"]
     [event] = upstream_events(base, runs[1]["dag_run_id"])
     assert event["extra"]["payload"]["ready"] == 3
@@ -260,32 +310,32 @@ def test_new_messages_start_the_consumer_dag_once_each(airflow, flights_group):
     assert airflow.receiver.accepted == set(backlog[:3] + more) and airflow.receiver.duplicates == 0
 
     # Airflow's ack mode: the triggerer confirmed the events stored, and the watermark followed
-    claimed, fired, confirmed = client.conn.execute(
-        "SELECT watermark, events, confirmed FROM asset_watermarks WHERE asset_uri = %s", (ASSET,)
-    ).fetchone()
+    watermark = "SELECT watermark, events, confirmed FROM asset_watermarks WHERE asset_uri = %s"
+    claimed, fired, confirmed = client.conn.execute(watermark, (ASSET,)).fetchone()
     until = datetime.fromisoformat(event["extra"]["payload"]["until"])
     assert (claimed, fired, confirmed) == (until, 2, until)
 
-    time.sleep(12)  # more than two polls of the watcher (every 5 s) with nothing new
-    assert len(consumer_runs(base)) == 2
-    events = requests.get(f"{base}/api/v2/assets/events", params={"limit": 100}, timeout=30).json()
-    assert len([e for e in events["asset_events"] if e["uri"] == ASSET]) == 2
+    wait_for_polls(client, 2)  # two more polls of the watcher with nothing new: no event claimed
+    assert client.conn.execute(watermark, (ASSET,)).fetchone() == (claimed, 2, confirmed)
+    assert len(consumer_runs(base, known)) == 2
+    assert len(asset_events(base, known_events)) == 2
 
 
-def test_a_tier_runs_promotions_start_the_consumer_through_the_alias(airflow, flights_group):
+def test_a_tier_runs_promotions_start_the_consumer_through_the_alias(scheduled, flights_group):
     """The tier DAG's event (alias ``redelivery_promotions``) reaches the DAG scheduled on the asset."""
     from datetime import UTC, timedelta
 
-    client, base = flights_group, airflow.url
+    client, base, airflow = flights_group, scheduled.url, scheduled
+    known = frozenset(r["dag_run_id"] for r in consumer_runs(base))  # another test's runs
+    airflow.unpause(DAG_ID)  # the consumer DAG (and its watcher) runs whatever ran before
     client.publish("flights", real_flights(departed=2, cancelled=0))
     received = client.receive("flights-http", "flights", 2, 60)
     client.nack("flights-http", received, error="x", at=datetime.now(UTC) - timedelta(seconds=60))  # due
-    known = {r["dag_run_id"] for r in consumer_runs(base)}
     airflow.unpause("redelivery_tier_seconds")
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            runs = [r for r in consumer_runs(base) if r["dag_run_id"] not in known]
+            runs = consumer_runs(base, known)
             done = [r for r in runs if r["state"] in ("success", "failed")]
             sources = {e["source_dag_id"] for r in done for e in upstream_events(base, r["dag_run_id"])}
             if "redelivery_tier_seconds" in sources:

@@ -6,35 +6,40 @@ is finished by the next run."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import threading
-import time
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from helpers import deadlocks, wait_for_session
 from redelivery import db
 
-FRESH = "redelivery_migrations_test"
+#: Races with migrations: were a lock never granted, fail rather than hang (``migrate`` itself
+#: would retry for MIGRATION_DEADLINE_SECONDS).
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture()
 def fresh_url(database_url):
-    """An empty database on the test server, dropped afterwards."""
+    """An empty database on the test server (named after the test database, so that two test
+    databases on one server never share it), dropped afterwards."""
     parts = urlsplit(database_url)
     admin = parts._replace(path="/postgres").geturl()
+    fresh = f"{parts.path.lstrip('/')}_migrations"[:63]
 
     def drop(conn):
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(FRESH)))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(fresh)))
 
     with psycopg.connect(admin, autocommit=True) as conn:
         drop(conn)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(FRESH)))
-    yield parts._replace(path=f"/{FRESH}").geturl()
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(fresh)))
+    yield parts._replace(path=f"/{fresh}").geturl()
     with psycopg.connect(admin, autocommit=True) as conn:
         drop(conn)
 
@@ -104,35 +109,63 @@ def _migrating(url: str, target: str) -> tuple[threading.Thread, list]:
     return thread, outcome
 
 
-def _wait_for_sessions(url: str, condition: str, at_least: int, what: str, timeout: float = 60.0) -> None:
-    """Until ``at_least`` other sessions of the fresh database match ``condition`` (SQL on
-    ``pg_stat_activity``); else fail: ``what`` never happened."""
-    deadline = time.monotonic() + timeout
-    query = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND pid <> pg_backend_pid() AND " + condition
-    )
-    with db.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            if conn.execute(query).fetchone()[0] >= at_least:
-                return
-            time.sleep(0.05)
-    raise AssertionError(f"{what} never happened")
+#: The migration sessions' application_name (``migrations/env.py``, which runs when imported).
+MIGRATOR = "redelivery-migrate"
+MIGRATION_LOCK = 7_424_001  # and the key of its advisory lock
+#: What ``_write_one`` runs, as pg_stat_activity shows it.
+WRITER = "query LIKE 'WITH m AS (INSERT INTO messages%'"
 
 
 def _wait_for_lock_wait(url: str) -> None:
-    """Until a session waits for a lock (the migration, behind the open transaction)."""
-    _wait_for_sessions(url, "wait_event_type = 'Lock'", 1, "the migration waiting for the open transaction")
+    """Until a migration session waits for a lock (behind the open transaction)."""
+    wait_for_session(
+        url,
+        f"application_name = '{MIGRATOR}' AND wait_event_type = 'Lock'",
+        "the migration waiting for the open transaction",
+    )
 
 
-def _writer_gets_through(url: str, lock_timeout_ms: int) -> float:
-    """Seconds a new publish waited; fails (LockNotAvailable) after ``lock_timeout_ms``."""
+def _migration_waits(url: str) -> bool:
+    """Whether a migration session waits for a lock now."""
+    with db.connect(url, autocommit=True) as conn:
+        return (
+            conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = %s AND wait_event_type = 'Lock'",
+                (MIGRATOR,),
+            ).fetchone()[0]
+            == 1
+        )
+
+
+def _writer_gets_through(url: str, lock_timeout_ms: int) -> None:
+    """A new publish, committed; raises LockNotAvailable if it waited ``lock_timeout_ms`` for a
+    table or row lock (a writer queued behind a lock request that does not give way)."""
     with db.connect(url) as conn:
         conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(lock_timeout_ms)))
-        start = time.monotonic()
         with conn.transaction():
             _write_one(conn)
-        return time.monotonic() - start
+
+
+def _writing(url: str, lock_timeout_ms: int) -> tuple[threading.Thread, list]:
+    """``_writer_gets_through`` in a thread: (thread, outcome: ["done"] or the exception)."""
+    outcome: list = []
+
+    def run():
+        try:
+            _writer_gets_through(url, lock_timeout_ms)
+            outcome.append("done")
+        except Exception as exc:  # reported by the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _messages(url: str) -> int:
+    with db.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM messages").fetchone()[0]
 
 
 def test_index_builds_do_not_block_writers_while_they_wait(fresh_url):
@@ -145,8 +178,10 @@ def test_index_builds_do_not_block_writers_while_they_wait(fresh_url):
         _write_one(open_tx)  # left open: a long publish in flight during the upgrade
         thread, outcome = _migrating(fresh_url, "0007")
         _wait_for_lock_wait(fresh_url)
-        for _ in range(3):
-            assert _writer_gets_through(fresh_url, 1000) < 1.0
+        for written in (1, 2, 3):  # committed messages (the open publish's is not)
+            # never queued behind the build: a lock wait of 1 s fails it
+            _writer_gets_through(fresh_url, 1000)
+            assert _messages(fresh_url) == written and _migration_waits(fresh_url)
         assert thread.is_alive() and not outcome  # still waiting for the open transaction
         open_tx.commit()
     thread.join(120)
@@ -158,23 +193,34 @@ def test_index_builds_do_not_block_writers_while_they_wait(fresh_url):
     assert revision(fresh_url) == "0007"
 
 
-def test_an_exclusive_step_gives_way_to_writers_and_is_tried_again(fresh_url):
+def test_an_exclusive_step_gives_way_to_writers_and_is_tried_again(fresh_url, caplog):
     """0008 drops foreign keys of ``messages`` and ``deliveries`` (ACCESS EXCLUSIVE locks), which
     an open publish holds in ROW EXCLUSIVE mode. The migration gives up after its lock_timeout,
     lets the writers queued behind it through and tries again until the transaction is gone."""
+    caplog.set_level(logging.WARNING, logger="redelivery.db")
     db.migrate(fresh_url, "0007")
     _seed(fresh_url)
     with db.connect(fresh_url) as open_tx:
         _write_one(open_tx)
         thread, outcome = _migrating(fresh_url, "0008")
         _wait_for_lock_wait(fresh_url)
-        waited = _writer_gets_through(fresh_url, int(db.MIGRATION_LOCK_TIMEOUT_SECONDS * 1000) + 3000)
-        assert waited <= db.MIGRATION_LOCK_TIMEOUT_SECONDS + 2.5
+        # a writer queues behind the migration's lock request; the open transaction stays open,
+        # so the writer gets through only if the migration gives way (else its lock_timeout
+        # of 3 s more than the migration's fails it)
+        writer, written = _writing(fresh_url, int(db.MIGRATION_LOCK_TIMEOUT_SECONDS * 1000) + 3000)
+        wait_for_session(
+            fresh_url, f"wait_event_type = 'Lock' AND {WRITER}", "the writer queued behind the migration"
+        )
+        writer.join(120)
+        assert written == ["done"] and _messages(fresh_url) == 1  # the open publish's is not committed
         assert thread.is_alive() and not outcome and revision(fresh_url) == "0007"
         open_tx.commit()
     thread.join(120)
     assert outcome == ["done"]
     assert revision(fresh_url) == "0008"
+    # the migration's step really gave up on its lock timeout and was run again
+    retries = [r.getMessage() for r in caplog.records if r.name == "redelivery.db"]
+    assert any("LockNotAvailable" in line and "lock timeout" in line for line in retries), retries
 
 
 def test_a_migration_killed_during_a_build_is_finished_by_the_next_run(fresh_url):
@@ -212,8 +258,17 @@ def _migrating_process(url: str, env: dict | None = None) -> subprocess.Popen:
 
 
 def _wait_for_second_migrator(url: str) -> None:
-    """Until a second migration session is connected (it then waits for the migration lock)."""
-    _wait_for_sessions(url, "application_name = 'redelivery-migrate'", 2, "a second migration session")
+    """Until a second migration session, while the first one holds the migration lock, waits for
+    it between two tries holding no snapshot (idle after its COMMIT, no xmin): were it to wait
+    inside a statement, the first one's concurrent build (which waits for every older snapshot) and
+    it would wait for each other."""
+    wait_for_session(
+        url,
+        f"application_name = '{MIGRATOR}' AND state = 'idle' AND query = 'COMMIT' AND backend_xmin IS NULL"
+        " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+        f" AND l.objid = {MIGRATION_LOCK} AND l.pid <> pg_stat_activity.pid)",
+        "a second migration session waiting for the migration lock between transactions",
+    )
 
 
 def test_two_migrating_processes_while_a_build_waits(fresh_url):
@@ -223,19 +278,21 @@ def test_two_migrating_processes_while_a_build_waits(fresh_url):
     and PostgreSQL would end one of them as a deadlock."""
     db.migrate(fresh_url, "0005")
     _seed(fresh_url)
+    before = deadlocks(fresh_url)
     with db.connect(fresh_url) as open_tx:
         _write_one(open_tx)
         first = _migrating_process(fresh_url)
         _wait_for_lock_wait(fresh_url)
         second = _migrating_process(fresh_url)
         _wait_for_second_migrator(fresh_url)
-        time.sleep(1.0)
+        assert _migration_waits(fresh_url)  # the first one's build still waits for the open publish
         assert first.poll() is None and second.poll() is None  # the build waits for the open publish
         open_tx.commit()
     for process in (first, second):
         _, err = process.communicate(timeout=120)
         assert process.returncode == 0, err
     assert revision(fresh_url) == db.head_revision()
+    assert deadlocks(fresh_url) == before  # PostgreSQL ended nothing as a deadlock
 
 
 def test_watermarks_claimed_before_ack_mode_count_as_confirmed(fresh_url):
@@ -262,8 +319,16 @@ def test_a_statement_timeout_of_the_user_does_not_cancel_a_build(fresh_url):
     with db.connect(fresh_url) as open_tx:
         _write_one(open_tx)
         process = _migrating_process(fresh_url, env)
-        _wait_for_lock_wait(fresh_url)
-        time.sleep(1.0)  # longer than the statement_timeout
+        # the build's statement waits for the open publish: until it has waited three times the
+        # statement_timeout (PostgreSQL's clock, its own query_start), still waiting, not cancelled
+        wait_for_session(
+            fresh_url,
+            f"application_name = '{MIGRATOR}' AND wait_event_type = 'Lock'"
+            " AND query LIKE 'CREATE INDEX CONCURRENTLY%'"
+            " AND clock_timestamp() - query_start > interval '900 milliseconds'",
+            "the build waiting past the statement_timeout",
+        )
+        assert process.poll() is None
         open_tx.commit()
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err

@@ -1,6 +1,8 @@
 """The operator's view, end to end: a real Airflow 3 (api-server, scheduler, dag-processor) on the
 embedded PostgreSQL with the project's DAGs, driven in headless Chromium (Debian's chromium,
-Playwright) and through the REST API."""
+Playwright) and through the REST API. Airflow runs the FAB auth manager with real roles: the
+operator is ``admin`` (role Admin), and the last section checks what restricted users
+(``ROLES``) get."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ import os
 import re
 import shutil
 import time
+from html import escape
 from pathlib import Path
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 import requests
 
-from helpers import at, page_state
+from helpers import at, page_state, snapshot
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = [
@@ -38,9 +41,34 @@ pytestmark = [
 ]
 
 
+#: FAB roles of the restricted users, as an operator team would be given them (issue 18).
+ROLES = {
+    # reads dlq_redrive, its runs and the plugin's page; may not trigger it
+    "DlqReader": [
+        ("can_read", "Website"),
+        ("can_read", "Plugins"),
+        ("can_read", "DAG:dlq_redrive"),
+        ("can_read", "DAG Run:dlq_redrive"),
+    ],
+    # reads and triggers the seconds tier: another DAG's rights, none on dlq_redrive
+    "TierOperator": [
+        ("can_read", "Website"),
+        ("can_read", "Plugins"),
+        ("can_read", "DAG:redelivery_tier_seconds"),
+        ("can_edit", "DAG:redelivery_tier_seconds"),
+        ("can_create", "DAG Run:redelivery_tier_seconds"),
+    ],
+}
+#: The users besides ``admin`` (which LocalAirflow makes, role Admin), and their roles.
+USERS = {"reader": "DlqReader", "outsider": "TierOperator"}
+#: The admin's calls to the API (signed in by the ``local_airflow`` fixture).
+api = requests.Session()
+
+
 @pytest.fixture(scope="module")
-def airflow(database_url, tmp_path_factory):
-    """A running Airflow with its own metadata database and AIRFLOW_HOME; yields the base URL."""
+def local_airflow(database_url, tmp_path_factory):
+    """A running Airflow with its own metadata database (named after the test database) and
+    AIRFLOW_HOME, the FAB auth manager, ``USERS`` and ``admin``; ``api`` calls it as the admin."""
     from redelivery.airflow.local import LocalAirflow
 
     env = {
@@ -48,13 +76,23 @@ def airflow(database_url, tmp_path_factory):
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "REDELIVERY_DATABASE_URL": database_url,
     }
-    with LocalAirflow(tmp_path_factory.mktemp("airflow-home"), "airflow_e2e", env) as running:
+    metadata_db = "airflow_e2e_" + urlsplit(database_url).path.strip("/")
+    home = tmp_path_factory.mktemp("airflow-home")
+    with LocalAirflow(home, metadata_db, env, users=USERS, roles=ROLES) as running:
+        api.headers.update(running.session().headers)
         running.unpause("dlq_redrive")  # runs triggered through the API run (the form unpauses by itself)
         # The tier DAGs are active from the start, and their runs would move these tests' state
         # (its times are in the past): paused here, as an operator would, which the page and the
         # metrics then show (test_a_paused_tier_is_shown_at_the_top_and_measured).
         pause_tier_dags(running.url)
-        yield running.url
+        yield running
+    api.headers.pop("Authorization", None)
+
+
+@pytest.fixture(scope="module")
+def airflow(local_airflow) -> str:
+    """The running Airflow's base URL."""
+    return local_airflow.url
 
 
 def tier_dag_ids() -> list[str]:
@@ -69,10 +107,10 @@ def pause_tier_dags(base: str) -> None:
     seconds tier again on its own (``patch_dag``: it was paused already); returns once no tier run
     is running."""
     deadline = time.monotonic() + 120
-    while not all(requests.get(f"{base}/api/v2/dags/{d}", timeout=30).ok for d in tier_dag_ids()):
+    while not all(api.get(f"{base}/api/v2/dags/{d}", timeout=30).ok for d in tier_dag_ids()):
         assert time.monotonic() < deadline, "the tier DAGs were never registered"
         time.sleep(2)
-    bulk = requests.patch(
+    bulk = api.patch(
         f"{base}/api/v2/dags",
         params={"dag_id_pattern": "redelivery_tier_"},
         json={"is_paused": True},
@@ -80,9 +118,7 @@ def pause_tier_dags(base: str) -> None:
     )
     assert bulk.status_code == 200 and bulk.json()["total_entries"] == len(tier_dag_ids()), bulk.text
     time.sleep(1.1)  # the audit log's times: a second apart
-    single = requests.patch(
-        f"{base}/api/v2/dags/redelivery_tier_seconds", json={"is_paused": True}, timeout=30
-    )
+    single = api.patch(f"{base}/api/v2/dags/redelivery_tier_seconds", json={"is_paused": True}, timeout=30)
     assert single.status_code == 200, single.text
     settle_tier_runs(base)
 
@@ -94,7 +130,7 @@ def settle_tier_runs(base: str, timeout: float = 180) -> None:
         running = [
             r
             for d in tier_dag_ids()
-            for r in requests.get(
+            for r in api.get(
                 f"{base}/api/v2/dags/{d}/dagRuns", params={"state": "running"}, timeout=30
             ).json()["dag_runs"]
         ]
@@ -104,13 +140,33 @@ def settle_tier_runs(base: str, timeout: float = 180) -> None:
 
 
 @pytest.fixture()
-def browser():
+def chromium():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium.new_page(viewport={"width": 1400, "height": 1400})
-        chromium.close()
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield launched
+        launched.close()
+
+
+def signed_in(chromium, base: str, user: str):
+    """A new page of ``chromium`` signed in to Airflow as ``user`` on the FAB login page."""
+    from redelivery.airflow.local import password
+
+    page = chromium.new_page(viewport={"width": 1400, "height": 1400})
+    page.goto(f"{base}/auth/login/")
+    page.locator('input[name="username"]').fill(user)
+    page.locator('input[name="password"]').fill(password(user))
+    page.locator('input[type="submit"]').click()
+    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
+    assert "_token" in {c["name"] for c in page.context.cookies()}, f"{user} is not signed in: {page.url}"
+    return page
+
+
+@pytest.fixture()
+def browser(chromium, airflow):
+    """A page signed in as the admin."""
+    return signed_in(chromium, airflow, "admin")
 
 
 @pytest.fixture()
@@ -123,7 +179,7 @@ def dead_letters(client, topic_group):
 
 
 def runs(base: str) -> list[dict]:
-    return requests.get(
+    return api.get(
         f"{base}/api/v2/dags/dlq_redrive/dagRuns", params={"order_by": "-run_after"}, timeout=60
     ).json()["dag_runs"]
 
@@ -174,7 +230,7 @@ def test_redrive_from_the_trigger_form_dry_run_then_real(airflow, browser, dead_
     ).fetchall()
     assert [(a[2], a[3], a[4], a[5]) for a in audit] == [(True, "success", 30, 0), (False, "success", 30, 30)]
     assert audit[1][0] == f"dlq_redrive/{run['dag_run_id']}" and audit[1][1]  # who triggered it
-    summary = requests.get(
+    summary = api.get(
         f"{airflow}/api/v2/dags/dlq_redrive/dagRuns/{run['dag_run_id']}/taskInstances/redrive/xcomEntries/return_value",
         timeout=10,
     ).json()
@@ -194,14 +250,14 @@ def test_bad_params_in_the_form_are_refused_and_nothing_moves(airflow, browser, 
 def test_rest_api_trigger_and_refusal(airflow, dead_letters):
     url = f"{airflow}/api/v2/dags/dlq_redrive/dagRuns"
     known = {r["dag_run_id"] for r in runs(airflow)}
-    refused = requests.post(
+    refused = api.post(
         url, json={"logical_date": None, "conf": {"group": "billing", "rate_limit": -1}}, timeout=10
     )
     assert refused.status_code == 400
-    missing = requests.post(url, json={"logical_date": None, "conf": {"dry_run": False}}, timeout=10)
+    missing = api.post(url, json={"logical_date": None, "conf": {"dry_run": False}}, timeout=10)
     assert missing.status_code == 400  # the group is required
     assert {r["dag_run_id"] for r in runs(airflow)} == known and dlq_state(dead_letters)["DLQ"] == 30
-    created = requests.post(
+    created = api.post(
         url,
         json={
             "logical_date": None,
@@ -216,7 +272,7 @@ def test_rest_api_trigger_and_refusal(airflow, dead_letters):
 
 
 def test_dead_letters_page_in_the_airflow_ui(airflow, browser, dead_letters, tmp_path):
-    plugins = requests.get(f"{airflow}/api/v2/plugins", timeout=10).json()["plugins"]
+    plugins = api.get(f"{airflow}/api/v2/plugins", timeout=10).json()["plugins"]
     assert any(
         p["name"] == "redelivery" and p["external_views"][0]["url_route"] == "dead-letters" for p in plugins
     )
@@ -226,8 +282,8 @@ def test_dead_letters_page_in_the_airflow_ui(airflow, browser, dead_letters, tmp
     browser.screenshot(path=str(tmp_path / "dead-letters.png"))
     text = frame.locator("body").inner_text()
     assert "%DLQ%billing" in text and "REJECTED" in text and "schema violation" in text
-    assert requests.get(f"{airflow}/redelivery/dlq.json", timeout=10).json()[0]["count"] == 30
-    scraped = requests.get(f"{airflow}/redelivery/metrics", timeout=10)  # Prometheus, same permission
+    assert api.get(f"{airflow}/redelivery/dlq.json", timeout=10).json()[0]["count"] == 30
+    scraped = api.get(f"{airflow}/redelivery/metrics", timeout=10)  # Prometheus, same permission
     assert scraped.headers["content-type"].startswith("text/plain") and (
         'redelivery_dlq_messages{dlq="%DLQ%billing",group="billing",reason="REJECTED"} 30.0' in scraped.text
     )
@@ -251,7 +307,7 @@ BAD_CONFS = [
 def test_params_the_form_cannot_take_are_refused_before_a_run(airflow, dead_letters, conf, needle):
     """The form posts to this same endpoint: a value its schema refuses creates no run."""
     known = {r["dag_run_id"] for r in runs(airflow)}
-    refused = requests.post(
+    refused = api.post(
         f"{airflow}/api/v2/dags/dlq_redrive/dagRuns", json={"logical_date": None, "conf": conf}, timeout=30
     )
     assert refused.status_code == 400 and needle in refused.text, refused.text
@@ -266,7 +322,7 @@ def test_a_backwards_time_range_fails_before_anything_moves(airflow, dead_letter
         "dead_lettered_from": "2026-02-01T00:00:00Z",
         "dead_lettered_to": "2026-01-01T00:00:00Z",
     }
-    created = requests.post(
+    created = api.post(
         f"{airflow}/api/v2/dags/dlq_redrive/dagRuns", json={"logical_date": None, "conf": conf}, timeout=30
     )
     assert created.status_code == 200, created.text
@@ -276,7 +332,7 @@ def test_a_backwards_time_range_fails_before_anything_moves(airflow, dead_letter
 
 def task_state(base: str, run_id: str, task_id: str = "redrive") -> str | None:
     return (
-        requests.get(f"{base}/api/v2/dags/dlq_redrive/dagRuns/{run_id}/taskInstances/{task_id}", timeout=30)
+        api.get(f"{base}/api/v2/dags/dlq_redrive/dagRuns/{run_id}/taskInstances/{task_id}", timeout=30)
         .json()
         .get("state")
     )
@@ -286,7 +342,7 @@ def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, de
     """An operator marks a slow redrive failed: it stops between batches with every message in
     one place; clearing the task runs it again under the same run key and it moves the rest."""
     conf = {"group": "billing", "dry_run": False, "rate_limit": 2}  # 30 messages: about 15 s
-    created = requests.post(
+    created = api.post(
         f"{airflow}/api/v2/dags/dlq_redrive/dagRuns", json={"logical_date": None, "conf": conf}, timeout=30
     ).json()
     run_id = created["dag_run_id"]
@@ -297,7 +353,7 @@ def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, de
     deadline = time.monotonic() + 120
     while not (moved() and moved()[0] >= 4) and time.monotonic() < deadline:
         time.sleep(0.5)
-    marked = requests.patch(
+    marked = api.patch(
         f"{airflow}/api/v2/dags/dlq_redrive/dagRuns/{run_id}/taskInstances/redrive",
         json={"new_state": "failed"},
         timeout=30,
@@ -315,7 +371,7 @@ def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, de
     assert status[0] == "stopped" and 4 <= status[1] < 30, status
     state = dlq_state(dead_letters)
     assert state["READY"] == status[1] and state["READY"] + state["DLQ"] == 30  # every message in one place
-    cleared = requests.post(
+    cleared = api.post(
         f"{airflow}/api/v2/dags/dlq_redrive/clearTaskInstances",
         json={
             "dag_run_id": run_id,
@@ -446,14 +502,14 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
     second = wait_for_run(airflow, known)
     assert direct.headers["location"] == f"/dags/dlq_redrive/runs/{quote(second['dag_run_id'], safe='')}"
     assert second["conf"] == {"group": "billing", "dry_run": True} and second["state"] == "success"
-    after = requests.get(f"{airflow}/redelivery/dlq/runs/{quote(second['dag_run_id'], safe='')}", timeout=30)
+    after = api.get(f"{airflow}/redelivery/dlq/runs/{quote(second['dag_run_id'], safe='')}", timeout=30)
     assert after.status_code == 200 and second["dag_run_id"] in after.text
     assert dlq_state(charted)["DLQ"] == 10
 
 
 def trigger_logs(base: str, run_id: str | None = None) -> list[dict]:
     """Airflow's audit-log entries of dlq_redrive triggers (``run_id`` None: the refused ones)."""
-    entries = requests.get(
+    entries = api.get(
         f"{base}/api/v2/eventLogs",
         params={"dag_id": "dlq_redrive", "event": "trigger_dag_run", "limit": 100},
         timeout=30,
@@ -461,8 +517,8 @@ def trigger_logs(base: str, run_id: str | None = None) -> list[dict]:
     return [e for e in entries if e["run_id"] == run_id]
 
 
-def post_form(base: str, data: dict, **headers) -> requests.Response:
-    return requests.post(
+def post_form(base: str, data: dict, caller: requests.Session = api, **headers) -> requests.Response:
+    return caller.post(
         f"{base}/redelivery/dlq/redrive", data=data, headers=headers, allow_redirects=False, timeout=30
     )
 
@@ -486,14 +542,19 @@ def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airf
     assert "is not one of" in " ".join(json.loads(entry["extra"])["refused"]) and entry["owner"]
     refused = post_form(airflow, {"group": "bad group!"}, **same)
     assert refused.status_code == 400 and "does not match" in refused.text, refused.text
-    for headers in (
-        {"Origin": "http://evil.example"},
-        {"Referer": "http://127.0.0.2:1/x"},
-        {},
-        {"Origin": "null"},
+    since = last_event_id(airflow)
+    for headers, origin in (
+        ({"Origin": "http://evil.example"}, "'http://evil.example'"),
+        ({"Referer": "http://127.0.0.2:1/x"}, "'http://127.0.0.2:1'"),
+        ({}, "None"),
+        ({"Origin": "null"}, "'null'"),
     ):
         refused = post_form(airflow, base, **headers)
         assert refused.status_code == 403, (headers, refused.status_code, refused.text)
+        [entry] = audited(airflow, "admin", since)  # the cross-site post is in the audit log
+        assert entry["event"] == "trigger_dag_run" and entry["extra"]["conf"] == {**base, "dry_run": True}
+        assert entry["extra"]["refused"] == [f"a POST from origin {origin}, not this api-server's"]
+        since = entry["event_log_id"]
     time.sleep(3)
     assert {r["dag_run_id"] for r in runs(airflow)} == known
     assert dlq_state(charted)["DLQ"] == 10
@@ -539,14 +600,14 @@ def test_a_refused_dry_run_names_every_bad_field_one_line_each(airflow, browser,
 
 def test_the_group_filter_is_in_the_address_and_run_ids_open_their_runs(airflow, browser, charted):
     known = {r["dag_run_id"] for r in runs(airflow)}
-    created = requests.post(
+    created = api.post(
         f"{airflow}/api/v2/dags/dlq_redrive/dagRuns",
         json={"logical_date": None, "conf": {"group": "billing"}},  # a dry run
         timeout=30,
     )
     assert created.status_code == 200, created.text
     run = wait_for_run(airflow, known)
-    shared = requests.get(f"{airflow}/redelivery/dlq", params={"group": "AUD"}, timeout=30)
+    shared = api.get(f"{airflow}/redelivery/dlq", params={"group": "AUD"}, timeout=30)
     assert "Group audit: no dead letters" in shared.text and "Group billing" not in shared.text
     frame = open_page(browser, airflow)
     frame.locator('form.filter input[name="group"]').fill("aud")
@@ -568,7 +629,7 @@ def event_time(base: str, event: str, dag_id: str | None) -> str:
     """The newest audit-log entry's time of ``event`` (of ``dag_id``), as the page writes times."""
     from datetime import UTC, datetime
 
-    entries = requests.get(
+    entries = api.get(
         f"{base}/api/v2/eventLogs", params={"event": event, "order_by": "-when", "limit": 100}, timeout=30
     ).json()["event_logs"]
     [newest, *_] = [e for e in entries if e["dag_id"] == dag_id]
@@ -591,21 +652,160 @@ def test_a_paused_tier_is_shown_at_the_top_and_measured(airflow, browser, charte
     assert "delay levels 15 (1h) and 16 (2h)" in frame.locator('div.paused[data-tier="hours"]').inner_text()
     gauges = lambda: {  # noqa: E731
         line.split('"')[1]: line.rsplit(" ", 1)[1]
-        for line in requests.get(f"{airflow}/redelivery/metrics", timeout=30).text.splitlines()
+        for line in api.get(f"{airflow}/redelivery/metrics", timeout=30).text.splitlines()
         if line.startswith("redelivery_tier_paused{")
     }
     assert gauges() == {"seconds": "1.0", "minutes": "1.0", "half_hours": "1.0", "hours": "1.0"}
     try:
-        unpaused = requests.patch(
+        unpaused = api.patch(
             f"{airflow}/api/v2/dags/redelivery_tier_hours", json={"is_paused": False}, timeout=30
         )
         assert unpaused.status_code == 200
         assert gauges()["hours"] == "0.0"
-        page = requests.get(f"{airflow}/redelivery/dlq", timeout=30).text
+        page = api.get(f"{airflow}/redelivery/dlq", timeout=30).text
         assert 'data-tier="hours"' not in page and 'data-tier="seconds"' in page
     finally:
-        requests.patch(f"{airflow}/api/v2/dags/redelivery_tier_hours", json={"is_paused": True}, timeout=30)
+        api.patch(f"{airflow}/api/v2/dags/redelivery_tier_hours", json={"is_paused": True}, timeout=30)
         settle_tier_runs(airflow)
     paused_again = event_time(airflow, "patch_dag", "redelivery_tier_hours")
-    page = requests.get(f"{airflow}/redelivery/dlq", timeout=30).text
+    page = api.get(f"{airflow}/redelivery/dlq", timeout=30).text
     assert f"paused since {paused_again} by " in page.split('data-tier="hours"')[1].split("</div>")[0]
+
+
+# ---- issue 18: restricted users (FAB roles): who gets the page, and who may trigger its form -----
+
+#: Every route of the page (a run's "dry run triggered" page too) and the audit-log event of its
+#: refusal.
+PAGE_ROUTES = {
+    "/redelivery/dlq": "get_dead_letters_page",
+    "/redelivery/dlq.json": "get_dead_letters_json",
+    "/redelivery/metrics": "get_redelivery_metrics",
+    "/redelivery/dlq/runs/manual__1": "get_dry_run_triggered",
+}
+
+
+def last_event_id(base: str) -> int:
+    """The newest entry's id in Airflow's audit log (0: none)."""
+    newest = api.get(
+        f"{base}/api/v2/eventLogs", params={"order_by": "-event_log_id", "limit": 1}, timeout=30
+    ).json()["event_logs"]
+    return newest[0]["event_log_id"] if newest else 0
+
+
+def audited(base: str, owner: str, after: int) -> list[dict]:
+    """dlq_redrive's audit-log entries of ``owner`` newer than the entry ``after``, oldest first,
+    each with its extra parsed."""
+    entries = api.get(
+        f"{base}/api/v2/eventLogs",
+        params={"dag_id": "dlq_redrive", "owner": owner, "order_by": "-event_log_id", "limit": 100},
+        timeout=30,
+    ).json()["event_logs"]
+    return [
+        {**e, "extra": json.loads(e["extra"] or "{}")} for e in reversed(entries) if e["event_log_id"] > after
+    ]
+
+
+def run_ids(base: str) -> set[str]:
+    return {r["dag_run_id"] for r in runs(base)}
+
+
+@pytest.mark.parametrize(
+    "user,page_status,refused",
+    [("admin", 200, None), ("reader", 200, "trigger"), ("outsider", 403, "read")],
+)
+def test_who_may_read_the_page_and_trigger_its_form(local_airflow, charted, user, page_status, refused):
+    """Through the API with each user's token: a user without dlq_redrive gets 403 and none of the
+    state store's data from every route; the form's post is refused (403) to whoever may not
+    trigger dlq_redrive (``refused``: the permission missing), and then no run is made and no row
+    of the state store changes; an admin gets both. Every refusal is in Airflow's audit log, the
+    user as owner, the conf and the reason in extra."""
+    base, caller = local_airflow.url, local_airflow.session(user)
+    known, before, since = run_ids(base), snapshot(charted.conn), last_event_id(base)
+    pages = {path: caller.get(f"{base}{path}", timeout=30) for path in PAGE_ROUTES}
+    assert {path: a.status_code for path, a in pages.items()} == dict.fromkeys(PAGE_ROUTES, page_status)
+    if page_status == 200:
+        assert "Group billing: 10 dead letters" in pages["/redelivery/dlq"].text
+        assert pages["/redelivery/dlq.json"].json()[0]["count"] == 10
+        assert 'group="billing"' in pages["/redelivery/metrics"].text
+    else:  # nothing of the state store leaks
+        assert all(a.json() == {"detail": "Forbidden"} for a in pages.values()), pages
+    posted = post_form(base, {"group": "billing", "reason": "REJECTED"}, caller, Origin=base)
+    conf = {"group": "billing", "dry_run": True, "reasons": ["REJECTED"]}
+    entries = audited(base, user, since)
+    if refused is None:
+        assert posted.status_code == 303, posted.text
+        run = wait_for_run(base, known)
+        assert run["conf"] == conf and run["state"] == "success"
+        assert [(e["event"], e["run_id"], e["extra"]["conf"]) for e in entries] == [
+            ("trigger_dag_run", run["dag_run_id"], conf)
+        ]
+        assert dlq_state(charted)["DLQ"] == 10  # a dry run
+        return
+    reason = f"{user} may not {refused} dlq_redrive (Airflow: Forbidden)"
+    assert posted.status_code == 403 and escape(reason) in posted.text, posted.text
+    assert run_ids(base) == known and snapshot(charted.conn) == before  # nothing triggered or changed
+    reads = [] if page_status == 200 else [(event, path) for path, event in PAGE_ROUTES.items()]
+    assert [(e["event"], e["extra"].get("via")) for e in entries[:-1]] == reads, entries
+    assert all(
+        e["extra"]["refused"] == [f"{user} may not read dlq_redrive (Airflow: Forbidden)"]
+        for e in entries[:-1]
+    )
+    [trigger] = entries[len(reads) :]
+    assert trigger["event"] == "trigger_dag_run" and trigger["run_id"] is None
+    assert trigger["extra"]["conf"] == conf and trigger["extra"]["refused"] == [reason]
+
+
+def test_without_a_session_every_route_is_401_and_nothing_is_logged(airflow, charted):
+    """No token, no cookie: 401 from every route, the form's post too; no one to name in the
+    audit log, so no entry (Airflow logs none either)."""
+    since = last_event_id(airflow)
+    for path in PAGE_ROUTES:
+        assert requests.get(f"{airflow}{path}", timeout=30).status_code == 401, path
+    assert post_form(airflow, {"group": "billing"}, requests.Session(), Origin=airflow).status_code == 401
+    logged = api.get(
+        f"{airflow}/api/v2/eventLogs",
+        params={"dag_id": "dlq_redrive", "order_by": "-event_log_id"},
+        timeout=30,
+    ).json()["event_logs"]
+    assert [e for e in logged if e["event_log_id"] > since] == []
+
+
+def test_a_reader_sees_the_page_in_the_ui_and_is_refused_its_form(airflow, chromium, charted):
+    """Signed in on the login page with role DlqReader: the Dead letters page in the UI's frame;
+    its form's button answers, in the frame, that the reader may not trigger dlq_redrive; no run,
+    no change, an audit entry."""
+    known, before, since = run_ids(airflow), snapshot(charted.conn), last_event_id(airflow)
+    page = signed_in(chromium, airflow, "reader")
+    frame = open_page(page, airflow)
+    frame.locator('form[data-group="billing"]').get_by_role("button").click()
+    refusal = frame.locator("ul.refused li")
+    refusal.first.wait_for(timeout=30_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dead-letters-reader-refused.png"))
+    assert refusal.all_inner_texts() == ["reader may not trigger dlq_redrive (Airflow: Forbidden)"]
+    assert "Nothing was triggered." in frame.locator("body").inner_text()
+    assert run_ids(airflow) == known and snapshot(charted.conn) == before
+    [entry] = audited(airflow, "reader", since)
+    assert entry["event"] == "trigger_dag_run" and entry["extra"]["conf"]["group"] == "billing"
+    assert entry["extra"]["refused"] == ["reader may not trigger dlq_redrive (Airflow: Forbidden)"]
+
+
+def test_a_user_without_dlq_redrive_sees_no_page_in_the_ui(airflow, chromium, charted):
+    """Signed in with role TierOperator (rights on the seconds tier only): the UI shows that tier,
+    the Dead letters frame shows Airflow's refusal and none of the state store; audited."""
+    since = last_event_id(airflow)
+    page = signed_in(chromium, airflow, "outsider")
+    page.goto(f"{airflow}/dags/redelivery_tier_seconds", wait_until="networkidle")
+    page.get_by_text("redelivery_tier_seconds").first.wait_for(timeout=20_000)  # a real, working user
+    page.goto(f"{airflow}/plugin/dead-letters", wait_until="networkidle")
+    frame = page.frame_locator("iframe").first
+    frame.get_by_text("Forbidden").wait_for(timeout=20_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dead-letters-outsider.png"))
+    assert "billing" not in frame.locator("body").inner_text()
+    assert page.goto(f"{airflow}/redelivery/metrics").status == 403
+    events = [(e["event"], e["extra"]["via"]) for e in audited(airflow, "outsider", since)]
+    assert events == [
+        ("get_dead_letters_page", "/redelivery/dlq"),
+        ("get_redelivery_metrics", "/redelivery/metrics"),
+    ]

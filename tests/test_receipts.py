@@ -3,12 +3,11 @@ delivery count never goes back; an undecodable body never strands its batch; loc
 never fail a call."""
 
 import threading
-import time
 
 import psycopg
 import pytest
 
-from helpers import at, run_cli, snapshot
+from helpers import at, deadlocks, run_cli, snapshot, wait_for_deadlocks, wait_for_session, waiting_for_a_lock
 from redelivery.errors import ForeignReceiptError
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.spark.tier_job import run_tier_window
@@ -121,12 +120,16 @@ def test_an_undecodable_dead_letter_is_selected_by_its_reason(client, topic_grou
     only = DlqFilter(group="billing", reasons=["UNDECODABLE"])
     assert count(client.conn, only) == 1
     assert count(client.conn, DlqFilter(group="billing", reasons=["UNDECODABLE", "REJECTED"])) == 2
-    before = snapshot(client.conn)
+    # a dry run changes nothing but its own audit row (redrive_runs, checked by itself)
+    audit = "SELECT run_key, dry_run, status, moved FROM redrive_runs ORDER BY id"
+    before = snapshot(client.conn, leave_out=("redelivery.redrive_runs",))
+    assert client.conn.execute(audit).fetchall() == []
     request = RedriveRequest(group="billing", reasons=["UNDECODABLE"], dry_run=True)
     result = redrive(request, run_key="undecodable-dry", url=database_url)
     assert result["matched"] == 1 and result["moved"] == 0
     assert [row["message_id"] for row in result["sample"]] == [ids[1]]
-    assert snapshot(client.conn) == before  # a dry run
+    assert snapshot(client.conn, leave_out=("redelivery.redrive_runs",)) == before  # a dry run
+    assert client.conn.execute(audit).fetchall() == [("undecodable-dry", True, "success", 0)]
     done = run_cli(
         "dlq", "count", "--group", "billing", "--reason", "UNDECODABLE", "--json", database_url=database_url
     )
@@ -137,54 +140,63 @@ def test_an_undecodable_dead_letter_is_selected_by_its_reason(client, topic_grou
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["dry_run"] is True
-    assert snapshot(client.conn) == before
+    assert snapshot(client.conn, leave_out=("redelivery.redrive_runs",)) == before
+    runs = client.conn.execute(audit).fetchall()
+    assert len(runs) == 2 and [run[1:] for run in runs] == [(True, "success", 0)] * 2
 
 
+def _deadlock_with(url: str, held: int, then: int, victim: str, call):
+    """A deadlock whose victim is ``call`` (run in a thread): another transaction locks the
+    delivery of message ``held``; ``call`` locks its rows in message-id order and waits for
+    ``held`` (statement ``victim`` of redelivery.statements, seen waiting in pg_stat_activity);
+    then the other transaction asks for ``then``, which ``call`` holds. The other session never
+    looks for a deadlock itself (deadlock_timeout 10 min), so PostgreSQL's check, made in
+    ``call``'s session after its deadlock_timeout, finds the cycle there: ``call``'s transaction is
+    aborted and must be run again. Returns (what ``call`` returned, deadlocks PostgreSQL counted
+    meanwhile)."""
+    before = deadlocks(url)
+    result = {}
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SET deadlock_timeout = '10min'")  # this side is never the victim
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (held,))
+        running = threading.Thread(target=lambda: result.update(value=call()))
+        running.start()
+        wait_for_session(url, waiting_for_a_lock(victim), f"{victim} waiting for message {held}'s row")
+        # both wait for each other now; this statement gets its row once the victim is aborted
+        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (then,))
+        other.execute("COMMIT")
+        running.join(60)
+    assert not running.is_alive()
+    return result.get("value"), wait_for_deadlocks(url, before + 1, "a deadlock detected") - before
+
+
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
 def test_an_ack_that_meets_a_deadlock_is_retried(client, topic_group, clean_db):
     """The ack locks its rows in message-id order; another transaction that locks them the other
-    way round makes PostgreSQL abort one of the two: the ack then runs again and succeeds."""
+    way round makes PostgreSQL abort one of the two: here the ack (see ``_deadlock_with``), which
+    then runs again and succeeds."""
     ids = client.publish("orders", [{"n": 1}, {"n": 2}])
     got = client.receive("billing", "orders", 2, 30)
-    with psycopg.connect(clean_db, autocommit=True) as other:
-        other.execute("BEGIN")
-        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[1],))
-        result = {}
-        acking = threading.Thread(target=lambda: result.update(acked=client.ack("billing", got)))
-        acking.start()
-        time.sleep(0.3)  # the ack holds the first row and waits for the second
-        try:
-            other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[0],))
-        except psycopg.errors.DeadlockDetected:
-            pass  # this side was the victim: the ack goes on
-        other.execute("COMMIT")
-        acking.join(30)
-    assert result == {"acked": 2}
+    acked, deadlocked = _deadlock_with(clean_db, ids[1], ids[0], "ACK", lambda: client.ack("billing", got))
+    assert deadlocked == 1  # the ack's first transaction was the victim: the retry is what acked
+    assert acked == 2
     assert client.stats()["orders"]["billing"]["COMMITTED"] == 2
 
 
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
 def test_a_tier_range_that_meets_a_deadlock_is_retried(client, topic_group, clean_db, database_url):
     ids = client.publish("orders", [{"n": i} for i in range(4)], at=at(0))
     client.nack("billing", client.receive("billing", "orders", 4, 30, at=at(0)), at=at(0))
-    with psycopg.connect(clean_db, autocommit=True) as other:
-        other.execute("BEGIN")
-        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[-1],))
-        result = {}
-
-        def run():
-            result["summary"] = run_tier_window(
-                tier="seconds", window_end=at(10), run_key="dl", url=database_url
-            )
-
-        running = threading.Thread(target=run)
-        running.start()
-        time.sleep(0.5)
-        try:
-            other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (ids[0],))
-        except psycopg.errors.DeadlockDetected:
-            pass
-        other.execute("COMMIT")
-        running.join(30)
-    assert result["summary"]["promoted"] == 4
+    summary, deadlocked = _deadlock_with(
+        clean_db,
+        ids[-1],
+        ids[0],
+        "PROMOTE",
+        lambda: run_tier_window(tier="seconds", window_end=at(10), run_key="dl", url=database_url),
+    )
+    assert deadlocked == 1  # the range's first transaction was the victim: its retry promoted
+    assert summary["promoted"] == 4
 
 
 def test_create_group_keeps_its_limit_unless_a_new_one_is_given(client):
@@ -197,6 +209,7 @@ def test_create_group_keeps_its_limit_unless_a_new_one_is_given(client):
     assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (None,)
 
 
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
 def test_settle_locks_its_group_row_only_after_the_deliveries_it_changes(client, database_url):
     """A tier range holds a delivery's row and then adds to its group's totals; a settle that held
     the group row (to count a stale ack) while waiting for that delivery would deadlock with it.
@@ -221,19 +234,14 @@ def test_settle_locks_its_group_row_only_after_the_deliveries_it_changes(client,
             )
         )
         settling.start()
-        deadline = time.monotonic() + 10
-        while (
-            time.monotonic() < deadline
-            and not prober.execute(
-                "SELECT 1 FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            ).fetchone()
-        ):
-            time.sleep(0.05)
+        # settle's retry waits for the delivery the holder locked
+        wait_for_session(database_url, waiting_for_a_lock("FAIL_RETRY"), "settle waiting for the delivery")
         prober.execute("SET lock_timeout = '200ms'")
         # the group row is free while settle waits: a tier range can finish and let it through
         prober.execute("SELECT 1 FROM consumer_groups WHERE name = 'billing' FOR UPDATE")
+        assert settling.is_alive()  # settle still waited for the delivery meanwhile
         prober.rollback()
         holder.rollback()
         settling.join(10)
+    assert not settling.is_alive()
     assert done["counts"] == {"acked": 0, "retried": 1, "dead_lettered": 0, "stale": 1}

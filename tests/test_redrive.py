@@ -3,7 +3,7 @@ another destination, Spark for large selections, the CLI, and the dlq_redrive DA
 
 import json
 import threading
-import time
+from datetime import timedelta
 
 import pytest
 
@@ -75,7 +75,8 @@ def test_summary_per_group(dead):
 
 
 def test_dry_run_changes_nothing_and_samples(dead, database_url):
-    before = snapshot(dead.conn)
+    # a dry run changes nothing but its own audit row (redrive_runs, by design: checked below)
+    before = snapshot(dead.conn, leave_out=("redelivery.redrive_runs",))
     result = redrive(
         RedriveRequest(group="billing", topic="refunds"),
         run_key="dry-1",
@@ -85,7 +86,10 @@ def test_dry_run_changes_nothing_and_samples(dead, database_url):
     assert (
         result["dry_run"] and result["matched"] == 10 and result["moved"] == 0 and len(result["sample"]) == 10
     )
-    assert snapshot(dead.conn) == before
+    assert snapshot(dead.conn, leave_out=("redelivery.redrive_runs",)) == before
+    assert dead.conn.execute(
+        "SELECT run_key, dry_run, status, matched, moved FROM redrive_runs"
+    ).fetchall() == [("dry-1", True, "success", 10, 0)]
     audit = dead.conn.execute(
         "SELECT dry_run, status, matched, moved FROM redrive_runs WHERE run_key = 'dry-1'"
     ).fetchone()
@@ -136,8 +140,67 @@ def test_real_run_moves_in_batches_restores_the_retry_budget_and_audits(dead, da
     assert (again["matched"], again["moved"]) == (0, 0)
 
 
+#: How early a batch may seem to move against the slot PostgreSQL's clock gave it: the wait is a
+#: client sleep (never shorter than asked), between two clocks of one machine.
+CLOCKS = timedelta(milliseconds=10)
+
+
+def slot_ends(url: str, run_key: str) -> tuple[list, object]:
+    """(a list, a ``log`` for ``redrive``) that records, after each batch the run logs, where the
+    run's schedule stands (``redrive_runs.next_slot_at``: the end of the share that batch reserved;
+    the next batch's slot starts there or later)."""
+    from redelivery import db
+
+    ends = []
+
+    def log(line: str) -> None:
+        if line.startswith("  batch: moved"):
+            with db.connect(url) as conn:
+                query = "SELECT next_slot_at FROM redrive_runs WHERE run_key = %s"
+                ends.append(conn.execute(query, (run_key,)).fetchone()[0])
+
+    return ends, log
+
+
+def paced_batches(conn, run_key: str, rate: float) -> list[int]:
+    """The sizes of a paced run's batches (its moves grouped by their transaction's time), after
+    checking the schedule the run recorded, as a slow machine cannot break it: a batch never moves
+    before the run's start plus the share (messages / ``rate``) of the batches moved before it, and
+    the run's schedule (``next_slot_at``) reaches at least its start plus every moved message's
+    share."""
+    started, next_slot = conn.execute(
+        "SELECT started_at, next_slot_at FROM redrive_runs WHERE run_key = %s", (run_key,)
+    ).fetchone()
+    batches = conn.execute(
+        """SELECT m.moved_at, count(*) FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
+           WHERE r.run_key = %s GROUP BY 1 ORDER BY 1""",
+        (run_key,),
+    ).fetchall()
+    moved = 0
+    for moved_at, n in batches:
+        assert moved_at >= started + timedelta(seconds=moved / rate) - CLOCKS, (moved_at, started, moved)
+        moved += n
+    assert next_slot >= started + timedelta(seconds=moved / rate), (next_slot, started, moved)
+    return [n for _, n in batches]
+
+
+def assert_slots_kept(conn, run_key: str, rate: float, ends: list) -> None:
+    """Each batch of a run (``ends``: ``slot_ends``) reserved its own share after the previous
+    one's (no two batches in one slot) and moved no earlier than the end of the previous one's."""
+    batches = conn.execute(
+        """SELECT m.moved_at, count(*) FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
+           WHERE r.run_key = %s GROUP BY 1 ORDER BY 1""",
+        (run_key,),
+    ).fetchall()
+    assert len(ends) == len(batches), (ends, batches)
+    for k in range(1, len(batches)):
+        moved_at, n = batches[k]
+        assert ends[k] - ends[k - 1] >= timedelta(seconds=n / rate), (ends, k, n)
+        assert moved_at >= ends[k - 1] - CLOCKS, (moved_at, ends, k)
+
+
 def test_keep_counts_max_messages_and_rate_limit(dead, database_url):
-    started = time.monotonic()
+    ends, log = slot_ends(database_url, "rate")
     result = redrive(
         RedriveRequest(
             group="billing",
@@ -149,15 +212,17 @@ def test_keep_counts_max_messages_and_rate_limit(dead, database_url):
         ),
         run_key="rate",
         url=database_url,
-        log=lambda *_: None,
+        log=log,
     )
-    elapsed = time.monotonic() - started
     assert (
         result["moved"] == 12
         and states(dead)["orders"]["READY"] == 12
         and states(dead)["orders"]["DLQ"] == 18
     )
-    assert elapsed >= 1.0  # 12 messages at 10/s: a batch of 10 takes at least 1 s
+    # 12 messages at 10/s: a batch of 10, then the last 2 no earlier than 1 s after the run began
+    # (the schedule the run recorded, not a measured time)
+    assert paced_batches(dead.conn, "rate", 10) == [10, 2]
+    assert_slots_kept(dead.conn, "rate", 10, ends)
     assert {m.delivery_count for m in dead.receive("billing", "orders", 50, 30)} == {
         2
     }  # kept, +1 for this delivery
@@ -381,23 +446,13 @@ def test_a_destination_equal_to_the_source_topic_is_refused(dead, database_url):
     assert snapshot(dead.conn) == before
 
 
-def move_times(conn, run_key):
-    return [
-        t.timestamp()
-        for (t,) in conn.execute(
-            """SELECT m.moved_at FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
-               WHERE r.run_key = %s ORDER BY m.moved_at""",
-            (run_key,),
-        )
-    ]
-
-
 def test_a_rate_below_one_message_a_second_has_no_bursts(dead, database_url):
     request = RedriveRequest(group="billing", topic="orders", max_messages=3, rate_limit=0.8, dry_run=False)
-    assert redrive(request, run_key="slow", url=database_url, log=lambda *_: None)["moved"] == 3
-    times = move_times(dead.conn, "slow")
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert len(times) == 3 and all(gap >= 1.2 for gap in gaps), gaps  # one message every 1.25 s
+    ends, log = slot_ends(database_url, "slow")
+    assert redrive(request, run_key="slow", url=database_url, log=log)["moved"] == 3
+    # one message every 1.25 s: each its own batch, each in its own slot of the run's schedule
+    assert paced_batches(dead.conn, "slow", 0.8) == [1, 1, 1]
+    assert_slots_kept(dead.conn, "slow", 0.8, ends)
 
 
 def test_the_spark_path_keeps_one_rate_for_all_its_tasks(client, topic_group, database_url, spark_connect):
@@ -415,9 +470,9 @@ def test_the_spark_path_keeps_one_rate_for_all_its_tasks(client, topic_group, da
         )["moved"]
         == 3
     )
-    times = move_times(client.conn, "spark-slow")
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert len(times) == 3 and all(gap >= 1.2 for gap in gaps), gaps  # tasks in parallel, paced together
+    # tasks in parallel, paced together: the k-th message moved no earlier than (k - 1) * 1.25 s
+    # after the run began, whichever task moved it
+    assert paced_batches(client.conn, "spark-slow", 0.8) == [1, 1, 1]
 
 
 def test_a_real_run_after_a_dry_run_under_the_same_key_moves(dead, database_url):
@@ -466,9 +521,15 @@ def test_a_refused_redrive_changes_nothing_and_the_dry_run_stays_dry(dead, datab
     with pytest.raises(RedeliveryError, match="another selection"):
         redrive(RedriveRequest(group="billing", topic="orders", dry_run=False), run_key="k", url=database_url)
     assert run_row(dead.conn, "k") == before_run
+    assert snapshot(dead.conn) == before_state  # the refused call changed nothing at all
     again = redrive(dry, run_key="k", url=database_url, log=lambda *_: None)
     assert (again["dry_run"], again["moved"]) == (True, 0)
-    assert snapshot(dead.conn) == before_state
+    # the repeated dry run moved nothing; its audit row records only its new finish time
+    audit = "redelivery.redrive_runs"
+    assert snapshot(dead.conn, leave_out=(audit,)) == {k: v for k, v in before_state.items() if k != audit}
+    after_run = run_row(dead.conn, "k")
+    assert after_run[:2] + after_run[3:] == before_run[:2] + before_run[3:] and after_run[2] >= before_run[2]
+    assert dead.conn.execute("SELECT count(*) FROM redrive_runs").fetchone() == (1,)
 
 
 def test_a_dry_run_under_the_key_of_a_real_run_moves_nothing(dead, database_url):

@@ -6,13 +6,12 @@ import json
 import os
 import stat
 import threading
-import time
 from datetime import timedelta
 
 import psycopg
 import pytest
 
-from helpers import at, configured
+from helpers import at, configured, wait_for_session, waiting_for_a_lock
 from redelivery import embedded, maintenance
 from redelivery.client import Client
 from redelivery.config import RedeliveryConfig
@@ -170,6 +169,7 @@ def test_a_batch_id_forgotten_by_retention_publishes_again_whatever_the_sequence
         client.conn.execute("ALTER SEQUENCE messages_id_seq CACHE 1")
 
 
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
 def test_deleting_a_topic_while_a_message_is_dead_lettered_leaves_no_dead_letter(
     client, topic_group, clean_db
 ):
@@ -182,13 +182,17 @@ def test_deleting_a_topic_while_a_message_is_dead_lettered_leaves_no_dead_letter
         assert other.reject("billing", got) == 1  # dead-lettered, not committed yet
         deleting = threading.Thread(target=lambda: client.delete_topic("orders"))
         deleting.start()
-        time.sleep(0.3)  # the delete waits for the dead-lettering transaction's row lock
+        # the delete waits for the dead-lettering transaction's row lock
+        wait_for_session(clean_db, waiting_for_a_lock("DELETE_TOPIC"), "the delete waiting for the row")
+        assert deleting.is_alive()
         other.conn.execute("COMMIT")
         deleting.join(10)
+        assert not deleting.is_alive()
     assert client.conn.execute("SELECT count(*) FROM dlq_messages").fetchone()[0] == 0
     assert client.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
 
 
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
 @pytest.mark.parametrize("default_isolation", ["read committed", "repeatable read"])
 def test_deleting_a_topic_while_it_is_published_to_leaves_nothing_behind(
     client, topic_group, clean_db, default_isolation
@@ -211,7 +215,10 @@ def test_deleting_a_topic_while_it_is_published_to_leaves_nothing_behind(
             assert len(other.publish("orders", [{"n": i} for i in range(50)], retry=False)) == 50
             deleting = threading.Thread(target=lambda: deleter.delete_topic("orders"))
             deleting.start()
-            time.sleep(0.3)  # the delete waits for the publishing transaction
+            # the delete waits for the publishing transaction (which holds the topic row)
+            wait_for_session(
+                clean_db, waiting_for_a_lock("LOCK_TOPIC_FOR_DELETE"), "the delete waiting for the publish"
+            )
             assert deleting.is_alive()
             other.conn.execute("COMMIT")
             deleting.join(10)

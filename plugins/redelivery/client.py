@@ -260,16 +260,25 @@ class Client:
     def policy(self, topic: str, group: str) -> EffectivePolicy:
         """The effective retry and dead-letter policy of ``group`` on ``topic``. Raises
         ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``, ``ConfigError``."""
-        return self._policy(self._topic(topic), self._group(group)[0], topic, group)[0]
+        return self._effective_policy(self._topic(topic), self._group(group)[0], topic, group)
+
+    def _effective_policy(self, topic_id: int, group_id: int, topic: str, group: str) -> EffectivePolicy:
+        """The policy of one subscription, read only (a check before a change writes nothing)."""
+        key = (topic_id, group_id)
+        if key in self._policies:
+            return self._policies[key][0]
+        found = catalog.effective_policies(self.conn, self.config, [key])
+        if key not in found:
+            raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")
+        return found[key]
 
     def _policy(self, topic_id: int, group_id: int, topic: str, group: str) -> tuple[EffectivePolicy, dict]:
-        """(policy, SQL parameters of the policy table) of one subscription, cached."""
+        """(policy, SQL parameters of the policy table) of one subscription, cached. Registers the
+        DLQ's name (``catalog.policy_table``): for a call that is about to change state."""
         key = (topic_id, group_id)
         if key not in self._policies:
-            found = catalog.effective_policies(self.conn, self.config, [key])
-            if key not in found:
-                raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")
-            self._policies[key] = (found[key], catalog.policy_table(self.conn, self.config, found))
+            policy = self._effective_policy(topic_id, group_id, topic, group)
+            self._policies[key] = (policy, catalog.policy_table(self.conn, self.config, {key: policy}))
         return self._policies[key]
 
     def subscribe(self, group: str, topic: str) -> None:
@@ -485,7 +494,7 @@ class Client:
         group_id, _ = self._group(group)
         topic_id = self._topic(topic)
         self._check_lease(max_messages, invisible_duration)
-        policy, _ = self._policy(topic_id, group_id, topic, group)
+        policy = self._effective_policy(topic_id, group_id, topic, group)
         params = {
             "g": group_id,
             "topic_id": topic_id,
@@ -790,7 +799,7 @@ class Client:
                 acks.append(receipt)
                 continue
             if mode == "level" and (receipt.topic, level) not in levels_ok:
-                policy, _ = self._policy(self._topic(receipt.topic), group_id, receipt.topic, group)
+                policy = self._effective_policy(self._topic(receipt.topic), group_id, receipt.topic, group)
                 try:
                     policy.explicit_delay(level, self.levels)
                 except InvalidLevelError as exc:

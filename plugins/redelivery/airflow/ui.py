@@ -18,9 +18,10 @@ mounts under /redelivery; the plugin adds ``/redelivery/dlq`` to the navigation 
   in the Airflow UI when the form was posted by a top-level page (``Sec-Fetch-Dest: document``),
   otherwise 303 to ``GET /redelivery/dlq/runs/<run id>``; or a page listing every problem, one
   line each (400: values the Params refuse; no run is created). Dry run is always on: moving
-  happens only from the DAG's own trigger form or the API. Each POST that reaches the check,
-  refused or not, gets an entry in Airflow's audit log (event ``trigger_dag_run``, the user as
-  owner, the conf in extra, and a refusal's problems as ``refused``).
+  happens only from the DAG's own trigger form or the API. Each POST of a signed-in user,
+  triggered or refused (for any reason: its values, its origin, a permission), gets an entry in
+  Airflow's audit log (event ``trigger_dag_run``, the user as owner, the conf in extra, and a
+  refusal's reasons as ``refused``).
 - ``GET /redelivery/dlq/runs/<run id>``: "dry run triggered", and the way to the run's page. The UI
   shows plugin pages in an iframe sandboxed without ``allow-top-navigation`` (Airflow 3.3: scripts,
   same origin, forms, downloads), so neither a form with ``target=_top`` nor a link can take the UI
@@ -30,13 +31,21 @@ mounts under /redelivery; the plugin adds ``/redelivery/dlq`` to the navigation 
 - ``GET /redelivery/metrics``: the Prometheus metrics (``redelivery.metrics``), with
   ``redelivery_tier_paused{tier}`` read from Airflow's metadata database (``tier_pauses``).
 
-Access: every route needs Airflow's permission to read the dlq_redrive DAG; the POST also needs
-the permission to trigger it (``DagAccessEntity.RUN``, POST), as the REST endpoint does. Cross-site
-requests: the UI's session is a JWT in the ``_token`` cookie with ``SameSite=Lax``, which browsers
-leave out of cross-site POSTs, but a same-site page of another origin (another port or subdomain of
-the same host) would still send it with a plain HTML form. So the POST is refused (403) unless its
-``Origin`` header (or, without one, its ``Referer``) is this api-server's own origin: the request's
-scheme and host, or the origin of ``[api] base_url``.
+Access: every route needs Airflow's permission to read the dlq_redrive DAG
+(``require_read_access``; with the FAB auth manager, ``can_read`` on ``DAGs`` or on
+``DAG:dlq_redrive``); the POST also needs the permission to trigger it (``trigger_refusal``:
+``DagAccessEntity.RUN``, POST, as Airflow's REST trigger endpoint requires; with FAB, ``can_edit``
+on the DAG and ``can_create`` on ``DAG Runs`` or ``DAG Run:dlq_redrive``). Airflow writes no audit
+entry for a request its permission check refuses (the check raises before any route or audit), so
+this app writes one for each refusal of a signed-in user, one row: a refused read as the event
+``READ_EVENTS`` names (the path in extra), a refused POST as ``trigger_dag_run``; both with the
+user as owner and the reason in ``refused``. A request without a valid session or token gets 401
+and no entry (no one to name). Cross-site requests: the UI's session is a JWT in the ``_token``
+cookie with ``SameSite=Lax``, which browsers leave out of cross-site POSTs, but a same-site page of
+another origin (another port or subdomain of the same host) would still send it with a plain HTML
+form. So the POST is refused (403, audited) unless its ``Origin`` header (or, without one, its
+``Referer``) is this api-server's own origin: the request's scheme and host, or the origin of
+``[api] base_url``.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from airflow.configuration import conf
 from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from ..dead_letters import summary
 from ..metrics import CONTENT_TYPE
@@ -62,11 +72,68 @@ from .dlq_page import REDRIVE_DAG, STYLE, PauseEvent, page_data, render, run_url
 from .hooks import RedeliveryHook
 from .params import conf_problems
 
+#: Airflow's audit-log event of a refused read, per route (a refused POST is ``trigger_dag_run``).
+READ_EVENTS = {
+    "dead_letters_page": "get_dead_letters_page",
+    "dead_letters_json": "get_dead_letters_json",
+    "triggered": "get_dry_run_triggered",
+    "metrics": "get_redelivery_metrics",
+}
+#: The form's fields and the longest value each takes.
+FORM_FIELDS = {"group": 2000, "reason": 2000, "error_contains": 100_000}
+_may_read = requires_access_dag("GET", param_dag_id=REDRIVE_DAG)
+_may_trigger = requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=REDRIVE_DAG)
+
+
+class Refused(HTTPException):
+    """A refused POST of the form, answered with the refusal page (``_refused``)."""
+
+    def __init__(self, status_code: int, problems: list[str]):
+        super().__init__(status_code, "; ".join(problems))
+        self.problems = problems
+
+
+async def require_read_access(request: Request, user: GetUserDep) -> None:
+    """Every route's check: Airflow's permission to read dlq_redrive. A refusal is written to
+    Airflow's audit log, in a session of its own, before it is answered: a read as its
+    ``READ_EVENTS`` event, a POST of the form as its trigger (``_refuse_post``). Raises
+    HTTPException (403) when refused (``Refused`` for the POST), or what Airflow's check raises."""
+    try:
+        await run_in_threadpool(_may_read, request, user)
+    except HTTPException as exc:
+        if exc.status_code != 403:
+            raise
+        refused = f"{_name(user)} may not read {REDRIVE_DAG} (Airflow: {exc.detail})"
+        if request.method == "POST":
+            await _refuse_post(request, user, refused)
+        await run_in_threadpool(_audit_read_now, user, request, [refused])
+        raise
+
+
+async def require_trigger_access(request: Request, user: GetUserDep) -> None:
+    """The form's POST check, before its values are checked: its origin (``origin_refusal``) and
+    the user's permission to trigger dlq_redrive (``trigger_refusal``); a refusal is audited as
+    ``_refuse_post`` says. Raises ``Refused`` (403), or what Airflow's check raises."""
+    refusal = origin_refusal(request) or await run_in_threadpool(trigger_refusal, request, user)
+    if refusal:
+        await _refuse_post(request, user, refusal)
+
+
+async def _refuse_post(request: Request, user, refusal: str) -> None:
+    """Write a refused POST of the form to Airflow's audit log as its trigger (``_audit``: the
+    conf it posted, each field cut at its longest, and ``refusal``), committed now in a session of
+    its own (the request's rolls back), then raise ``Refused`` (403)."""
+    form = await request.form()  # parsed once: the route's fields read the same
+    fields = {key: str(form.get(key) or "")[:limit] for key, limit in FORM_FIELDS.items()}
+    await run_in_threadpool(_audit_now, user, redrive_conf(**fields), [refusal])
+    raise Refused(403, [refusal])
+
+
 app = FastAPI(
     title="redelivery",
     docs_url=None,
     redoc_url=None,
-    dependencies=[Depends(requires_access_dag("GET", param_dag_id=REDRIVE_DAG))],
+    dependencies=[Depends(require_read_access)],
 )
 #: The longest refusal line shown (a refused value is quoted in it).
 MESSAGE_CHARS = 300
@@ -99,13 +166,28 @@ def _origin(url: str | None) -> str | None:
     return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else None
 
 
-def require_same_origin(request: Request) -> None:
-    """Refuse (403) a request whose ``Origin`` (else ``Referer``) is missing or another origin."""
+def origin_refusal(request: Request) -> str | None:
+    """Why a request is refused when its ``Origin`` (else ``Referer``) is missing or another
+    origin than this api-server's; None when it is its own."""
     sent = request.headers.get("origin")
     source = _origin(sent) if sent else _origin(request.headers.get("referer"))
     own = {_origin(str(request.url)), _origin(_base_url())} - {None}
     if source is None or source not in own:
-        raise HTTPException(403, f"refused: a POST from origin {sent or source!r}, not this api-server's")
+        return f"a POST from origin {sent or source!r}, not this api-server's"
+    return None
+
+
+def trigger_refusal(request: Request, user) -> str | None:
+    """Why ``user`` may not trigger dlq_redrive (Airflow's permission to create its runs, as its
+    REST trigger endpoint requires), or None when it may. Raises HTTPException for anything
+    Airflow's check answers other than a refusal (403)."""
+    try:
+        _may_trigger(request, user)
+    except HTTPException as exc:
+        if exc.status_code != 403:
+            raise
+        return f"{_name(user)} may not trigger {REDRIVE_DAG} (Airflow: {exc.detail})"
+    return None
 
 
 def _conn() -> psycopg.Connection:
@@ -270,23 +352,33 @@ def run_page(run_id: str) -> str:
     return run_url(_ui_root(), REDRIVE_DAG, run_id)
 
 
-@app.post(
-    "/dlq/redrive",
-    dependencies=[
-        Depends(require_same_origin),
-        Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=REDRIVE_DAG)),
-    ],
-    response_model=None,
-)
+def redrive_conf(group: str, reason: str, error_contains: str) -> dict:
+    """The conf of the dry run the form asks for (empty fields left out)."""
+    conf_ = {"group": group, "dry_run": True}
+    if reason:
+        conf_["reasons"] = [reason]
+    if error_contains:
+        conf_["error_contains"] = error_contains
+    return conf_
+
+
+@app.exception_handler(Refused)
+async def refusal_page(request: Request, exc: Refused) -> HTMLResponse:
+    return _refused(request, exc.status_code, exc.problems)
+
+
+@app.post("/dlq/redrive", dependencies=[Depends(require_trigger_access)], response_model=None)
 def dry_run_redrive(
     request: Request,
     user: GetUserDep,
     session: SessionDep,
-    group: Annotated[str, Form(max_length=2000)] = "",
-    reason: Annotated[str, Form(max_length=2000)] = "",
-    error_contains: Annotated[str, Form(max_length=100_000)] = "",
+    group: Annotated[str, Form(max_length=FORM_FIELDS["group"])] = "",
+    reason: Annotated[str, Form(max_length=FORM_FIELDS["reason"])] = "",
+    error_contains: Annotated[str, Form(max_length=FORM_FIELDS["error_contains"])] = "",
 ) -> Response:
-    """Trigger a dry run of dlq_redrive for ``group`` (see the module docstring); 303 to the run."""
+    """Trigger a dry run of dlq_redrive for ``group`` (see the module docstring); 303 to the run,
+    or the refusal page (400) listing every value refused."""
+    conf_ = redrive_conf(group, reason, error_contains)
     # Airflow's REST trigger endpoint itself (Params validated by their JSON schema, run created in
     # this request's session, triggered by this user), imported here: plugins load in every
     # Airflow process, the REST routes matter in the api-server only.
@@ -294,11 +386,6 @@ def dry_run_redrive(
     from airflow.api_fastapi.core_api.datamodels.dag_run import TriggerDAGRunPostBody
     from airflow.api_fastapi.core_api.routes.public.dag_run import trigger_dag_run
 
-    conf_ = {"group": group, "dry_run": True}
-    if reason:
-        conf_["reasons"] = [reason]
-    if error_contains:
-        conf_["error_contains"] = error_contains
     if getattr(app.state, "dag_bag", None) is None:  # the api-server's own is on its root app
         app.state.dag_bag = create_dag_bag()
     status, run_id = 400, None
@@ -321,19 +408,49 @@ def dry_run_redrive(
     return RedirectResponse(request.url_for("triggered", run_id=quote(run_id, safe="")).path, status_code=303)
 
 
-def _audit(session, user, conf_: dict, run_id: str | None = None, refused: list[str] | None = None) -> None:
-    """An entry in Airflow's audit log (Browse > Audit Log, ``/api/v2/eventLogs``) for a trigger
-    from the page, as Airflow's own REST trigger writes one (event ``trigger_dag_run``, the user as
-    owner): committed with the run by the request's session, or alone for a refused one."""
+def _name(user) -> str:
+    return user.get_name() if user else "anonymous"
+
+
+def _log(session, user, event: str, extra: dict, run_id: str | None = None) -> None:
+    """An entry of dlq_redrive in Airflow's audit log (Browse > Audit Log, ``/api/v2/eventLogs``),
+    added to ``session``, the user as owner."""
     from airflow.models.log import Log
 
-    name = user.get_name() if user else "anonymous"
+    name = _name(user)
+    log = Log(event=event, owner=name, owner_display_name=name, extra=json.dumps(extra))
+    log.dag_id, log.run_id = REDRIVE_DAG, run_id
+    session.add(log)
+
+
+def _audit(session, user, conf_: dict, run_id: str | None = None, refused: list[str] | None = None) -> None:
+    """The audit-log entry of a trigger from the page, as Airflow's own REST trigger writes one
+    (event ``trigger_dag_run``, the user as owner): committed with the run by the request's
+    session, or alone for a refused one."""
     extra = {"conf": conf_, "method": "POST", "via": "/redelivery/dlq/redrive"}
     if refused:
         extra["refused"] = refused
-    log = Log(event="trigger_dag_run", owner=name, owner_display_name=name, extra=json.dumps(extra))
-    log.dag_id, log.run_id = REDRIVE_DAG, run_id
-    session.add(log)
+    _log(session, user, "trigger_dag_run", extra, run_id)
+
+
+def _audit_now(user, conf_: dict, refused: list[str]) -> None:
+    """``_audit`` of a refused trigger, committed now in a session of its own."""
+    from airflow.utils.session import create_session
+
+    with create_session(scoped=False) as session:
+        _audit(session, user, conf_, refused=refused)
+
+
+def _audit_read_now(user, request: Request, refused: list[str]) -> None:
+    """The audit-log entry of a refused read (event ``READ_EVENTS[route]``, the path in extra),
+    committed now in a session of its own."""
+    from airflow.utils.session import create_session
+
+    endpoint = getattr(request.scope.get("endpoint"), "__name__", "")
+    event = READ_EVENTS.get(endpoint, "get_redelivery_page")
+    extra = {"method": request.method, "via": request.url.path, "refused": refused}
+    with create_session(scoped=False) as session:
+        _log(session, user, event, extra)
 
 
 # Goes to the run once, after the frame's load (the UI has then mirrored the frame's address in its
