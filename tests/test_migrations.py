@@ -94,12 +94,13 @@ def _write_one(conn: psycopg.Connection) -> None:
     )
 
 
-def _migrating(url: str, target: str) -> tuple[threading.Thread, list]:
+def _in_thread(work) -> tuple[threading.Thread, list]:
+    """``work()`` in a thread: (thread, outcome: ["done"] or the exception it raised)."""
     outcome: list = []
 
     def run():
         try:
-            db.migrate(url, target)
+            work()
             outcome.append("done")
         except Exception as exc:  # reported by the test
             outcome.append(exc)
@@ -107,6 +108,11 @@ def _migrating(url: str, target: str) -> tuple[threading.Thread, list]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, outcome
+
+
+def _migrating(url: str, target: str) -> tuple[threading.Thread, list]:
+    """``db.migrate`` to ``target`` in a thread."""
+    return _in_thread(lambda: db.migrate(url, target))
 
 
 #: The migration sessions' application_name (``migrations/env.py``, which runs when imported).
@@ -149,18 +155,7 @@ def _writer_gets_through(url: str, lock_timeout_ms: int) -> None:
 
 def _writing(url: str, lock_timeout_ms: int) -> tuple[threading.Thread, list]:
     """``_writer_gets_through`` in a thread: (thread, outcome: ["done"] or the exception)."""
-    outcome: list = []
-
-    def run():
-        try:
-            _writer_gets_through(url, lock_timeout_ms)
-            outcome.append("done")
-        except Exception as exc:  # reported by the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
+    return _in_thread(lambda: _writer_gets_through(url, lock_timeout_ms))
 
 
 def _messages(url: str) -> int:

@@ -689,15 +689,17 @@ GROUP_WAITING_PER_LEVEL = _named("GROUP_WAITING_PER_LEVEL", """
     FROM (SELECT group_id, delay_level, count(*) AS n FROM deliveries
           WHERE state = 'WAITING_RETRY' GROUP BY 1, 2) c
     JOIN consumer_groups g ON g.id = c.group_id ORDER BY 1, 2""")
-#: The latest ``n`` successful real runs of each tier, oldest first: window end, promoted, and the
-#: lateness (window end minus due time) p50, p99 and max in seconds (NULL: the run promoted nothing).
-#: The tiers are found by a skip scan of tier_runs_window, then each tier's runs read backwards from it.
-RECENT_TIER_LATENESS = _named("RECENT_TIER_LATENESS", """
-    WITH RECURSIVE tiers AS (
+#: The tiers that have runs, by a skip scan of tier_runs_window (one index descent per tier).
+_TIERS_WITH_RUNS = """WITH RECURSIVE tiers AS (
         SELECT min(tier) AS tier FROM tier_runs
         UNION ALL
         SELECT (SELECT min(r.tier) FROM tier_runs r WHERE r.tier > t.tier)
-        FROM tiers t WHERE t.tier IS NOT NULL)
+        FROM tiers t WHERE t.tier IS NOT NULL)"""
+#: The latest ``n`` successful real runs of each tier, oldest first: window end, promoted, and the
+#: lateness (window end minus due time) p50, p99 and max in seconds (NULL: the run promoted nothing).
+#: The tiers are found by a skip scan of tier_runs_window, then each tier's runs read backwards from it.
+RECENT_TIER_LATENESS = _named("RECENT_TIER_LATENESS", f"""
+    {_TIERS_WITH_RUNS}
     SELECT t.tier, r.window_end, (r.summary->>'promoted')::bigint,
            (r.summary->'lateness_seconds'->>'p50')::float8, (r.summary->'lateness_seconds'->>'p99')::float8,
            (r.summary->'lateness_seconds'->>'max')::float8
@@ -764,12 +766,8 @@ PAGE_DLQ_TOP_ERRORS = _named("PAGE_DLQ_TOP_ERRORS", """
 #: Per tier with runs: its latest run (by window end: run key, window end, status, dry run,
 #: promoted, dead-lettered, lateness p99 in seconds) and when its latest finished run finished.
 #: The tiers by the skip scan of RECENT_TIER_LATENESS, each tier's runs read backwards.
-PAGE_TIER_RUNS = _named("PAGE_TIER_RUNS", """
-    WITH RECURSIVE tiers AS (
-        SELECT min(tier) AS tier FROM tier_runs
-        UNION ALL
-        SELECT (SELECT min(r.tier) FROM tier_runs r WHERE r.tier > t.tier)
-        FROM tiers t WHERE t.tier IS NOT NULL)
+PAGE_TIER_RUNS = _named("PAGE_TIER_RUNS", f"""
+    {_TIERS_WITH_RUNS}
     SELECT t.tier, r.run_key, r.window_end, r.status, r.dry_run, (r.summary->>'promoted')::bigint,
            (r.summary->>'dead_lettered')::bigint, (r.summary->'lateness_seconds'->>'p99')::float8,
            f.finished_at
