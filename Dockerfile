@@ -6,4 +6,4 @@ WORKDIR /opt/redelivery
 COPY requirements.txt pyproject.toml ./
 RUN pip install --no-cache-dir uv==0.13.8 && uv pip sync --system requirements.txt
 COPY . .
-RUN uv pip install --system --no-deps -e .
+RUN uv pip install --system --no-deps .   # the distribution, as a user installs it (no editable path)

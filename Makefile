@@ -9,6 +9,10 @@ UV := $(VENV)/bin/uv
 CHROMIUM := /usr/bin/chromium
 APT_INSTALL = if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $(1); \
 	 else sudo apt-get update -q && sudo apt-get install -y -q $(1); fi
+# The checkout's state folder and config file (an installed redelivery defaults to ~/.redelivery and
+# the defaults of redelivery.config); every command below and every process it starts reads them.
+export REDELIVERY_HOME ?= $(CURDIR)/.redelivery
+export REDELIVERY_CONFIG ?= $(CURDIR)/config/redelivery.yaml
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
 .PHONY: setup demo test lint bench bench-publish bench-receive live-bench chaos clean stop lock
@@ -32,13 +36,13 @@ $(CHROMIUM):
 	@$(call APT_INSTALL,chromium)
 
 demo: setup
-	@$(AIRFLOW_ENV) && $(PY) -m redelivery.demo $(DEMO_ARGS)
+	@$(AIRFLOW_ENV) && $(PY) -m demo $(DEMO_ARGS)
 
 test: setup lint
 	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # ruff (configured in pyproject.toml): lint rules and formatting, as CI runs them.
-LINTED := plugins dags spark_jobs tests bench chaos
+LINTED := src dags tests bench chaos demo harness
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
@@ -54,7 +58,7 @@ bench-receive: setup
 
 # Retries' lateness under a real Airflow scheduler, three ways (spark-submit, Connect, auto).
 live-bench: setup
-	@$(AIRFLOW_ENV) && $(PY) bench/live_lateness.py $(BENCH_ARGS)
+	@$(AIRFLOW_ENV) && $(PY) -m bench.live_lateness $(BENCH_ARGS)
 
 # The crash suite: real processes killed at 1000 known points, the invariants checked after each
 # round (chaos/run.py; KILL_POINTS=... to change the count).

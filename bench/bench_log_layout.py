@@ -39,7 +39,7 @@ FROM ins l JOIN messages m ON m.id = l.message_id ORDER BY l.message_id"""
 
 def drain(conn, receive: str, params: dict) -> tuple[int, float, float, float]:
     """(messages acked, seconds, receive seconds, ack seconds) until ``receive`` returns nothing."""
-    from redelivery import statements as S
+    from redelivery.store import statements as S
 
     start, receiving, acking, total = time.perf_counter(), 0.0, 0.0, 0
     while True:
@@ -52,7 +52,7 @@ def drain(conn, receive: str, params: dict) -> tuple[int, float, float, float]:
             return total, time.perf_counter() - start, receiving, acking
         ids, counts = [r[0] for r in rows], [r[6] for r in rows]
         with conn.transaction():
-            ack = {"g": params["g"], "ids": ids, "counts": counts, "count_stale": True}
+            ack = {"group_id": params["group_id"], "ids": ids, "counts": counts, "count_stale": True}
             total += conn.execute(S.ACK, ack).fetchone()[0]
         acking += time.perf_counter() - received
 
@@ -62,8 +62,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    from redelivery import db
-    from redelivery import statements as S
+    from redelivery.store import db
+    from redelivery.store import statements as S
 
     url = database()
     db.migrate(url)
@@ -84,7 +84,13 @@ def main() -> None:
                     conn.execute("DELETE FROM deliveries")
                     conn.execute("VACUUM ANALYZE deliveries")
                     conn.execute("CHECKPOINT")
-                params = {"g": g, "topic_id": topic, "n": 500, "lease": 60.0, "at": None}
+                params = {
+                    "group_id": g,
+                    "topic_id": topic,
+                    "max_messages": 500,
+                    "invisible_duration": 60.0,
+                    "at": None,
+                }
                 total, seconds, receiving, acking = drain(conn, LOG_RECEIVE if log else S.RECEIVE, params)
                 conn.execute("DROP TABLE bench_offsets")
             assert total == args.messages, (variant, total)

@@ -35,7 +35,7 @@ REASONS = ["MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEV
 
 
 def database() -> str:
-    from redelivery import embedded
+    from redelivery.store import embedded
 
     if os.environ.get("REDELIVERY_BENCH_METRICS_DATABASE_URL"):
         return os.environ["REDELIVERY_BENCH_METRICS_DATABASE_URL"]
@@ -45,7 +45,7 @@ def database() -> str:
 
 def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> dict:
     """Build the state store; returns {step: seconds}."""
-    from redelivery import catalog, db
+    from redelivery.store import catalog, db
 
     messages = deliveries // groups
     permille = round(live * 1000)
@@ -144,8 +144,8 @@ def scan_nodes(conn, text: str, params: dict) -> str:
 
 def measurements(conn, rounds: int) -> list[tuple[str, float, str]]:
     """(label, median ms, plan scans) of the baseline, STATE_COUNTS, each scrape statement, render()."""
-    from redelivery import statements as S
     from redelivery.metrics import render
+    from redelivery.store import statements as S
 
     def query(text, params=None):
         return lambda: conn.execute(text, params).fetchall()
@@ -176,8 +176,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the data (default: truncate at the end)")
     args = parser.parse_args()
 
-    from redelivery import db
     from redelivery.metrics import render
+    from redelivery.store import db
 
     url = database()
     steps = fill(url, args.deliveries, args.topics, args.groups, args.live)

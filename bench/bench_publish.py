@@ -43,7 +43,7 @@ def flights(limit: int | None) -> list[tuple[str, str]]:
 
 
 def reset(url: str) -> None:
-    from redelivery import db
+    from redelivery.store import db
 
     with db.connect(url, autocommit=True) as conn:
         db.empty_state_store(conn)
@@ -62,7 +62,7 @@ def reset(url: str) -> None:
 
 
 def raw_copy(url: str, rows) -> float:
-    from redelivery import db
+    from redelivery.store import db
 
     encoded = [(k, b.encode()) for k, b in rows]
     with db.connect(url) as conn:
@@ -93,7 +93,7 @@ def api_publish(url: str, rows) -> float:
 def floor_copy(url: str, rows, with_deliveries: bool) -> float:
     """Pre-encoded rows COPYed into messages (ids from its identity, read back by batch), then, with
     ``with_deliveries``, one READY delivery per group COPYed into deliveries; one transaction."""
-    from redelivery import db
+    from redelivery.store import db
 
     encoded = [(k, b.encode()) for k, b in rows]
     with db.connect(url) as conn:
@@ -119,7 +119,7 @@ def floor_copy(url: str, rows, with_deliveries: bool) -> float:
 
 
 def client_work(rows) -> float:
-    from redelivery.codec import Message, batch_fingerprint, encode
+    from redelivery.messaging.codec import Message, batch_fingerprint, encode
 
     start = time.perf_counter()
     messages = [Message(b, key=k, content_type="application/json") for k, b in rows]
@@ -128,7 +128,7 @@ def client_work(rows) -> float:
 
 
 def dataframe_publish(url: str, rows, spark) -> float:
-    from redelivery.spark.publish_job import publish_dataframe
+    from redelivery.spark.publishing import publish_dataframe
 
     df = spark.createDataFrame(rows, "key string, body string").repartition(4).cache()
     df.count()  # the rows in Spark before the clock starts: what is measured is the publish
@@ -149,8 +149,8 @@ def main() -> None:
     args = parser.parse_args()
     from bench_tier import database
 
-    from redelivery.db import migrate
     from redelivery.spark.session import get_spark
+    from redelivery.store.db import migrate
 
     url = database()
     migrate(url)

@@ -58,7 +58,7 @@ PLAIN_DELETE = "DELETE FROM bench_plain_queue WHERE msg_id = ANY(%(ids)s) RETURN
 
 def build_plain(url: str, n: int) -> None:
     """A fresh plain queue holding ``n`` messages, vacuumed, as ``bench_tier.build`` leaves its tables."""
-    from redelivery import db
+    from redelivery.store import db
 
     with db.connect(url, autocommit=True) as conn:
         for statement in PLAIN_TABLE.split(";"):
@@ -70,7 +70,7 @@ def build_plain(url: str, n: int) -> None:
 
 def plain_consumer(url: str) -> int:
     """Drain the plain queue: read a batch, decode the bodies, delete the batch; messages deleted."""
-    from redelivery import db
+    from redelivery.store import db
 
     done = 0
     with db.connect(url, autocommit=True) as conn:
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3, help="runs per variant; the median is reported")
     args = parser.parse_args()
-    from redelivery import db
+    from redelivery.store import db
 
     url = database()
     db.migrate(url)

@@ -9,7 +9,7 @@ For each size, N messages are made due at level 1 (WAITING_RETRY), then promoted
   warm     the tier job in an already started local Spark session: Spark's start excluded,
   connect  a fresh interpreter running the job on the warm Spark Connect server, as an Airflow
            task does: interpreter start, imports, session, job, commit included,
-  submit   `spark-submit spark_jobs/tier_window.py`: JVM and Spark start included (with the
+  submit   `spark-submit redelivery/spark/jobs/tier_window.py`: JVM and Spark start included (with the
            class-data sharing archive that `make` set-up builds).
 Every variant starts from the same freshly built, vacuumed table. Runs on a database of its own
 (redelivery_bench).
@@ -26,12 +26,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from redelivery.spark.jobs import application
+
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW_END = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
 
 
 def database() -> str:
-    from redelivery import embedded
+    from redelivery.store import embedded
 
     if os.environ.get("REDELIVERY_BENCH_DATABASE_URL"):
         return os.environ["REDELIVERY_BENCH_DATABASE_URL"]
@@ -41,7 +43,7 @@ def database() -> str:
 
 def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
     """A fresh topic with one group and ``n`` messages in ``state`` (due at level 1 for retries)."""
-    from redelivery import db
+    from redelivery.store import db
 
     with db.connect(url, autocommit=True) as conn:
         db.empty_state_store(conn)
@@ -81,14 +83,14 @@ def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
 
 
 def promoted(url: str) -> int:
-    from redelivery import db
+    from redelivery.store import db
 
     with db.connect(url) as conn:
         return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'READY'").fetchone()[0]
 
 
 def run_sql(url: str) -> float:
-    from redelivery import db
+    from redelivery.store import db
 
     with db.connect(url, autocommit=True) as conn:
         start = time.perf_counter()
@@ -101,7 +103,7 @@ def run_sql(url: str) -> float:
 
 
 def run_spark_warm(url: str, spark) -> float:
-    from redelivery.spark.tier_job import run_tier_window
+    from redelivery.tiers.run import run_tier_window
 
     start = time.perf_counter()
     run_tier_window(
@@ -128,13 +130,9 @@ def run_spark_cold(url: str) -> float:
             "--master",
             "local[2]",
             *confs,
-            str(ROOT / "spark_jobs" / "tier_window.py"),
-            "--tier",
-            "seconds",
-            "--window-end",
-            WINDOW_END.isoformat(),
-            "--run-key",
-            f"bench-cold-{time.time()}",
+            application("tier_window"),
+            "--request",
+            request(f"bench-cold-{time.time()}"),
         ],
         check=True,
         env={**os.environ, **env_vars},
@@ -143,9 +141,16 @@ def run_spark_cold(url: str) -> float:
     return time.perf_counter() - start
 
 
+def request(run_key: str) -> str:
+    """The seconds tier's window ending at WINDOW_END, as the entry point takes it (JSON)."""
+    from redelivery.tiers.run import TierRunRequest
+
+    return TierRunRequest(tier="seconds", window_end=WINDOW_END, run_key=run_key).model_dump_json()
+
+
 def run_in_task(url: str) -> float:
     """The tier job with its ranges in this process (what a window under spark_threshold costs)."""
-    from redelivery.spark.tier_job import run_tier_window
+    from redelivery.tiers.run import run_tier_window
 
     start = time.perf_counter()
     run_tier_window(tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}", url=url)
@@ -153,20 +158,16 @@ def run_in_task(url: str) -> float:
 
 
 def run_connect_task(url: str) -> float:
-    """A fresh interpreter running spark_jobs/tier_window.py on the warm Spark Connect server, as an
-    Airflow task does: interpreter start, imports, session, job and commit all included."""
+    """A fresh interpreter running redelivery/spark/jobs/tier_window.py on the warm Spark Connect
+    server, as an Airflow task does: interpreter start, imports, session, job and commit all included."""
     env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "REDELIVERY_SPARK": "connect"}
     start = time.perf_counter()
     subprocess.run(
         [
             sys.executable,
-            str(ROOT / "spark_jobs" / "tier_window.py"),
-            "--tier",
-            "seconds",
-            "--window-end",
-            WINDOW_END.isoformat(),
-            "--run-key",
-            f"bench-connect-{time.time()}",
+            application("tier_window"),
+            "--request",
+            request(f"bench-connect-{time.time()}"),
             "--spark-threshold",
             "0",
         ],
@@ -193,9 +194,9 @@ def main() -> None:
         "--rounds", type=int, default=2, help="runs per variant and size; the median is reported"
     )
     args = parser.parse_args()
-    from redelivery.db import migrate
     from redelivery.spark import connect_server
     from redelivery.spark.session import get_spark
+    from redelivery.store.db import migrate
 
     url = database()
     migrate(url)

@@ -53,8 +53,8 @@ def fresh_database(name: str) -> str:
     import psycopg
     from psycopg import sql
 
-    from redelivery import embedded
-    from redelivery.db import migrate
+    from redelivery.store import embedded
+    from redelivery.store.db import migrate
 
     with psycopg.connect(embedded.url("postgres"), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
@@ -91,7 +91,7 @@ def workload(url: str, config, stop: threading.Event, rng: random.Random) -> dic
 
 def measure(url: str, config, started, ended) -> dict:
     """Per tier: lateness of the workload's retries (due in [started, ended]) and run figures."""
-    from redelivery import db
+    from redelivery.store import db
 
     tier_of = {level: tier.name for tier in config.tiers for level in tier.levels}
     out = {}
@@ -135,7 +135,7 @@ def measure(url: str, config, started, ended) -> dict:
 
 
 def run_mode(mode: str, minutes: float, workdir: Path, seed: int) -> dict:
-    from redelivery.airflow.local import LocalAirflow
+    from harness.local_airflow import LocalAirflow
     from redelivery.client import Client
     from redelivery.config import load_config
     from redelivery.spark import connect_server

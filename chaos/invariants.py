@@ -8,7 +8,7 @@ Two kinds of check, each returning the rows (or ledger calls) that break it (emp
   clients' history (``LEDGER_CHECKS``).
 
 ``INVARIANTS`` names them all; ``check`` runs every one that its arguments allow, and the crash
-suite requires each of them to have run. ``tests/test_invariants.py`` plants one violation of each
+suite requires each of them to have run. ``tests/system/test_invariants.py`` plants one violation of each
 in a small state and asserts that exactly that invariant reports it.
 """
 

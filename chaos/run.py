@@ -55,7 +55,7 @@ KINDS = (
     "Spark tier job: a task killed inside its range",
     "Spark consumer: a task killed after its receive committed",
 )
-BACKLOG_LOCK = 7_424_003  # redelivery.catalog.BACKLOG_LOCK
+BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
 
 
 def setup_environment(home: Path, port: int) -> None:
@@ -181,7 +181,7 @@ class Forked:
 
 class Controller:
     def __init__(self, args):
-        from redelivery import embedded
+        from redelivery.store import embedded
 
         self.args, self.rng = args, random.Random(args.seed)
         self.embedded = embedded
@@ -220,7 +220,7 @@ class Controller:
         import psycopg
 
         from redelivery.client import Client
-        from redelivery.db import migrate
+        from redelivery.store.db import migrate
 
         admin = self.base_url.rsplit("/", 1)[0] + "/postgres"
         with psycopg.connect(admin, autocommit=True) as conn:
@@ -381,7 +381,7 @@ class Controller:
 
     def tier_run_now(self, purpose: str) -> None:
         """A tier run in this process (never killed) for a window ending at the database's now."""
-        from redelivery.spark.tier_job import run_tier_window
+        from redelivery.tiers.run import run_tier_window
 
         now = self.conn.execute("SELECT now()").fetchone()[0]
         run_tier_window(

@@ -109,7 +109,7 @@ def consume(args) -> None:
 
 
 def tier(args) -> None:
-    from redelivery.spark.tier_job import run_tier_window
+    from redelivery.tiers.run import run_tier_window
 
     with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
         now = conn.execute("SELECT now()").fetchone()[0]
@@ -147,10 +147,10 @@ def redrive(args) -> None:
 
 def spark(args) -> None:
     """A Spark driver kept warm: one JSON command per stdin line, one answer line each."""
-    from redelivery.spark.consumer_job import consume as spark_consume
-    from redelivery.spark.publish_job import publish_dataframe
+    from redelivery.spark.consuming import consume as spark_consume
+    from redelivery.spark.publishing import publish_dataframe
     from redelivery.spark.session import get_spark
-    from redelivery.spark.tier_job import run_tier_window
+    from redelivery.tiers.run import run_tier_window
 
     # the warm Spark Connect server of the suite (local[cores,3]: a failed task is tried again)
     session = get_spark("redelivery-chaos")

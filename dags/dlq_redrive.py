@@ -1,5 +1,5 @@
-"""Manual redrive of dead letters (see redelivery.airflow.redrive_dag)."""
+"""Manual redrive of dead letters (see redelivery.airflow.dags.redrive)."""
 
-from redelivery.airflow.redrive_dag import redrive_dag
+from redelivery.airflow.dags.redrive import redrive_dag
 
 dag = redrive_dag()

@@ -1,9 +1,9 @@
 """The demo's HTTP delivery of the flights as an event-driven consumer: group ``flights-http`` of
 topic ``flights``, scheduled on the asset ``redelivery://flights/flights-http`` (see
-redelivery.airflow.consumer_dag). The receiver is the Airflow connection
+redelivery.airflow.dags.consumer). The receiver is the Airflow connection
 ``redelivery_flights_receiver`` (http type)."""
 
-from redelivery.airflow.consumer_dag import http_consumer_dag
+from redelivery.airflow.dags.consumer import http_consumer_dag
 
 dag = http_consumer_dag(
     topic="flights",

@@ -1,5 +1,5 @@
-"""Daily retention cleanup (see redelivery.airflow.maintenance_dag)."""
+"""Daily retention cleanup (see redelivery.airflow.dags.maintenance)."""
 
-from redelivery.airflow.maintenance_dag import maintenance_dag
+from redelivery.airflow.dags.maintenance import maintenance_dag
 
 dag = maintenance_dag()

@@ -15,11 +15,15 @@ import os
 
 import pytest
 
-from helpers import reset
+from helpers import REPO_ROOT, reset
+
+# the checkout's state folder and config, as the Makefile sets them (before any settings are read)
+os.environ.setdefault("REDELIVERY_HOME", str(REPO_ROOT / ".redelivery"))
+os.environ.setdefault("REDELIVERY_CONFIG", str(REPO_ROOT / "config" / "redelivery.yaml"))
 from redelivery.airflow.env import airflow_environ
 from redelivery.settings import get_settings
 
-for key, value in airflow_environ().items():
+for key, value in airflow_environ(REPO_ROOT / "dags").items():
     os.environ.setdefault(key, value)
 logging.getLogger("py4j").setLevel(logging.WARNING)  # quiet teardown of the shared Spark session
 
@@ -35,8 +39,8 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def database_url() -> str:
     """The test database, started and migrated; also ``REDELIVERY_DATABASE_URL`` from now on."""
-    from redelivery import embedded
-    from redelivery.db import migrate
+    from redelivery.store import embedded
+    from redelivery.store.db import migrate
 
     url = os.environ.get("REDELIVERY_TEST_DATABASE_URL")
     if not url:
@@ -51,7 +55,7 @@ def database_url() -> str:
 @pytest.fixture()
 def clean_db(database_url):
     """An empty state store (all tables truncated, DLQ tables dropped) before the test."""
-    from redelivery import db
+    from redelivery.store import db
 
     with db.connect(database_url, autocommit=True) as conn:
         reset(conn)
@@ -82,7 +86,7 @@ def dagbag():
     run's conf, so a DAG object kept between tests would carry one run's conf into the next."""
     from airflow.dag_processing.dagbag import DagBag
 
-    from redelivery.settings import REPO_ROOT
+    from helpers import REPO_ROOT
 
     return DagBag(dag_folder=str(REPO_ROOT / "dags"))
 

@@ -8,8 +8,11 @@ import subprocess
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 #: A fixed past instant: tests drive the clock explicitly (``at=``) and windows must not be in the future.
+#: The checkout (tests read its README, docs, dags/ and config/).
+REPO_ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 #: The installed ``redelivery`` command.
 CLI = shutil.which("redelivery") or os.path.join(os.path.dirname(os.sys.executable), "redelivery")
@@ -38,7 +41,7 @@ def at(seconds: float) -> datetime:
 
 def reset(conn) -> None:
     """Empty every table of the state store and drop the DLQ tables."""
-    from redelivery.db import empty_state_store
+    from redelivery.store.db import empty_state_store
 
     empty_state_store(conn)
 
@@ -68,8 +71,8 @@ def snapshot(conn, leave_out: tuple[str, ...] = ()) -> dict:
     transaction, unless ``conn`` is in one already); ``conn`` is left as it was."""
     from psycopg import pq, sql
 
-    from redelivery.catalog import DLQ_SCHEMA
-    from redelivery.db import SCHEMA
+    from redelivery.store.catalog import DLQ_SCHEMA
+    from redelivery.store.db import SCHEMA
 
     tables: dict = {}
 
@@ -99,7 +102,7 @@ def _poll(url: str, query: str, done, what: str, timeout: float):
     measurement)."""
     import time
 
-    from redelivery import db
+    from redelivery.store import db
 
     deadline = time.monotonic() + timeout
     with db.connect(url, autocommit=True) as conn:
@@ -127,7 +130,7 @@ def wait_for_session(url: str, condition: str, what: str, timeout: float = 60.0)
 
 def waiting_for_a_lock(statement: str) -> str:
     """A ``wait_for_session`` condition: a session runs the named statement of
-    ``redelivery.statements`` (``"ACK"``: its text starts ``/* redelivery:ACK */``) and waits for a
+    ``redelivery.store.statements`` (``"ACK"``: its text starts ``/* redelivery:ACK */``) and waits for a
     lock (a row or a table another transaction holds)."""
     return f"wait_event_type = 'Lock' AND query LIKE '/* redelivery:{statement} */%'"
 
@@ -173,7 +176,7 @@ def page_state(client, url) -> None:
     window ending at 56 s (5 s late), then a window ending at 60 s that promotes nothing.
     orders -> billing: 30 messages received at 100 s: 10 rejected, 6 nacked (level 1), 4 retried
     after 60 s (level 3), 3 acked, 7 left in flight; then 5 more published (READY)."""
-    from redelivery.spark.tier_job import run_tier_window
+    from redelivery.tiers.run import run_tier_window
 
     client.create_topic("payments")
     client.create_group("audit")
@@ -197,7 +200,7 @@ def overlapping_tier_runs(url: str, window_end: datetime, runs: int = 3) -> list
     """The summaries of ``runs`` tier runs of the seconds tier for the same window, started at once
     in threads (4 ranges each); raises the first error any of them raised."""
     from redelivery.config import cached_config
-    from redelivery.spark.tier_job import run_tier_window
+    from redelivery.tiers.run import run_tier_window
 
     config, results, errors = cached_config(), [], []
 

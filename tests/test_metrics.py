@@ -7,15 +7,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import at, overlapping_tier_runs, run_cli
-from redelivery import maintenance
-from redelivery import statements as S
+from helpers import REPO_ROOT, at, overlapping_tier_runs, run_cli
 from redelivery.config import cached_config
 from redelivery.metrics import CONTENT_TYPE, render
 from redelivery.redrive import RedriveRequest, redrive
-from redelivery.settings import REPO_ROOT
-from redelivery.spark.tier_job import run_tier_window
-from redelivery.transitions import LATENESS_BOUNDS
+from redelivery.store import maintenance
+from redelivery.store import statements as S
+from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.window import LATENESS_BOUNDS
 
 
 def parse(text: str) -> dict:
@@ -229,7 +228,7 @@ def test_a_subscription_without_deliveries_shows_zeros_and_no_histograms(client,
 
 
 def test_the_scrape_reads_one_snapshot_and_leaves_the_connection_as_it_was(client, topic_group, database_url):
-    from redelivery import db
+    from redelivery.store import db
 
     with db.connect(database_url) as conn:  # not autocommit: the hook's connections
         before = (conn.isolation_level, conn.read_only)

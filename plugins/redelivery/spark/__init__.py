@@ -1,1 +1,0 @@
-"""Spark jobs' logic. Entry points in ``spark_jobs/`` parse arguments and call these."""

@@ -1,0 +1,5 @@
+"""``python -m redelivery``: the ``redelivery`` command."""
+
+from redelivery.cli.app import main
+
+main()

@@ -1,0 +1,148 @@
+"""A consumer DAG scheduled on its subscription's asset: deliver the group's READY messages to an
+HTTP endpoint (``redelivery.messaging.http_delivery``) whenever there are new ones.
+
+``http_consumer_dag(topic, group, conn_id)`` is scheduled on ``redelivery://<topic>/<group>``
+with an ``AssetWatcher`` running ``ReadyMessagesTrigger`` in the triggerer, so a run starts when
+messages are published, promoted by a tier run (which also emits an event for the asset) or
+redriven. One run drains what is READY; events that arrive meanwhile start one more run after it
+(one active run at a time). The watcher runs only while the DAG is unpaused.
+
+The endpoint is the Airflow connection ``conn_id`` (type http): ``host`` (a host name, or a base
+URL with its scheme), ``port``, ``schema`` the scheme when the host has none (default http), and
+the path in the extra ``{"endpoint": "/flights"}`` (default ``/flights``). There is no default
+endpoint: a run without the connection fails, saying how to define it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG, AssetWatcher, Param, get_current_context, task
+
+from redelivery.airflow.assets import asset_for
+from redelivery.airflow.dags.tiers import START
+from redelivery.airflow.hooks import RedeliveryHook
+from redelivery.airflow.params import check_run_conf
+from redelivery.airflow.triggers import DEFAULT_POLL_SECONDS, ReadyMessagesTrigger
+from redelivery.client import Client
+from redelivery.messaging.http_delivery import HttpEndpoint, drain
+
+DEFAULT_ENDPOINT = "/flights"
+
+
+def endpoint_url(conn_id: str) -> str:
+    """The URL of the http connection ``conn_id``. Raises ``RuntimeError`` saying how to define
+    the connection when it is missing or has no host."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.sdk import BaseHook
+
+    example = (
+        f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "http", "host": "127.0.0.1", '
+        f'"port": 8000, "extra": {{"endpoint": "{DEFAULT_ENDPOINT}"}}}}\''
+    )
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException as exc:
+        raise RuntimeError(f"Airflow connection {conn_id!r} is missing: define it, e.g. {example}") from exc
+    host = (conn.host or "").strip().rstrip("/")
+    if not host:
+        raise RuntimeError(f"Airflow connection {conn_id!r} has no host: define it, e.g. {example}")
+    base = host if "://" in host else f"{conn.schema or 'http'}://{host}"
+    if conn.port and "://" not in host:
+        base += f":{conn.port}"
+    endpoint = str((conn.extra_dejson or {}).get("endpoint") or DEFAULT_ENDPOINT)
+    return f"{base}/{endpoint.lstrip('/')}"
+
+
+def consumer_params() -> dict:
+    """The consumer DAG's Params: batch size, a cap on messages per run, the lease (seconds)."""
+    return {
+        "batch_size": Param(
+            100,
+            type="integer",
+            minimum=1,
+            maximum=10_000,
+            title="Batch size",
+            description="Messages per lease and per HTTP request.",
+        ),
+        "max_messages": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="Max messages",
+            description="Stop after receiving this many. Empty: until nothing is READY "
+            "(what is left waits for the next run).",
+        ),
+        "invisible_duration": Param(
+            60,
+            type="number",
+            minimum=1,
+            maximum=43_200,
+            title="Lease (seconds)",
+            description="Invisible duration of each batch: a message not answered within it "
+            "counts as a failed delivery.",
+        ),
+    }
+
+
+def http_consumer_dag(
+    *,
+    topic: str,
+    group: str,
+    conn_id: str,
+    dag_id: str,
+    body_field: str = "body",
+    poll_interval: float = DEFAULT_POLL_SECONDS,
+) -> DAG:
+    """The DAG ``dag_id`` delivering ``group``'s messages of ``topic`` to the endpoint of
+    connection ``conn_id``, each body under ``body_field``; its watcher polls every
+    ``poll_interval`` seconds. Raises ``InvalidNameError`` / ``ValueError`` for bad arguments."""
+    watcher = AssetWatcher(
+        name="redelivery_ready",
+        trigger=ReadyMessagesTrigger(topic=topic, group=group, poll_interval=poll_interval),
+    )
+    doc = f"""
+### Consumer of `{topic}` for group `{group}`
+
+Scheduled on the asset `redelivery://{topic}/{group}`: a run starts when the watcher (trigger
+`ReadyMessagesTrigger`, every {poll_interval:g} s) sees messages that became READY since its last
+event, or when a tier run promoted some. The task leases batches, posts each to the endpoint of the
+Airflow connection `{conn_id}` and acks, retries or rejects every message by the answer
+(2xx: ack; 4xx other than 408/429: reject; anything else: retry), until nothing is READY.
+"""
+    with DAG(
+        dag_id=dag_id,
+        schedule=asset_for(topic, group, watchers=[watcher]),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["redelivery", "consumer"],
+        doc_md=doc,
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+        params=consumer_params(),
+    ) as dag:
+
+        @task(task_id="deliver")
+        def deliver() -> dict:
+            context = get_current_context()
+            check_run_conf(context)
+            for asset, events in (context.get("triggering_asset_events") or {}).items():
+                for event in events:
+                    print(f"started by an event of {asset}: {event.extra}")
+            params = context["params"]
+            endpoint = HttpEndpoint(endpoint_url(conn_id), body_field=body_field)
+            with Client(RedeliveryHook().get_database_url()) as client:
+                counts = drain(
+                    client,
+                    topic,
+                    group,
+                    endpoint,
+                    batch_size=params["batch_size"],
+                    max_messages=params["max_messages"],
+                    invisible_duration=params["invisible_duration"],
+                )
+            print(f"delivered to {endpoint.url}: {counts}")
+            return counts
+
+        deliver()
+    return dag

@@ -1,0 +1,49 @@
+"""The ``redelivery_maintenance`` DAG: once a day, delete records older than their retention
+(``redelivery.store.maintenance``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG, get_current_context, task
+
+from redelivery.airflow.dags.tiers import START
+from redelivery.airflow.hooks import RedeliveryHook
+from redelivery.airflow.params import check_run_conf
+from redelivery.config import cached_config
+from redelivery.store.maintenance import cleanup
+
+DOC = """
+### Retention
+
+Deletes what would otherwise grow forever, each kind older than its `retention` setting in the
+config file: publish batch ids (a batch id publishes once within its retention), rows staged by
+publishes that never finished, tier run records, settle markers (`settle_markers`: the parts a
+Spark settle answered), and redrive runs with their per-message audit.
+"""
+
+
+def maintenance_dag() -> DAG:
+    with DAG(
+        dag_id="redelivery_maintenance",
+        schedule=timedelta(days=1),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,  # retention: the store grows without it
+        tags=["redelivery", "maintenance"],
+        doc_md=DOC,
+        default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+    ) as dag:
+
+        @task(task_id="cleanup")
+        def run_cleanup() -> dict:
+            check_run_conf(get_current_context())
+            with RedeliveryHook().get_conn() as conn:
+                conn.autocommit = True
+                deleted = cleanup(conn, cached_config())
+            print(f"deleted past their retention: {deleted}")
+            return deleted
+
+        run_cleanup()
+    return dag

@@ -1,0 +1,85 @@
+"""The Airflow environment of this project: where AIRFLOW_HOME, the DAGs and Airflow's own
+metadata database are (a database ``airflow`` on the same PostgreSQL, separate from the
+application's), and the default connections.
+
+``redelivery airflow-env`` prints these as shell ``export`` lines; the Makefile and the tests use
+them. Values already set in the environment win, so a real deployment configures Airflow as usual.
+The DAGs folder is ``./dags`` of the directory the command runs in (``--dags-folder`` to change).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from redelivery.settings import get_settings
+from redelivery.spark import connect_server
+from redelivery.store import embedded
+
+#: Airflow connection naming the application database (postgres type; ``hooks.RedeliveryHook``).
+#: Optional: without it the tasks use REDELIVERY_DATABASE_URL or the embedded PostgreSQL.
+DB_CONN_ID = "redelivery_db"
+#: Airflow connection naming where Spark jobs run: spark_connect type (a Spark Connect server) or
+#: spark type (host = a master for spark-submit, e.g. local[2]).
+SPARK_CONN_ID = "redelivery_spark"
+
+
+#: LocalExecutor workers per CPU core: tasks mostly wait on PostgreSQL, Spark or HTTP.
+WORKERS_PER_CORE = 4
+
+
+def local_parallelism() -> int:
+    """Task slots for a LocalExecutor on this machine: ``WORKERS_PER_CORE`` per CPU core this
+    process may use, at least 4 (8 on 2 cores, where Airflow's default starts 32 processes)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(4, WORKERS_PER_CORE * cores)
+
+
+def airflow_environ(dags_folder: Path | None = None) -> dict[str, str]:
+    """Environment variables for running Airflow on this project (defaults only): Airflow's home
+    under ``REDELIVERY_HOME``, the DAGs of ``dags_folder`` (default: ``./dags``), the LocalExecutor,
+    the Spark connection, and ``REDELIVERY_HOME`` / ``REDELIVERY_CONFIG`` themselves, so that every
+    Airflow process reads the same state store and config."""
+    settings = get_settings()
+    home = settings.home.resolve()
+    venv_bin = str(Path(sys.executable).parent)
+    values = {
+        "AIRFLOW_HOME": str(home / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str((dags_folder or Path("dags")).resolve()),
+        "REDELIVERY_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        # LocalExecutor forks [core] parallelism workers at start (Airflow's default: 32)
+        "AIRFLOW__CORE__PARALLELISM": str(local_parallelism()),
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # the project's warm Spark Connect server (started on first use); its token is made once
+        f"AIRFLOW_CONN_{SPARK_CONN_ID.upper()}": json.dumps(
+            {
+                "conn_type": "spark_connect",
+                "host": "localhost",
+                "port": settings.spark_connect_port,
+                "password": connect_server.token(),
+            }
+        ),
+        "PYSPARK_PYTHON": sys.executable,
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+    }
+    if settings.config_path is not None:
+        values["REDELIVERY_CONFIG"] = str(settings.config_path.resolve())
+    if not settings.database_url:  # else an external application database: Airflow's metadata lives elsewhere
+        # the embedded server's password comes from REDELIVERY_HOME (made on first use, mode 0600)
+        airflow_db = embedded.url("airflow").replace("postgresql://", "postgresql+psycopg2://")
+        values["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = airflow_db
+    return {k: os.environ.get(k, v) if k != "PATH" else v for k, v in values.items()}
+
+
+def shell_exports(dags_folder: Path | None = None) -> str:
+    """``airflow_environ(dags_folder)`` as shell ``export`` lines."""
+    import shlex
+
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in airflow_environ(dags_folder).items())

@@ -1,0 +1,263 @@
+"""``ReadyMessagesTrigger``: an event trigger (``AssetWatcher``) that starts a consumer DAG when a
+topic has new READY messages for a consumer group. It fires on edges (deliveries that became
+READY since its watermark, kept in ``asset_watermarks``), never on "rows exist"; in the triggerer
+it runs in Airflow's ack mode (``ReadyMessagesProducer``), so each edge fires at least once. The
+design (the watermark, the horizon of open transactions, ack mode, why polling and not
+LISTEN/NOTIFY): docs/asset-watcher.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import AsyncIterator, Hashable, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
+
+from redelivery.airflow.assets import asset_uri
+from redelivery.airflow.env import DB_CONN_ID
+from redelivery.airflow.hooks import RedeliveryHook
+from redelivery.store import statements as S
+from redelivery.store.db import session_options
+
+#: Seconds between polls (default), and the bounds accepted.
+DEFAULT_POLL_SECONDS = 5.0
+MIN_POLL_SECONDS, MAX_POLL_SECONDS = 0.1, 3600.0
+#: Seconds an open transaction may hold the watermark back (default), and the bounds accepted.
+DEFAULT_SETTLE_SECONDS = 120.0
+MAX_SETTLE_SECONDS = 86_400.0
+#: Longest wait, in seconds, between attempts while the database cannot be reached.
+MAX_BACKOFF_SECONDS = 60.0
+#: Seconds a confirmation may wait for a connection (it holds up the trigger's later ones).
+CONFIRM_TIMEOUT_SECONDS = 10
+
+
+def _seconds(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {low:g} to {high:g} seconds, got {value!r}")
+    return float(value)
+
+
+class ReadyMessagesTrigger(BaseEventTrigger):
+    """Fires when deliveries of ``topic`` for consumer group ``group`` became READY since its last
+    event (see the module's documentation for the watermark).
+
+    ``poll_interval``: seconds between polls (0.1 to 3600, default 5). ``settle_timeout``: seconds
+    an open transaction may hold the watermark back (at least ``poll_interval``, at most 86400,
+    default 120). ``conn_id``: the Airflow connection of the application database (default
+    ``redelivery_db``; without it ``REDELIVERY_DATABASE_URL`` or the embedded PostgreSQL).
+
+    Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None (from the
+    beginning: the first event, or a repeat before any event was confirmed), "until": ISO
+    time}``: n deliveries became READY with ``ready_at`` in ``[since, until)``. Raises
+    ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs. A database that
+    cannot be reached is retried (waits double up to 60 s); the trigger never ends on its own,
+    except in ack mode for an event Airflow did not confirm stored (Airflow re-creates the
+    trigger, which fires it again)."""
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        group: str,
+        poll_interval: float = DEFAULT_POLL_SECONDS,
+        settle_timeout: float = DEFAULT_SETTLE_SECONDS,
+        conn_id: str = DB_CONN_ID,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.asset_uri = asset_uri(topic, group)  # InvalidNameError
+        self.topic, self.group = topic, group
+        self.poll_interval = _seconds("poll_interval", poll_interval, MIN_POLL_SECONDS, MAX_POLL_SECONDS)
+        self.settle_timeout = _seconds(
+            "settle_timeout", settle_timeout, self.poll_interval, MAX_SETTLE_SECONDS
+        )
+        if not isinstance(conn_id, str) or not conn_id:
+            raise ValueError(f"conn_id must be a connection id, got {conn_id!r}")
+        self.conn_id = conn_id
+        self.watermark: datetime | None = None  # in memory: moves on every poll
+        self._stored: datetime | None = None  # the claimed watermark, as last read or written
+        self._loaded = False
+        self._url: str | None = None  # the state store's, once resolved
+        #: Airflow's ack mode (``create_shared_stream_producer``): the first load starts from the
+        #: confirmed watermark.
+        self.ack_mode = False
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "topic": self.topic,
+                "group": self.group,
+                "poll_interval": self.poll_interval,
+                "settle_timeout": self.settle_timeout,
+                "conn_id": self.conn_id,
+            },
+        )
+
+    def shared_stream_key(self) -> Hashable:
+        """One poll per trigger in a triggerer (Airflow's shared streams); with
+        ``create_shared_stream_producer`` this puts the trigger in Airflow's ack mode."""
+        classpath, kwargs = self.serialize()
+        return (classpath, *sorted(kwargs.items()))
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> ReadyMessagesProducer:
+        """The poll of Airflow's ack mode: ``kwargs`` are the trigger's serialized ones."""
+        trigger = cls(**kwargs)
+        trigger.ack_mode = True
+        return ReadyMessagesProducer(trigger)
+
+    async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        """Every payload of the poll is an event of this trigger (the poll is per trigger)."""
+        async for payload in shared_stream:
+            yield TriggerEvent(payload)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """The trigger on its own (outside ack mode): at most once per edge."""
+        async for payload, _ in self.events():
+            yield TriggerEvent(payload)
+
+    async def events(self) -> AsyncIterator[tuple[dict, datetime]]:
+        """Poll forever: ``(payload, horizon)`` for each edge this copy claimed. A database that
+        cannot be reached is retried (waits double up to 60 s)."""
+        url = self._url = await RedeliveryHook(self.conn_id).aget_database_url()
+        backoff = self.poll_interval
+        conn: psycopg.AsyncConnection | None = None
+        try:
+            while True:
+                try:
+                    if conn is None:
+                        conn = await connect(url)
+                        await self.load(conn)
+                        self.log.info(
+                            "watching READY deliveries of %s from watermark %s, every %s s",
+                            self.asset_uri,
+                            self.watermark,
+                            self.poll_interval,
+                        )
+                    payload = await self.poll(conn)
+                    backoff = self.poll_interval
+                except psycopg.Error as exc:
+                    self.log.warning("%s: %s; trying again in %s s", self.asset_uri, exc, backoff)
+                    if conn is not None:
+                        await conn.close()
+                        conn = None
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                    continue
+                if payload is not None:
+                    self.log.info("%s: %s new READY deliveries", self.asset_uri, payload["ready"])
+                    yield payload, self.watermark
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    async def load(self, conn: psycopg.AsyncConnection) -> None:
+        """Read the claimed watermark (None: this asset never fired), the ``previous`` of the next
+        claim. Only the first load sets the watermark in memory: the claimed one, or in ack mode
+        the confirmed one (events claimed but never stored fire again). A reload after a database
+        error keeps the watermark in memory, so the next claim covers a range whose claim
+        committed unanswered, or that was to be fired again."""
+        row = await (await conn.execute(S.ASSET_WATERMARK, {"asset_uri": self.asset_uri})).fetchone()
+        self._stored, confirmed = row if row else (None, None)
+        if not self._loaded:
+            self.watermark, self._loaded = confirmed if self.ack_mode else self._stored, True
+
+    async def poll(self, conn: psycopg.AsyncConnection) -> dict | None:
+        """One poll: the event's payload when deliveries became READY in ``[watermark, horizon)``
+        and this copy of the trigger claimed the range (moved the claimed watermark); else None."""
+        # Two statements, two snapshots: the horizon is read before the deliveries are counted, so
+        # that every transaction that started before it has committed (or aborted) by the count.
+        horizon = (await (await conn.execute(S.READY_HORIZON, {"settle": self.settle_timeout})).fetchone())[0]
+        if self.watermark is not None and horizon <= self.watermark:
+            return None
+        since = self.watermark
+        params = {"topic": self.topic, "group": self.group, "watermark": since, "horizon": horizon}
+        ready = (await (await conn.execute(S.READY_SINCE, params)).fetchone())[0]
+        if not ready:
+            self.watermark = horizon  # nothing there to fire for: no write
+            return None
+        moved = await (
+            await conn.execute(
+                S.ADVANCE_ASSET_WATERMARK,
+                {"asset_uri": self.asset_uri, "watermark": horizon, "previous": self._stored},
+            )
+        ).fetchone()
+        if moved is None:  # another copy of this trigger fired first: take its watermark
+            await self.load(conn)
+            if self._stored is not None and (self.watermark is None or self._stored > self.watermark):
+                self.watermark = self._stored
+            return None
+        self.watermark, self._stored = horizon, moved[0]
+        return {
+            "topic": self.topic,
+            "group": self.group,
+            "ready": ready,
+            "since": since.isoformat() if since else None,
+            "until": horizon.isoformat(),
+        }
+
+    async def confirm(self, watermark: datetime) -> None:
+        """Ack mode: Airflow stored the events up to ``watermark``; the confirmed watermark moves
+        forward to it. Raises ``psycopg.Error``."""
+        url = self._url or await RedeliveryHook(self.conn_id).aget_database_url()
+        params = {"asset_uri": self.asset_uri, "watermark": watermark}
+        async with await connect(url, connect_timeout=CONFIRM_TIMEOUT_SECONDS) as conn:
+            await conn.execute(S.CONFIRM_ASSET_WATERMARK, params)
+
+
+class EventNotStoredError(RuntimeError):
+    """Airflow did not confirm an event stored: its range fires again from the confirmed watermark."""
+
+
+class ReadyMessagesProducer(SharedStreamProducer):
+    """``ReadyMessagesTrigger``'s poll in Airflow's ack mode: yields ``(payload, horizon)`` for each
+    edge it claimed, and confirms the horizons of the events Airflow stored (``advance``)."""
+
+    def __init__(self, trigger: ReadyMessagesTrigger) -> None:
+        self.trigger = trigger
+
+    async def open_stream(self) -> AsyncIterator[tuple[dict, datetime]]:
+        async for payload, horizon in self.trigger.events():
+            yield payload, horizon
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Confirm the last horizon of the events of ``batch`` (in poll order) that Airflow stored,
+        up to the first it did not; then raise ``EventNotStoredError`` for that one (Airflow ends
+        this poll and the trigger; the re-created trigger starts from the confirmed watermark).
+
+        A confirmation that fails is logged and left to the next event's (the confirmed
+        watermark only moves forward): raising would end the trigger, and the re-created one
+        would fire the same, stored, edge again."""
+        stored = list(itertools.takewhile(lambda item: item.outcome.is_clean, batch))
+        if stored:
+            try:
+                await self.trigger.confirm(stored[-1].broker_payload)
+            except Exception as exc:  # the database's refusal or the connection's lookup
+                self.trigger.log.error("%s: confirming the watermark failed: %s", self.trigger.asset_uri, exc)
+        if len(stored) < len(batch):
+            item = batch[len(stored)]
+            raise EventNotStoredError(
+                f"{self.trigger.asset_uri}: the event until {item.broker_payload.isoformat()} was not "
+                f"confirmed stored ({item.outcome}); it fires again from the confirmed watermark"
+            )
+
+
+async def connect(url: str, **kwargs) -> psycopg.AsyncConnection:
+    """An autocommit connection to the state store, named in ``pg_stat_activity``."""
+    return await psycopg.AsyncConnection.connect(
+        url,
+        autocommit=True,
+        application_name="redelivery-asset-watcher",
+        options=session_options(url),
+        **kwargs,
+    )

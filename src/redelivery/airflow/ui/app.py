@@ -1,0 +1,452 @@
+"""The operator's page in the Airflow UI (plugin ``redelivery``): a FastAPI app the api-server
+mounts under /redelivery. ``GET /redelivery/dlq`` (the page), ``GET /redelivery/dlq.json``,
+``POST /redelivery/dlq/redrive`` (a dry-run redrive: the conf checked against the DAG's Params,
+Airflow's trigger permission, same origin only, audited), ``GET /redelivery/dlq/runs/<run id>``
+and ``GET /redelivery/metrics``. Every route needs Airflow's permission to read the dlq_redrive
+DAG. Routes, access and the audit of refusals in detail: docs/operator-page.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html import escape
+from typing import Annotated
+from urllib.parse import quote, urlsplit
+
+import psycopg
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from airflow.configuration import conf
+from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from redelivery.airflow.hooks import RedeliveryHook
+from redelivery.airflow.params import conf_problems
+from redelivery.airflow.ui.page import REDRIVE_DAG, STYLE, PauseEvent, page_data, render, run_url, tier_dags
+from redelivery.dead_letters import summary
+from redelivery.metrics import CONTENT_TYPE
+from redelivery.metrics import render as render_metrics
+
+#: Airflow's audit-log event of a refused read, per route (a refused POST is ``trigger_dag_run``).
+READ_EVENTS = {
+    "dead_letters_page": "get_dead_letters_page",
+    "dead_letters_json": "get_dead_letters_json",
+    "triggered": "get_dry_run_triggered",
+    "metrics": "get_redelivery_metrics",
+}
+#: The form's fields and the longest value each takes.
+FORM_FIELDS = {"group": 2000, "reason": 2000, "error_contains": 100_000}
+_may_read = requires_access_dag("GET", param_dag_id=REDRIVE_DAG)
+_may_trigger = requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=REDRIVE_DAG)
+
+
+class Refused(HTTPException):
+    """A refused POST of the form, answered with the refusal page (``_refused``)."""
+
+    def __init__(self, status_code: int, problems: list[str]):
+        super().__init__(status_code, "; ".join(problems))
+        self.problems = problems
+
+
+async def require_read_access(request: Request, user: GetUserDep) -> None:
+    """Every route's check: Airflow's permission to read dlq_redrive. A refusal is written to
+    Airflow's audit log, in a session of its own, before it is answered: a read as its
+    ``READ_EVENTS`` event, a POST of the form as its trigger (``_refuse_post``). Raises
+    HTTPException (403) when refused (``Refused`` for the POST), or what Airflow's check raises."""
+    try:
+        await run_in_threadpool(_may_read, request, user)
+    except HTTPException as exc:
+        if exc.status_code != 403:
+            raise
+        refused = f"{_name(user)} may not read {REDRIVE_DAG} (Airflow: {exc.detail})"
+        if request.method == "POST":
+            await _refuse_post(request, user, refused)
+        await run_in_threadpool(_audit_read_now, user, request, [refused])
+        raise
+
+
+async def require_trigger_access(request: Request, user: GetUserDep) -> None:
+    """The form's POST check, before its values are checked: its origin (``origin_refusal``) and
+    the user's permission to trigger dlq_redrive (``trigger_refusal``); a refusal is audited as
+    ``_refuse_post`` says. Raises ``Refused`` (403), or what Airflow's check raises."""
+    refusal = origin_refusal(request) or await run_in_threadpool(trigger_refusal, request, user)
+    if refusal:
+        await _refuse_post(request, user, refusal)
+
+
+async def _refuse_post(request: Request, user, refusal: str) -> None:
+    """Write a refused POST of the form to Airflow's audit log as its trigger (``_audit``: the
+    conf it posted, each field cut at its longest, and ``refusal``), committed now in a session of
+    its own (the request's rolls back), then raise ``Refused`` (403)."""
+    form = await request.form()  # parsed once: the route's fields read the same
+    fields = {key: str(form.get(key) or "")[:limit] for key, limit in FORM_FIELDS.items()}
+    await run_in_threadpool(_audit_now, user, redrive_conf(**fields), [refusal])
+    raise Refused(403, [refusal])
+
+
+app = FastAPI(
+    title="redelivery",
+    docs_url=None,
+    redoc_url=None,
+    dependencies=[Depends(require_read_access)],
+)
+#: The longest refusal line shown (a refused value is quoted in it).
+MESSAGE_CHARS = 300
+#: The longest group filter taken (names have at most 56 characters: a longer one matches none).
+FILTER_CHARS = 1000
+#: How many of a DAG's pause changes, and of bulk ones, the audit log is read for (newest first).
+PAUSE_CHANGES_READ = 200
+#: Airflow's audit-log events that pause or unpause DAGs, and through what.
+PAUSE_EVENTS = {
+    "patch_dag": "the Airflow UI or REST API",
+    "patch_dags": "a bulk change in the Airflow UI or REST API",
+    "cli_dag_pause": "the Airflow CLI",
+    "cli_dag_unpause": "the Airflow CLI",
+}
+
+
+def _base_url() -> str:
+    """``[api] base_url`` (empty when not set)."""
+    return conf.get("api", "base_url", fallback="") or ""
+
+
+def _ui_root() -> str:
+    """The Airflow UI's root path, with a trailing slash ("/" unless base_url has a path)."""
+    path = urlsplit(_base_url()).path or "/"
+    return path if path.endswith("/") else path + "/"
+
+
+def _origin(url: str | None) -> str | None:
+    parts = urlsplit(url or "")
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else None
+
+
+def origin_refusal(request: Request) -> str | None:
+    """Why a request is refused when its ``Origin`` (else ``Referer``) is missing or another
+    origin than this api-server's; None when it is its own."""
+    sent = request.headers.get("origin")
+    source = _origin(sent) if sent else _origin(request.headers.get("referer"))
+    own = {_origin(str(request.url)), _origin(_base_url())} - {None}
+    if source is None or source not in own:
+        return f"a POST from origin {sent or source!r}, not this api-server's"
+    return None
+
+
+def trigger_refusal(request: Request, user) -> str | None:
+    """Why ``user`` may not trigger dlq_redrive (Airflow's permission to create its runs, as its
+    REST trigger endpoint requires), or None when it may. Raises HTTPException for anything
+    Airflow's check answers other than a refusal (403)."""
+    try:
+        _may_trigger(request, user)
+    except HTTPException as exc:
+        if exc.status_code != 403:
+            raise
+        return f"{_name(user)} may not trigger {REDRIVE_DAG} (Airflow: {exc.detail})"
+    return None
+
+
+def _conn() -> psycopg.Connection:
+    conn = RedeliveryHook().get_conn()
+    # one read-only snapshot: the charts, the counts and the tables agree
+    conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+    return conn
+
+
+@app.get("/dlq", response_class=HTMLResponse)
+def dead_letters_page(session: SessionDep, group: Annotated[str, Query(max_length=FILTER_CHARS)] = "") -> str:
+    """The page; ``group``: list only groups whose name contains it (case-insensitive)."""
+    pauses = {tier: pause_since(session, dag) for tier, dag in paused_tier_dags(session).items()}
+    with _conn() as conn:
+        data = page_data(conn, group, paused_tiers=list(pauses))
+    return render(data, ui_root=_ui_root(), paused=pauses)
+
+
+def tier_pauses(session) -> dict[str, bool]:
+    """``{tier: whether Airflow has its DAG paused}`` (``dag.is_paused`` through ``session``, a
+    session of Airflow's metadata database) for each tier of the config whose DAG Airflow has
+    registered."""
+    from airflow.models.dag import DagModel
+    from sqlalchemy import select
+
+    dags = tier_dags()
+    known = select(DagModel.dag_id, DagModel.is_paused).where(DagModel.dag_id.in_(list(dags.values())))
+    paused = dict(session.execute(known).all())
+    return {tier: bool(paused[dag]) for tier, dag in dags.items() if dag in paused}
+
+
+def paused_tier_dags(session) -> dict[str, str]:
+    """``{tier: its DAG id}`` of the tiers whose DAG Airflow has paused."""
+    dags = tier_dags()
+    return {tier: dags[tier] for tier, paused in tier_pauses(session).items() if paused}
+
+
+def pause_since(session, dag_id: str) -> PauseEvent | None:
+    """When ``dag_id`` was paused, from Airflow's audit log (table ``log``; Airflow keeps no time
+    of a pause): the first pause after its latest unpause, so a repeated pause does not move it.
+    None when the log has no pause since the latest unpause (paused at creation, by Airflow
+    itself, or the entries are gone)."""
+    since = None
+    for at, paused, owner, via in pause_changes(session, dag_id):
+        if not paused:
+            break
+        since = PauseEvent(at, owner, via)
+    return since
+
+
+def pause_changes(session, dag_id: str) -> list[tuple]:
+    """``dag_id``'s pauses and unpauses in Airflow's audit log, newest first: ``(when, paused,
+    owner, via)``. Events: ``patch_dag`` (the UI's toggle, ``PATCH /api/v2/dags/{dag_id}``;
+    ``is_paused`` in extra), ``patch_dags`` (a bulk ``PATCH /api/v2/dags``, no DAG id: its
+    query's patterns in extra say which DAGs), ``cli_dag_pause`` / ``cli_dag_unpause``."""
+    from airflow.models.log import Log
+    from sqlalchemy import select
+
+    columns = (
+        select(Log.dttm, Log.event, Log.owner, Log.extra).order_by(Log.dttm.desc()).limit(PAUSE_CHANGES_READ)
+    )
+    own = columns.where(
+        Log.dag_id == dag_id, Log.event.in_(["patch_dag", "cli_dag_pause", "cli_dag_unpause"])
+    )
+    bulk = columns.where(Log.event == "patch_dags")
+    changes = []
+    for at, event, owner, extra in [*session.execute(own).all(), *session.execute(bulk).all()]:
+        paused = _pauses(event, _json(extra), dag_id)
+        if paused is not None and at is not None:
+            changes.append((at, paused, owner, PAUSE_EVENTS[event]))
+    return sorted(changes, key=lambda change: change[0], reverse=True)
+
+
+def _json(text: str | None) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _pauses(event: str, extra: dict, dag_id: str) -> bool | None:
+    """True: the event paused ``dag_id``; False: unpaused it; None: it did neither."""
+    if event in ("cli_dag_pause", "cli_dag_unpause"):
+        return event == "cli_dag_pause"
+    if "is_paused" not in extra or (event == "patch_dags" and not bulk_covers(extra, dag_id)):
+        return None
+    return str(extra["is_paused"]).lower() == "true"
+
+
+def bulk_covers(query: dict, dag_id: str) -> bool:
+    """Whether a bulk ``PATCH /api/v2/dags`` with these query parameters matched ``dag_id``, as
+    Airflow 3.3 matches: ``dag_id_pattern`` a case-insensitive ``LIKE '%term%'`` (``~``: every
+    DAG), ``dag_id_prefix_pattern`` a prefix (trailing non-alphanumerics dropped), ``|`` between
+    alternatives, both when both are given, neither: no DAG. Its other filters (tags, owners,
+    paused) are not checked: a bulk pause they narrowed may be counted."""
+    pattern, prefix = query.get("dag_id_pattern"), query.get("dag_id_prefix_pattern")
+    if pattern is None and prefix is None:
+        return False
+    if pattern is not None and not any(_like(term, dag_id) for term in _terms(pattern)):
+        return False
+    strip = lambda term: re.sub(r"[^0-9A-Za-z]+$", "", term)  # noqa: E731
+    return prefix is None or any(dag_id.startswith(strip(term)) for term in _terms(prefix))
+
+
+def _terms(value) -> list[str]:
+    text = str(value)
+    terms = [t.strip() for t in text.split("|") if t.strip()] if "|" in text else []
+    return terms or [text]
+
+
+def _like(term: str, text: str) -> bool:
+    """``text ILIKE '%term%'`` (``~`` is ``%``)."""
+    term = "%" if term == "~" else term
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in term)
+    return re.search(regex, text, re.IGNORECASE | re.DOTALL) is not None
+
+
+@app.get("/dlq.json")
+def dead_letters_json() -> list:
+    with RedeliveryHook().get_conn() as conn:
+        return summary(conn)
+
+
+def one_line(detail) -> str:
+    """The first line of an error (JSON schema errors go on with the schema), the keyword that
+    failed appended, at most ``MESSAGE_CHARS`` characters (the middle cut out)."""
+    lines = [line.strip() for line in str(detail).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else "refused"
+    failed = next((line for line in lines if line.startswith("Failed validating")), None)
+    if failed:
+        text += f" ({failed.split(' in ')[0].removeprefix('Failed validating ').strip()} failed)"
+    if len(text) > MESSAGE_CHARS:
+        half = MESSAGE_CHARS // 2 - 2
+        text = f"{text[:half]} … {text[-half:]}"
+    return text
+
+
+def _small_page(title: str, body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>{escape(title)}</h1>{body}</body></html>",
+        status_code=status,
+    )
+
+
+def _refused(request: Request, status: int, problems: list[str]) -> HTMLResponse:
+    """The answer to a refused post: every problem on a line of its own."""
+    back = escape(request.url_for("dead_letters_page").path)  # in the UI's frame when posted from it
+    lines = "".join(f"<li>{escape(problem)}</li>" for problem in problems)
+    return _small_page(
+        "Redrive refused",
+        f"<p>The dry run of {REDRIVE_DAG} was refused:</p><ul class='refused'>{lines}</ul>"
+        "<p class='muted'>Nothing was triggered.</p>"
+        f"<p><a href='{back}'>Back to Dead letters</a></p>",
+        status,
+    )
+
+
+def run_page(run_id: str) -> str:
+    """The path of a dlq_redrive run's page in the Airflow UI."""
+    return run_url(_ui_root(), REDRIVE_DAG, run_id)
+
+
+def redrive_conf(group: str, reason: str, error_contains: str) -> dict:
+    """The conf of the dry run the form asks for (empty fields left out)."""
+    conf_ = {"group": group, "dry_run": True}
+    if reason:
+        conf_["reasons"] = [reason]
+    if error_contains:
+        conf_["error_contains"] = error_contains
+    return conf_
+
+
+@app.exception_handler(Refused)
+async def refusal_page(request: Request, exc: Refused) -> HTMLResponse:
+    return _refused(request, exc.status_code, exc.problems)
+
+
+@app.post("/dlq/redrive", dependencies=[Depends(require_trigger_access)], response_model=None)
+def dry_run_redrive(
+    request: Request,
+    user: GetUserDep,
+    session: SessionDep,
+    group: Annotated[str, Form(max_length=FORM_FIELDS["group"])] = "",
+    reason: Annotated[str, Form(max_length=FORM_FIELDS["reason"])] = "",
+    error_contains: Annotated[str, Form(max_length=FORM_FIELDS["error_contains"])] = "",
+) -> Response:
+    """Trigger a dry run of dlq_redrive for ``group`` (see the module docstring); 303 to the run,
+    or the refusal page (400) listing every value refused."""
+    conf_ = redrive_conf(group, reason, error_contains)
+    # Airflow's REST trigger endpoint itself (Params validated by their JSON schema, run created in
+    # this request's session, triggered by this user), imported here: plugins load in every
+    # Airflow process, the REST routes matter in the api-server only.
+    from airflow.api_fastapi.common.dagbag import create_dag_bag, get_latest_version_of_dag
+    from airflow.api_fastapi.core_api.datamodels.dag_run import TriggerDAGRunPostBody
+    from airflow.api_fastapi.core_api.routes.public.dag_run import trigger_dag_run
+
+    if getattr(app.state, "dag_bag", None) is None:  # the api-server's own is on its root app
+        app.state.dag_bag = create_dag_bag()
+    status, run_id = 400, None
+    try:
+        # every refused value at once, one line each (Airflow's trigger stops at the first)
+        dag = get_latest_version_of_dag(app.state.dag_bag, REDRIVE_DAG, session)
+        problems = [one_line(problem) for problem in conf_problems(dag.params, conf_)]
+        if not problems:
+            body = TriggerDAGRunPostBody(logical_date=None, conf=conf_)
+            run_id = trigger_dag_run(REDRIVE_DAG, body, app.state.dag_bag, user, session, request).run_id
+    except HTTPException as exc:  # no such DAG, or a refusal the check above did not foresee
+        status, problems = exc.status_code, [one_line(exc.detail)]
+    if problems:
+        session.rollback()  # nothing of a refused run may be committed by the session's teardown
+        _audit(session, user, conf_, refused=problems)
+        return _refused(request, status, problems)
+    _audit(session, user, conf_, run_id=run_id)
+    if request.headers.get("sec-fetch-dest") == "document":  # a top-level page: straight to the run
+        return RedirectResponse(run_page(run_id), status_code=303)
+    return RedirectResponse(request.url_for("triggered", run_id=quote(run_id, safe="")).path, status_code=303)
+
+
+def _name(user) -> str:
+    return user.get_name() if user else "anonymous"
+
+
+def _log(session, user, event: str, extra: dict, run_id: str | None = None) -> None:
+    """An entry of dlq_redrive in Airflow's audit log (Browse > Audit Log, ``/api/v2/eventLogs``),
+    added to ``session``, the user as owner."""
+    from airflow.models.log import Log
+
+    name = _name(user)
+    log = Log(event=event, owner=name, owner_display_name=name, extra=json.dumps(extra))
+    log.dag_id, log.run_id = REDRIVE_DAG, run_id
+    session.add(log)
+
+
+def _audit(session, user, conf_: dict, run_id: str | None = None, refused: list[str] | None = None) -> None:
+    """The audit-log entry of a trigger from the page, as Airflow's own REST trigger writes one
+    (event ``trigger_dag_run``, the user as owner): committed with the run by the request's
+    session, or alone for a refused one."""
+    extra = {"conf": conf_, "method": "POST", "via": "/redelivery/dlq/redrive"}
+    if refused:
+        extra["refused"] = refused
+    _log(session, user, "trigger_dag_run", extra, run_id)
+
+
+def _audit_now(user, conf_: dict, refused: list[str]) -> None:
+    """``_audit`` of a refused trigger, committed now in a session of its own."""
+    from airflow.utils.session import create_session
+
+    with create_session(scoped=False) as session:
+        _audit(session, user, conf_, refused=refused)
+
+
+def _audit_read_now(user, request: Request, refused: list[str]) -> None:
+    """The audit-log entry of a refused read (event ``READ_EVENTS[route]``, the path in extra),
+    committed now in a session of its own."""
+    from airflow.utils.session import create_session
+
+    endpoint = getattr(request.scope.get("endpoint"), "__name__", "")
+    event = READ_EVENTS.get(endpoint, "get_redelivery_page")
+    extra = {"method": request.method, "via": request.url.path, "refused": refused}
+    with create_session(scoped=False) as session:
+        _log(session, user, event, extra)
+
+
+# Goes to the run once, after the frame's load (the UI has then mirrored the frame's address in its
+# own: going back returns here, and must not bounce to the run again), and on a click of the link.
+GO_TO_RUN = """<script>(function () {
+  var url = %s, key = "redelivery-opened:" + url;
+  function go() {
+    if (window.top === window) { location.assign(url); return; }
+    var a = window.top.document.createElement("a");
+    a.href = url;
+    window.top.document.body.appendChild(a);
+    a.click();
+  }
+  document.getElementById("run").addEventListener("click", function (e) { e.preventDefault(); go(); });
+  window.addEventListener("load", function () {
+    if (sessionStorage.getItem(key)) return;
+    sessionStorage.setItem(key, "1");
+    setTimeout(go, 0);
+  });
+})();</script>"""
+
+
+@app.get("/dlq/runs/{run_id}", response_class=HTMLResponse, name="triggered")
+def triggered(run_id: str) -> HTMLResponse:
+    """The page after the form: the run's id and a link to its page; a script goes there."""
+    url = run_page(run_id)
+    script = GO_TO_RUN % json.dumps(url).replace("<", "\\u003c")  # JSON inside <script>: no "</" possible
+    return _small_page(
+        "Dry run triggered",
+        f"<p class='triggered'>dlq_redrive run <b>{escape(run_id)}</b> (a dry run: nothing moves).</p>"
+        f"<p>Open <a id='run' href='{escape(url)}' target='_top'>its page in the Airflow UI</a>.</p>{script}",
+    )
+
+
+@app.get("/metrics")
+def metrics(session: SessionDep) -> Response:
+    """The Prometheus metrics, read from the state store now (text exposition format), and each
+    tier's ``redelivery_tier_paused`` from Airflow's metadata database (``tier_pauses``)."""
+    paused = tier_pauses(session)
+    with RedeliveryHook().get_conn() as conn:
+        return Response(render_metrics(conn, tier_paused=paused), media_type=CONTENT_TYPE)

@@ -1,0 +1,1 @@
+"""The ``redelivery`` command (Typer): ``app`` is its entry point."""

@@ -1,0 +1,216 @@
+"""The configuration file (YAML): the delay level table and its tiers, the broker preset and the
+retry/dead-letter policies, and the producer's retry settings.
+
+A tier is a set of delay levels promoted together by one Airflow DAG every ``window``. Every level
+of the table belongs to exactly one tier, so that no waiting message is left without a DAG; a
+retry's wait, whatever policy computed it, is routed to the first level at least as long.
+``load_config`` validates the whole file and raises ``ConfigError`` naming the bad key and value.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from redelivery.errors import ConfigError
+from redelivery.rules.levels import ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
+from redelivery.rules.policies import EffectivePolicy, PolicyConfig, resolve
+from redelivery.settings import get_settings
+
+
+class TierConfig(BaseModel):
+    """One tier: ``name`` (DAG id suffix), the delay ``levels`` it promotes, its ``window``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9_]{1,40}$")
+    levels: list[int] = Field(min_length=1)
+    window: str
+
+    @field_validator("window")
+    @classmethod
+    def _window_is_duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def window_seconds(self) -> int:
+        return parse_duration(self.window)
+
+
+class ProducerConfig(BaseModel):
+    """``publish`` retries of transient database failures and of flow control (530), with the
+    backoff of seeds/002 (gRPC connection backoff): wait min(initial * multiplier^k, max) moved by
+    up to +-jitter of itself, for at most ``attempts`` tries in all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    initial_backoff: float = Field(default=1.0, gt=0, le=3600, description="seconds")
+    multiplier: float = Field(default=1.6, ge=1.0, le=100)
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+    max_backoff: float = Field(default=120.0, gt=0, le=3600, description="seconds")
+    attempts: int = Field(default=5, ge=1, le=100)
+
+
+#: The longest retention: 10 years.
+MAX_RETENTION_SECONDS = 3650 * 86400
+
+
+class RetentionConfig(BaseModel):
+    """How long records are kept (durations: ``7d``, ``12h``), deleted by ``redelivery cleanup``
+    and the daily ``redelivery_maintenance`` DAG: publish batch ids (a batch id publishes once
+    within this time), tier run records, redrive runs with their per-message audit, rows staged by
+    publishes that never finished, and settle markers (``settle_parts``: each part a Spark settle
+    answered, so that a task Spark runs again within this time changes nothing twice; a repeat
+    after it only meets stale receipts, counted as such)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    publish_batches: str = "7d"
+    tier_runs: str = "7d"
+    redrive_runs: str = "90d"
+    publish_staging: str = "1d"
+    settle_markers: str = "7d"
+
+    @field_validator("publish_batches", "tier_runs", "redrive_runs", "publish_staging", "settle_markers")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value, MAX_RETENTION_SECONDS)
+        return value
+
+    def seconds(self, name: str) -> int:
+        return parse_duration(getattr(self, name), MAX_RETENTION_SECONDS)
+
+
+def default_tiers() -> list[TierConfig]:
+    """One tier per band of the RocketMQ 5 table: seconds (10s, 30s) every 10 s, minutes (1m..10m)
+    every minute, half hours (20m, 30m) every 5 minutes, hours (1h, 2h) every 10 minutes."""
+    return [
+        TierConfig(name="seconds", levels=[1, 2], window="10s"),
+        TierConfig(name="minutes", levels=list(range(3, 13)), window="1m"),
+        TierConfig(name="half_hours", levels=[13, 14], window="5m"),
+        TierConfig(name="hours", levels=[15, 16], window="10m"),
+    ]
+
+
+class RedeliveryConfig(BaseModel):
+    """The whole file; every key has a default (``config/redelivery.yaml`` spells them out).
+    ``broker`` picks the defaults of the policies (RocketMQ 5 unless set)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delay_levels: str = ROCKETMQ_RETRY_LEVELS
+    tiers: list[TierConfig] = Field(default_factory=default_tiers, min_length=1)
+    broker: Literal["rocketmq", "pulsar", "artemis"] = "rocketmq"
+    policies: list[PolicyConfig] = Field(default_factory=list)
+    producer: ProducerConfig = Field(default_factory=ProducerConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    #: A tier run or a redrive with at least this many messages to move runs on Spark; smaller ones
+    #: move in the task itself (a Spark round trip would cost more than it saves).
+    spark_threshold: int = Field(default=50_000, ge=0)
+    _policy_cache: dict = PrivateAttr(default_factory=dict)
+
+    @field_validator("delay_levels")
+    @classmethod
+    def _levels_parse(cls, value: str) -> str:
+        LevelTable.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _tiers_cover_every_level_once(self) -> RedeliveryConfig:
+        count = len(self.level_table)
+        seen: dict[int, str] = {}
+        names = set()
+        for tier in self.tiers:
+            if tier.name in names:
+                raise ValueError(f"tier name {tier.name!r} is used twice")
+            names.add(tier.name)
+            for level in tier.levels:
+                if not 1 <= level <= count:
+                    raise ValueError(
+                        f"tier {tier.name!r} lists level {level}, but the table has levels 1..{count}"
+                    )
+                if level in seen:
+                    raise ValueError(f"level {level} is in both tier {seen[level]!r} and tier {tier.name!r}")
+                seen[level] = tier.name
+        missing = sorted(set(range(1, count + 1)) - set(seen))
+        if missing:
+            raise ValueError(
+                f"levels {missing} belong to no tier: messages waiting at them would never be promoted"
+            )
+        return self
+
+    @property
+    def level_table(self) -> LevelTable:
+        return LevelTable.parse(self.delay_levels)
+
+    def policy_for(
+        self, topic: str, group: str, group_max_reconsume_times: int | None = None
+    ) -> EffectivePolicy:
+        """The effective policy of ``topic`` and ``group`` (see ``redelivery.rules.policies.resolve``).
+        Raises ``ConfigError`` if its DLQ or retry name cannot name a table."""
+        key = (topic, group, group_max_reconsume_times)
+        cache = self._policy_cache
+        if key not in cache:
+            try:
+                cache[key] = resolve(self.policies, self.broker, topic, group, group_max_reconsume_times)
+            except ValueError as exc:
+                raise ConfigError(f"policy for topic {topic!r} and group {group!r}: {exc}") from exc
+        return cache[key]
+
+    def tier(self, name: str) -> TierConfig:
+        """The tier called ``name``; ``ConfigError`` if there is none."""
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise ConfigError(f"unknown tier {name!r}; the configured tiers are {[t.name for t in self.tiers]}")
+
+
+def _describe(error: ValidationError, path: Path) -> str:
+    lines = [f"invalid configuration file {path}:"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {key}: {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | str | None = None) -> RedeliveryConfig:
+    """Read and validate the configuration file (default: ``REDELIVERY_CONFIG``, see settings; with
+    no file at all, the defaults).
+
+    Raises ``ConfigError`` when the file is missing, is not YAML, or fails validation."""
+    path = Path(path) if path is not None else get_settings().config_path
+    if path is None:
+        return RedeliveryConfig()
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"configuration file {path} must be a mapping of settings, got {type(raw).__name__}"
+        )
+    try:
+        return RedeliveryConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from exc
+
+
+@lru_cache(maxsize=4)
+def cached_config(path: str | None = None) -> RedeliveryConfig:
+    """``load_config`` once per process and path."""
+    return load_config(path)

@@ -1,0 +1,298 @@
+"""Messages as callers see them: what a producer publishes (``Message``), what a consumer receives
+(``ReceivedMessage``), and how bodies and properties are stored (``encode``) and read back
+(``decode``). Also the delivery states and the reserved retry property names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+import orjson
+
+from redelivery.errors import MalformedMessageError
+
+JSON = "application/json"
+BINARY = "application/octet-stream"
+TEXT = "text/plain"
+CONTENT_TYPES = (JSON, BINARY, TEXT)
+#: The states of a delivery (RocketMQ 5 PushConsumer, seeds/001).
+STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ")
+#: Properties set on a redelivered message (Pulsar retry letter, seeds/000); publishers may not set them.
+RETRY_PROPERTIES = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUMETIMES")
+# A \u0000 escape (preceded by an even number of backslashes): PostgreSQL's jsonb cannot store it.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+#: PostgreSQL's numeric (which jsonb numbers are): at most 131,072 digits before the decimal point
+#: and 16,383 after it.
+PG_NUMERIC_MAX_INTEGER_DIGITS, PG_NUMERIC_MAX_SCALE = 131_072, 16_383
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON (PostgreSQL refuses it)")
+
+
+def _pg_number(text: str) -> Decimal:
+    number = Decimal(text)
+    scale = -number.as_tuple().exponent
+    if scale > PG_NUMERIC_MAX_SCALE or number.adjusted() + 1 > PG_NUMERIC_MAX_INTEGER_DIGITS:
+        raise ValueError(f"the number {text[:40]}... is outside PostgreSQL's numeric range")
+    return number
+
+
+def _check_strings(value: Any) -> None:
+    """Raise ``ValueError`` for a string holding a lone surrogate (an unpaired \\ud800-\\udfff
+    escape: not UTF-8, PostgreSQL refuses it)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            item.encode()  # UnicodeEncodeError (a ValueError) for a lone surrogate
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def check_json_text(text: str) -> None:
+    """Raise ``ValueError`` unless PostgreSQL's jsonb would take ``text`` as Python reads it: valid
+    JSON, no NaN or Infinity, no lone surrogate, no \\u0000 escape, numbers within numeric's range.
+    (Nesting deeper than Python's recursion limit is refused too, where PostgreSQL may take it.)"""
+    try:  # orjson: strict JSON, several times faster. What it takes, jsonb takes too, except the
+        # \u0000 escape and numbers past numeric's range: a literal longer than 16,383 characters,
+        # or a negative exponent (orjson reads 1e-20000 as 0.0; a positive one past 308 fails it)
+        orjson.loads(text)
+        strict = len(text) <= PG_NUMERIC_MAX_SCALE and "e-" not in text and "E-" not in text
+    except orjson.JSONDecodeError:  # big numbers, lone surrogates, deep nesting: look closer
+        strict = False
+    if not strict:
+        value = json.loads(
+            text, parse_constant=_refuse_constant, parse_float=_pg_number, parse_int=_pg_number
+        )
+        _check_strings(value)
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise ValueError("a \\u0000 character cannot be stored in PostgreSQL's jsonb")
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to publish. ``body``: ``bytes`` (stored as application/octet-stream), or any
+    JSON-serialisable value (application/json); with ``content_type="application/json"`` a ``str``
+    body is taken as JSON text and must parse; with ``"text/plain"`` a ``str`` is stored as text.
+    ``key``: a ``str``; ``properties``: string keys and string values. PostgreSQL stores neither a
+    NUL character nor a lone surrogate (not UTF-8) in any of them."""
+
+    body: Any
+    key: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    content_type: str | None = None
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """A message handed to a consumer of ``group``. ``body`` is decoded by content type (JSON
+    value, ``bytes`` or ``str``). ``delivery_count`` counts this delivery; ``reconsume_times`` the
+    retries scheduled before it. A retried message's ``properties`` carry REAL_TOPIC,
+    ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (seeds/000). ``redrive_count``: how many
+    times an operator redrove it from the DLQ. The receipt of this delivery is (``group``,
+    ``message_id``, ``delivery_count``)."""
+
+    message_id: int
+    group: str
+    topic: str
+    key: str | None
+    body: Any
+    content_type: str
+    properties: dict
+    published_at: datetime
+    delivery_count: int
+    reconsume_times: int
+    delay_level: int | None
+    invisible_until: datetime
+    origin_message_id: int
+    last_error: str | None
+    redrive_count: int = 0
+
+
+class Receipt(NamedTuple):
+    """A receipt without the message: the delivery ``delivery_count`` of ``message_id`` to
+    ``group`` (``Client.settle``, ``spark.dataframes.settle``)."""
+
+    message_id: int
+    delivery_count: int
+    topic: str
+    group: str
+
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, str, dict]:
+    """``(key, body bytes, content type, properties)`` of a message to publish (a ``Message`` or a
+    bare body). Raises ``MalformedMessageError`` naming the message ``index`` and the field (body,
+    key, a property) when PostgreSQL could not store it as given."""
+    # Run once per published message (336,776 times for the demo's flights): the common shapes (a
+    # JSON text body, no properties, an ASCII key) take the shortest path; properties are only
+    # copied and checked when there are some, and a text is encoded to find a lone surrogate only
+    # when it is not ASCII.
+    if isinstance(message, Message):
+        body, key, properties, ctype = message.body, message.key, message.properties, message.content_type
+    else:
+        body, key, properties, ctype = message, None, None, None
+    if ctype is None:
+        ctype = BINARY if isinstance(body, _BYTES_LIKE) else JSON
+    try:
+        raw = _encode_body(body, ctype, index)
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+        if isinstance(exc, MalformedMessageError):
+            raise
+        raise MalformedMessageError(f"message {index}: body is not valid {ctype}: {exc}") from exc
+    if properties is None or (type(properties) is dict and not properties):
+        props = {}
+    else:
+        props = _checked_properties(properties, index)
+    if key is not None:
+        if not isinstance(key, str):
+            raise MalformedMessageError(f"message {index}: key must be a str, got {type(key).__name__}")
+        if not key.isascii() or "\x00" in key:  # the common key (ASCII, no NUL) is one C scan
+            _check_text(key, f"message {index}: key")
+    return key, raw, ctype, props
+
+
+def _check_text(text: str, what: str) -> None:
+    """``MalformedMessageError`` naming ``what`` unless PostgreSQL's text (and jsonb) can hold
+    ``text``: no NUL, no lone surrogate (\\ud800-\\udfff unpaired: not UTF-8). The message
+    shows the character escaped, so it prints anywhere."""
+    if "\x00" in text:
+        raise MalformedMessageError(
+            f"{what} has a \\u0000 character at character {text.index(chr(0))}, which PostgreSQL cannot store"
+        )
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise MalformedMessageError(
+            f"{what} has a lone surrogate ({text[exc.start]!r}) at character {exc.start}: "
+            "not UTF-8, which PostgreSQL cannot store"
+        ) from None
+
+
+def _encode_body(body: Any, ctype: str, index: int) -> bytes:
+    """The stored bytes of a body of content type ``ctype``; see ``Message``."""
+    if ctype == JSON:
+        if isinstance(body, (str, bytes)):
+            text = body if isinstance(body, str) else body.decode()
+            check_json_text(text)  # JSON text: must parse as PostgreSQL parses it
+            return text.encode()
+        text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        if "\\u0000" in text:
+            check_json_text(text)
+        return text.encode()
+    if ctype == BINARY:
+        if not isinstance(body, _BYTES_LIKE):
+            raise MalformedMessageError(
+                f"message {index}: an {BINARY} body must be bytes, got {type(body).__name__}"
+            )
+        return bytes(body)
+    if ctype == TEXT:
+        if not isinstance(body, str):
+            raise MalformedMessageError(
+                f"message {index}: a {TEXT} body must be str, got {type(body).__name__}"
+            )
+        return body.encode()
+    raise MalformedMessageError(
+        f"message {index}: unknown content type {ctype!r}; use {JSON}, {BINARY} or {TEXT}"
+    )
+
+
+def _checked_properties(properties: Any, index: int) -> dict:
+    """A copy of a message's properties; ``MalformedMessageError`` unless they map str to str with
+    no \\u0000 and no lone surrogate (jsonb cannot store either) and no reserved retry property."""
+    where = f"message {index}"
+    if not isinstance(properties, Mapping):
+        raise MalformedMessageError(
+            f"{where}: properties must be a mapping of str to str, got {type(properties).__name__}"
+        )
+    props = dict(properties)
+    for name, value in props.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise MalformedMessageError(f"{where}: properties must map str to str, got {name!r}: {value!r}")
+        if "\x00" in name or "\x00" in value:
+            raise MalformedMessageError(
+                f"{where}: property {name!r} has a \\u0000 character, which PostgreSQL's jsonb cannot store"
+            )
+        if not name.isascii():
+            _check_text(name, f"{where}: property name {name!r}")
+        if not value.isascii():
+            _check_text(value, f"{where}: property {name!r}")
+        if name in RETRY_PROPERTIES:
+            raise MalformedMessageError(f"{where}: property {name!r} is reserved for redelivered messages")
+    return props
+
+
+def row_hash(key: str | None, body: bytes, content_type: str, properties: Mapping[str, str]) -> int:
+    """A 64-bit hash of one message's content (key, body, content type, properties)."""
+    key_bytes = b"\xff" if key is None else key.encode()
+    props = json.dumps(properties, sort_keys=True, separators=(",", ":")) if properties else ""
+    head = f"{len(key_bytes)}:{len(body)}:{content_type}:{props}:".encode()
+    return int.from_bytes(hashlib.blake2b(head + key_bytes + bytes(body), digest_size=8).digest(), "big")
+
+
+def fingerprint(count: int, hash_sum: int) -> str:
+    """A batch's fingerprint: its message count and the sum of its rows' hashes modulo 2**64, so
+    the same rows give the same fingerprint whatever their order or partitioning."""
+    return f"{count}:{hash_sum % 2**64:016x}"
+
+
+def batch_fingerprint(rows: Iterable[tuple]) -> str:
+    """The fingerprint of ``encode`` results."""
+    count = total = 0
+    for key, body, ctype, props in rows:
+        count += 1
+        total += row_hash(key, body, ctype, props)
+    return fingerprint(count, total)
+
+
+def add_fingerprints(fingerprints: Iterable[str]) -> str:
+    """The fingerprint of the union of disjoint parts, from theirs."""
+    count = total = 0
+    for part in fingerprints:
+        n, h = part.split(":")
+        count, total = count + int(n), total + int(h, 16)
+    return fingerprint(count, total)
+
+
+def decode(body: bytes, content_type: str) -> Any:
+    """A stored body as its content type says: a JSON value, ``str`` or ``bytes``. Raises
+    ``ValueError`` or ``RecursionError`` for JSON that Python cannot take (nesting deeper than the
+    interpreter allows, an integer over 4300 digits)."""
+    if content_type == JSON:
+        try:
+            return orjson.loads(body)  # several times faster than json for the common case
+        except orjson.JSONDecodeError:  # integers past 64 bits, deep nesting: the standard decoder
+            return json.loads(body)
+    if content_type == TEXT:
+        return bytes(body).decode()
+    return bytes(body)
+
+
+def retry_properties(
+    properties: dict, *, topic: str, origin_message_id: int, retry_topic: str, reconsume_times: int
+) -> dict:
+    """A message's properties as a consumer sees them: a redelivered one (reconsume times > 0)
+    also carries REAL_TOPIC, ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (Pulsar, seeds/000)."""
+    if reconsume_times <= 0:
+        return properties
+    return {
+        **properties,
+        "REAL_TOPIC": topic,
+        "ORIGIN_MESSAGE_ID": str(origin_message_id),
+        "RETRY_TOPIC": retry_topic,
+        "RECONSUMETIMES": str(reconsume_times),
+    }

@@ -1,0 +1,547 @@
+"""Consuming of the client: ``receive`` / ``lease_rows`` (the delivery count persisted before
+any message is returned, seeds/004), and every answer to a receipt: ``ack``, ``nack`` /
+``reconsume_later``, ``reject``, ``settle``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import namedtuple_row
+
+from redelivery.errors import (
+    ForeignReceiptError,
+    InvalidLevelError,
+)
+from redelivery.messaging.admin import Administration
+from redelivery.messaging.codec import (
+    BINARY,
+    ReceivedMessage,
+    decode,
+    retry_properties,
+)
+from redelivery.rules.levels import check_delay
+from redelivery.rules.policies import MAX_INT
+from redelivery.store import catalog, db
+from redelivery.store import statements as S
+
+#: Lease bounds in seconds (ours; RocketMQ's SimpleConsumer takes an invisible duration per receive).
+MIN_INVISIBLE_SECONDS, MAX_INVISIBLE_SECONDS = 1, 43_200
+
+
+UNDECODABLE_OUTCOME = "undecodable"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How to answer one receipt in ``Client.settle``: ``"ack"``, ``"retry"`` (``delay`` in
+    seconds or ``level``, else the next level) or ``"reject"``, with an optional error text."""
+
+    receipt: Any
+    outcome: str
+    error: str | None = None
+    delay: int | None = None
+    level: int | None = None
+
+
+def _receipts(group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> list[ReceivedMessage]:
+    """The receipts, checked (``TypeError``, ``ForeignReceiptError``) and in message-id order: every
+    statement then locks rows in the order the tier job's range scans do."""
+    items = [messages] if isinstance(messages, ReceivedMessage) else list(messages)
+    for item in items:
+        if not isinstance(item, ReceivedMessage):
+            raise TypeError(f"expected ReceivedMessage objects (from receive), got {type(item).__name__}")
+        if item.group != group:
+            raise ForeignReceiptError(
+                f"message {item.message_id} was received by group {item.group!r}: "
+                f"group {group!r} cannot answer for it"
+            )
+    return sorted(items, key=lambda m: (m.message_id, m.delivery_count))
+
+
+def _check_error(error: object) -> str | None:
+    """An error text as PostgreSQL can store it (``ValueError`` otherwise)."""
+    if error is not None and (not isinstance(error, str) or "\x00" in error):
+        raise ValueError(
+            f"an error text must be a str without a NUL character (PostgreSQL cannot store it), got {error!r}"
+        )
+    return error
+
+
+def _errors(error: str | Sequence[str] | None, count: int) -> list[str | None]:
+    if error is None or isinstance(error, str):
+        return [_check_error(error)] * count
+    errors = [_check_error(e) for e in error]
+    if len(errors) != count:
+        raise ValueError(f"got {len(errors)} errors for {count} messages")
+    return errors
+
+
+def plan_outcome(item: Outcome) -> tuple[str, int, int]:
+    """``(mode, delay seconds, level)`` of one ``settle`` outcome, mode being ``"ack"`` or a failure
+    mode of ``Client._fail`` (``"reject"``, ``"delay"``, ``"level"``, ``"negative"``, ``"next"``).
+    Raises ``ValueError`` (an unknown outcome, both a delay and a level, a bad error text),
+    ``InvalidDelayError`` (not 1..864000 whole seconds, Pulsar reconsumeLater, seeds/000),
+    ``InvalidLevelError`` (not an int), each naming the message."""
+    where = f"message {getattr(item.receipt, 'message_id', '?')}"
+    try:
+        _check_error(item.error)
+        if item.outcome == "ack":
+            return ("ack", 0, 0)
+        if item.outcome == "reject":
+            return ("reject", 0, 0)
+        if item.outcome != "retry":
+            raise ValueError(f"unknown outcome {item.outcome!r}: use 'ack', 'retry' or 'reject'")
+        if item.delay is not None and item.level is not None:
+            raise ValueError("a retry takes a delay or a level, not both")
+        if item.delay is not None:
+            return ("delay", check_delay(item.delay), 0)
+        if item.level is None or item.level == 0:
+            return ("next", 0, 0)
+        if not isinstance(item.level, int) or isinstance(item.level, bool):
+            raise InvalidLevelError(f"delay level {item.level!r} is not an integer")
+        return ("negative", 0, 0) if item.level < 0 else ("level", 0, item.level)
+    except ValueError as exc:  # the same error, naming the message
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def _retry_properties(row, topic: str, retry_topic: str) -> dict:
+    """A leased row's properties with the retry properties of seeds/000 (REAL_TOPIC...)."""
+    return retry_properties(
+        json.loads(row.properties) if row.properties != "{}" else {},  # most messages carry none
+        topic=topic,
+        origin_message_id=row.origin_message_id,
+        retry_topic=retry_topic,
+        reconsume_times=row.reconsume_times,
+    )
+
+
+class _NeedDlqTable(Exception):
+    """Rolls a receive back when an undecodable body must be dead-lettered into a DLQ without a table."""
+
+
+class Consuming(Administration):
+    """The consuming calls of ``redelivery.client.Client`` (which sets ``conn``, ``config``, ``levels``
+    and the caches these use)."""
+
+    #: mode -> (outcome in the attempt history, dead-letter reason, dead-letter without a retry)
+    _MODES = {
+        "next": ("nack", "MAX_DELIVERIES_EXCEEDED", False),
+        "level": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED", False),
+        "delay": ("reconsume_later", "MAX_DELIVERIES_EXCEEDED", False),
+        "reject": ("rejected", "REJECTED", True),
+        "negative": ("negative_level", "NEGATIVE_LEVEL", True),
+    }
+
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_messages: int = 32,
+        invisible_duration: float = 60,
+        at: datetime | None = None,
+    ) -> list[ReceivedMessage]:
+        """Claim up to ``max_messages`` READY messages of ``topic`` for ``group``, oldest first.
+
+        ``invisible_duration``: the lease in seconds (1..43200); unacknowledged past it, a message
+        counts as a failed delivery. The incremented delivery count is committed before this
+        returns. A message whose body cannot be decoded (JSON that PostgreSQL stores but Python
+        refuses: nesting deeper than the interpreter allows, integers over 4300 digits) is
+        dead-lettered in the same transaction with reason UNDECODABLE, so that nothing is left in
+        flight for a message the caller does not get. Raises ``UnknownGroupError``,
+        ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError`` (max_messages < 1 or a lease
+        out of range)."""
+        group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
+        policy, table = self._policy(topic_id, group_id, topic, group)  # NotSubscribedError
+        for _ in range(2):
+            try:
+                with self.conn.transaction():
+                    rows = self._leased(params)
+                    out, bad = self._decode_received(rows, group, topic, policy.retry_name)
+                    if bad:
+                        self._dead_letter_undecodable(bad, group_id, table, at)
+                return out
+            except _NeedDlqTable:  # rolled back: make the table, then claim again
+                catalog.ensure_dlq_tables(self.conn, {table["p_dlq"][0]})
+        raise AssertionError("unreachable: the DLQ table exists on the second try")
+
+    @staticmethod
+    def _check_lease(max_messages, invisible_duration) -> None:
+        if (
+            isinstance(max_messages, bool)
+            or not isinstance(max_messages, int)
+            or not 1 <= max_messages <= MAX_INT
+        ):
+            raise ValueError(f"max_messages must be a positive integer, got {max_messages!r}")
+        if isinstance(invisible_duration, bool) or not (
+            isinstance(invisible_duration, (int, float))
+            and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS
+        ):
+            raise ValueError(
+                f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, "
+                f"got {invisible_duration!r}"
+            )
+
+    def lease_rows(
+        self, group: str, topic: str, max_messages: int, invisible_duration: float, at: datetime | None = None
+    ) -> list[dict]:
+        """``receive`` for DataFrames: the leased messages as dicts of plain values, bodies not
+        decoded (``body``: the text of a JSON or text body; ``body_binary``: the bytes of a binary
+        one). Committed before this returns; same arguments and errors as ``receive``."""
+        group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
+        policy = self._effective_policy(topic_id, group_id, topic, group)
+        with self.conn.transaction():
+            rows = self._leased(params)
+        return [
+            {
+                "group": group,
+                "topic": topic,
+                "message_id": row.message_id,
+                "delivery_count": row.delivery_count,
+                "reconsume_times": row.reconsume_times,
+                "key": row.key,
+                "body": None
+                if row.content_type == BINARY
+                else bytes(row.body).decode("utf-8", errors="replace"),
+                "body_binary": bytes(row.body) if row.content_type == BINARY else None,
+                "content_type": row.content_type,
+                "properties": list(_retry_properties(row, topic, policy.retry_name).items()),
+                "published_at": row.published_at,
+                "origin_message_id": row.origin_message_id,
+                "last_error": row.last_error,
+                "redrive_count": row.redrive_count,
+            }
+            for row in rows
+        ]
+
+    def _lease_params(
+        self, group: str, topic: str, max_messages, invisible_duration, at
+    ) -> tuple[int, int, dict]:
+        """(group id, topic id, the parameters of ``RECEIVE``) of a lease, every argument checked
+        (``receive`` and ``lease_rows`` alike)."""
+        group_id, _ = self._group(group)
+        topic_id = self._topic(topic)
+        self._check_lease(max_messages, invisible_duration)
+        params = {
+            "group_id": group_id,
+            "topic_id": topic_id,
+            "max_messages": max_messages,
+            "invisible_duration": float(invisible_duration),
+            "at": at,
+        }
+        return group_id, topic_id, params
+
+    def _leased(self, params: dict) -> list:
+        """The rows ``RECEIVE`` leased, by column name (psycopg's ``namedtuple_row``)."""
+        with self.conn.cursor(row_factory=namedtuple_row) as cursor:
+            return cursor.execute(S.RECEIVE, params).fetchall()
+
+    @staticmethod
+    def _decode_received(rows, group, topic, retry_topic) -> tuple[list[ReceivedMessage], list[tuple]]:
+        """ReceivedMessages of the RECEIVE rows whose body decodes, and (id, delivery count, error)
+        of those whose body does not."""
+        out, bad = [], []
+        for row in rows:
+            try:
+                value = decode(row.body, row.content_type)
+            except (ValueError, RecursionError) as exc:
+                error = f"body is not decodable as {row.content_type}: {type(exc).__name__}: {exc}"
+                bad.append((row.message_id, row.delivery_count, error[:1000]))
+                continue
+            out.append(
+                ReceivedMessage(
+                    message_id=row.message_id,
+                    group=group,
+                    topic=topic,
+                    key=row.key,
+                    body=value,
+                    content_type=row.content_type,
+                    properties=_retry_properties(row, topic, retry_topic),
+                    published_at=row.published_at,
+                    delivery_count=row.delivery_count,
+                    reconsume_times=row.reconsume_times,
+                    delay_level=row.delay_level,
+                    invisible_until=row.invisible_until,
+                    origin_message_id=row.origin_message_id,
+                    last_error=row.last_error,
+                    redrive_count=row.redrive_count,
+                )
+            )
+        return out, bad
+
+    def _dead_letter_undecodable(self, bad: list[tuple], group_id: int, table: dict, at) -> None:
+        if not self.conn.execute(S.DLQ_TABLE_STATE, {"dlq_id": table["p_dlq"][0]}).fetchone()[1]:
+            raise _NeedDlqTable
+        params = {
+            **table,
+            "group_id": group_id,
+            "at": at,
+            "dead_lettered_at": at,
+            "outcome": UNDECODABLE_OUTCOME,
+        }
+        params.update(reason="UNDECODABLE", force_dead_letter=True, level=None, delay=None)
+        params.update(ids=[b[0] for b in bad], counts=[b[1] for b in bad], errors=[b[2] for b in bad])
+        dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
+        catalog.add_group_totals(self.conn, dead_lettered={group_id: dead})
+
+    def ack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> int:
+        """Commit received messages; return how many were acknowledged.
+
+        An ack counts only for the delivery it answers (same delivery count) while that delivery is
+        still INFLIGHT; a late or repeated ack changes nothing and is counted as a stale receipt,
+        so no message is ever committed twice. Raises ``ForeignReceiptError`` for a message another
+        group received or a receipt naming another topic than its message's, ``TypeError`` for
+        anything but a ``ReceivedMessage``, before anything changes."""
+        group_id, _ = self._group(group)
+        items = _receipts(group, messages)
+        if not items:
+            return 0
+        self._check_receipt_topics(items)
+        params = {
+            "group_id": group_id,
+            "ids": [m.message_id for m in items],
+            "counts": [m.delivery_count for m in items],
+            "count_stale": True,
+        }
+        return db.retry_lock_conflicts(lambda: self.conn.execute(S.ACK, params).fetchone()[0])
+
+    def nack(
+        self,
+        group: str,
+        messages: ReceivedMessage | Iterable[ReceivedMessage],
+        error: str | Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> int:
+        """Report failed deliveries; each retry waits as the group's policy says for its retry
+        number (default: RocketMQ 5 table, seeds/001), and a message whose reconsume times are used
+        up is dead-lettered. Returns how many were retried or dead-lettered (stale receipts change
+        nothing and are counted as stale). ``error``: one text, or one per message."""
+        return self._fail(group, messages, error, at, mode="next")
+
+    def reconsume_later(
+        self,
+        group: str,
+        messages: ReceivedMessage | Iterable[ReceivedMessage],
+        *,
+        delay: int | None = None,
+        level: int | None = None,
+        error: str | Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> int:
+        """Retry later (Pulsar ``reconsumeLater``, seeds/000): after ``delay`` whole seconds
+        (1..864000), or at delay ``level``, or with neither at the next level (the policy's wait for
+        the next retry).
+
+        ``level`` follows the brokers (seeds/000, seeds/003): ``n >= 1`` indexes the policy's
+        explicit level table (RocketMQ and Pulsar presets: the broker's 18 levels ``1s 5s 10s 30s
+        1m ... 2h``, so level 3 is 10 s; Artemis: the routing table); above the table RocketMQ takes
+        its last level, the other presets refuse it; ``0`` is the next level (RocketMQ
+        ``delayLevel == 0``: ``3 + reconsumeTimes``); a negative level dead-letters at once
+        (reason NEGATIVE_LEVEL). Raises ``InvalidDelayError``, ``InvalidLevelError``,
+        ``ValueError`` (both given) before changing anything."""
+        if delay is not None and level is not None:
+            raise ValueError("give a delay or a level, not both")
+        if delay is not None:
+            return self._fail(group, messages, error, at, mode="delay", delay=check_delay(delay))
+        if level is not None:
+            if not isinstance(level, int) or isinstance(level, bool):
+                raise InvalidLevelError(f"delay level {level!r} is not an integer")
+            if level < 0:
+                return self._fail(group, messages, error, at, mode="negative")
+            if level > 0:
+                return self._fail(group, messages, error, at, mode="level", level=level)
+        return self._fail(group, messages, error, at, mode="next")
+
+    def reject(
+        self,
+        group: str,
+        messages: ReceivedMessage | Iterable[ReceivedMessage],
+        error: str | Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> int:
+        """Dead-letter received messages at once (reason REJECTED), whatever their attempts."""
+        return self._fail(group, messages, error, at, mode="reject")
+
+    def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
+        group_id, _ = self._group(group)
+        items = _receipts(group, messages)
+        self._check_receipt_topics(items)
+        plans = self._plan_failures(
+            group_id, group, items, _errors(error, len(items)), at, mode, delay, level
+        )
+
+        def apply() -> int:
+            with self.conn.transaction():
+                retried, dead = self._apply_failures(plans)
+                catalog.add_group_totals(
+                    self.conn, dead_lettered={group_id: dead}, stale={group_id: len(items) - retried - dead}
+                )
+            return retried + dead
+
+        return db.retry_lock_conflicts(apply)
+
+    def _plan_failures(
+        self, group_id: int, group: str, items, errors, at, mode: str, delay=0, level=0
+    ) -> list:
+        """The parameters of FAIL_RETRY / FAIL_DEAD_LETTER for ``items`` (receipts), one set per
+        topic; everything is checked here, before anything changes; the DLQ tables they would need
+        are made (each in a short transaction of its own)."""
+        outcome, reason, forced = self._MODES[mode]
+        by_topic: dict[str, list[int]] = {}
+        for index, item in enumerate(items):
+            by_topic.setdefault(item.topic, []).append(index)
+        plans = []
+        for topic, indexes in by_topic.items():
+            policy, table = self._policy(self._topic(topic), group_id, topic, group)
+            params = {**table, "group_id": group_id, "at": at, "dead_lettered_at": at, "outcome": outcome}
+            params.update(reason=reason, force_dead_letter=forced, level=None, delay=None)
+            params.update(
+                ids=[items[i].message_id for i in indexes],
+                counts=[items[i].delivery_count for i in indexes],
+                errors=[errors[i] for i in indexes],
+            )
+            if mode == "level":
+                seconds = policy.explicit_delay(level, self.levels)
+                params.update(delay=float(seconds), level=self.levels.level_for_delay(seconds))
+            elif mode == "delay":
+                params.update(delay=float(delay), level=self.levels.level_for_delay(delay))
+            plans.append(params)
+        for params in plans:  # DLQ tables are made before the dead-lettering transaction, when needed
+            self._ensure_dlq_table(params)
+        return plans
+
+    def _apply_failures(self, plans: list) -> tuple[int, int]:
+        """(retried, dead-lettered) by ``plans``, in the caller's transaction."""
+        retried = dead = 0
+        for params in plans:
+            retried += self.conn.execute(S.FAIL_RETRY, params).fetchone()[0]
+            dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
+        return retried, dead
+
+    def settle(
+        self,
+        group: str,
+        outcomes: Iterable[Outcome],
+        *,
+        at: datetime | None = None,
+        marker: tuple[str, int] | None = None,
+    ) -> dict:
+        """Answer many receipts at once, each with its own outcome, in one transaction: all of
+        them or none. Each ``Outcome`` is a receipt (``ReceivedMessage``, or anything with
+        ``message_id``, ``delivery_count``, ``topic`` and ``group``), ``"ack"``, ``"retry"``
+        (with an optional ``delay`` in seconds or ``level``, as ``reconsume_later``) or
+        ``"reject"``, and an optional error text. ``marker`` (a job run id and a part number)
+        makes a repeated call with the same marker change nothing and return the first call's
+        counts: a Spark task that runs twice settles its partition once.
+
+        Returns ``{"acked", "retried", "dead_lettered", "stale"}``. Raises, before changing
+        anything, what ``check_outcomes`` raises."""
+        group_id, _ = self._group(group)
+        items = list(outcomes)
+        acks, failures = self._sort_outcomes(group, items)
+        plans = []
+        for (mode, delay, level), group_items in failures.items():
+            receipts = sorted(
+                (i.receipt for i in group_items), key=lambda r: (r.message_id, r.delivery_count)
+            )
+            by_id = {(i.receipt.message_id, i.receipt.delivery_count): i.error for i in group_items}
+            errors = [by_id[(r.message_id, r.delivery_count)] for r in receipts]
+            plans += self._plan_failures(group_id, group, receipts, errors, at, mode, delay, level)
+        acks.sort(key=lambda r: (r.message_id, r.delivery_count))
+        ack_params = {
+            "group_id": group_id,
+            "ids": [r.message_id for r in acks],
+            "counts": [r.delivery_count for r in acks],
+            "count_stale": False,  # counted below, after the failures' delivery rows are locked
+        }
+
+        def apply() -> dict:
+            with self.conn.transaction():
+                if marker is not None:
+                    keys = {"settle_run": marker[0], "part": marker[1]}
+                    if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
+                        done = self.conn.execute(S.SETTLE_PART, keys).fetchone()
+                        return dict(zip(("acked", "retried", "dead_lettered", "stale"), done, strict=True))
+                acked = self.conn.execute(S.ACK, ack_params).fetchone()[0] if acks else 0
+                retried, dead = self._apply_failures(plans)
+                failed = sum(len(v) for v in failures.values())
+                stale = len(acks) - acked + failed - retried - dead
+                catalog.add_group_totals(self.conn, dead_lettered={group_id: dead}, stale={group_id: stale})
+                counts = {
+                    "acked": acked,
+                    "retried": retried,
+                    "dead_lettered": dead,
+                    "stale": len(items) - acked - retried - dead,
+                }
+                if marker is not None:
+                    self.conn.execute(S.SETTLE_PART_RECORD, {**keys, **counts})
+                return counts
+
+        return db.retry_lock_conflicts(apply)
+
+    def check_outcomes(self, group: str, outcomes: Iterable[Outcome]) -> None:
+        """Check ``outcomes`` as ``settle`` does before it changes anything, changing nothing (a
+        Spark settle checks every partition this way before any of them settles). Raises
+        ``ForeignReceiptError`` (a receipt of another group, or naming another topic than its
+        message's), ``UnknownTopicError`` / ``NotSubscribedError`` (a receipt's topic),
+        ``ValueError``, ``InvalidDelayError``, ``InvalidLevelError`` (``plan_outcome``; a level the
+        group's policy refuses on that topic), each naming the message."""
+        self._sort_outcomes(group, list(outcomes))
+
+    def _sort_outcomes(self, group: str, items: list[Outcome]) -> tuple[list, dict]:
+        """(the receipts to ack, {(mode, delay, level): outcomes} of the failures), every item
+        checked (``check_outcomes``)."""
+        group_id, _ = self._group(group)
+        acks, failures, levels_ok = [], {}, set()
+        for item in items:
+            receipt = item.receipt
+            if receipt.group != group:
+                raise ForeignReceiptError(
+                    f"message {receipt.message_id} was received by group {receipt.group!r}: "
+                    f"group {group!r} cannot answer for it"
+                )
+            mode, delay, level = plan_outcome(item)
+            if mode == "ack":
+                acks.append(receipt)
+                continue
+            if mode == "level" and (receipt.topic, level) not in levels_ok:
+                policy = self._effective_policy(self._topic(receipt.topic), group_id, receipt.topic, group)
+                try:
+                    policy.explicit_delay(level, self.levels)
+                except InvalidLevelError as exc:
+                    raise InvalidLevelError(f"message {receipt.message_id}: {exc}") from None
+                levels_ok.add((receipt.topic, level))
+            failures.setdefault((mode, delay, level), []).append(item)
+        self._check_receipt_topics([item.receipt for item in items])
+        return acks, failures
+
+    def _check_receipt_topics(self, receipts: Sequence) -> None:
+        """``ForeignReceiptError`` unless each receipt names the topic of its message: an answer
+        on the wrong topic would otherwise be applied in part and counted stale in part."""
+        if not receipts:
+            return
+        params = {
+            "ids": [r.message_id for r in receipts],
+            "topic_ids": [self._topic(r.topic) for r in receipts],
+        }
+        row = self.conn.execute(S.RECEIPT_OF_ANOTHER_TOPIC, params).fetchone()
+        if row is not None:
+            raise ForeignReceiptError(
+                f"message {row[0]} is a message of topic {row[1]!r}: a receipt naming another topic "
+                "cannot answer for it"
+            )
+
+    def _ensure_dlq_table(self, params: dict) -> None:
+        """Create the DLQ table before the first message is dead-lettered into it (not earlier)."""
+        dlq_id = params["p_dlq"][0]
+        if self.conn.execute(S.DLQ_TABLE_STATE, {"dlq_id": dlq_id}).fetchone()[1]:
+            return
+        if self.conn.execute(S.FAIL_WOULD_DEAD_LETTER, params).fetchone():
+            catalog.ensure_dlq_tables(self.conn, {dlq_id})
+
+    def stale_receipts(self, group: str) -> int:
+        """How many receipts of ``group`` changed nothing (late or repeated answers)."""
+        return self.conn.execute(S.GROUP_STALE_RECEIPTS, {"group_id": self._group(group)[0]}).fetchone()[0]

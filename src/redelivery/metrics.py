@@ -1,0 +1,250 @@
+"""Prometheus metrics of the state store, read at scrape time.
+
+``render(conn)`` returns the exposition text (Prometheus text format, UTF-8 bytes) of the metrics
+below, read in one read-only snapshot (``redelivery_tier_paused`` only when the caller passes the
+tiers' pause states: see its row); ``StateStoreCollector`` is the ``prometheus_client``
+collector behind it, for a registry of one's own (``render`` uses a private ``CollectorRegistry``,
+never the global one). Served as ``GET /redelivery/metrics`` by the Airflow api-server, to the users
+allowed to read the dlq_redrive DAG (``redelivery.airflow.ui.app``), and printed or written to a
+node-exporter textfile by ``redelivery metrics``.
+
+Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
+``rocketmq_consumer_lag_latency``, ``rocketmq_send_to_dlq_messages_total``): prefix
+``redelivery_``, the unit in the name, counters end in ``_total``. Labels: ``topic``, ``group``
+(consumer group), ``state`` (delivery state), ``delay_level``, ``dlq`` (the DLQ's name),
+``reason`` (why a message was dead-lettered), ``tier``.
+
+| name | type | labels | meaning | source |
+|---|---|---|---|---|
+| ``redelivery_messages`` | gauge | topic, group, state | deliveries in READY, INFLIGHT, WAITING_RETRY or DLQ (0 for a subscription with none) | READY, INFLIGHT, WAITING_RETRY: the partial indexes ``deliveries_ready_at``, ``deliveries_inflight``, ``deliveries_waiting``, which carry group and topic; DLQ: ``dlq_messages`` (one row per DLQ delivery, same transaction) |
+| ``redelivery_retry_waiting_messages`` | gauge | topic, group, delay_level | WAITING_RETRY deliveries per delay level (levels with some) | partial index ``deliveries_waiting`` |
+| ``redelivery_consumer_ready_oldest_age_seconds`` | gauge | topic, group | how long the delivery READY the longest has been READY (RocketMQ's consumer lag latency); 0 with none | ``deliveries.ready_at`` of the READY rows, from ``deliveries_ready_at`` |
+| ``redelivery_dlq_messages`` | gauge | dlq, group, reason | dead letters in each DLQ, per reason | ``dlq_messages``, index ``dlq_messages_reason`` |
+| ``redelivery_promoted_messages_total`` | counter | group | retries a tier run moved WAITING_RETRY -> READY | ``consumer_groups.promoted``, added in the transaction of the promotion |
+| ``redelivery_send_to_dlq_messages_total`` | counter | group | messages dead-lettered, for any reason (RocketMQ ``rocketmq_send_to_dlq_messages_total``) | ``consumer_groups.dead_lettered``, added in the dead-lettering transaction (client or tier run) |
+| ``redelivery_redriven_messages_total`` | counter | group | dead letters a redrive moved out of the DLQ (back to READY, or closed with a copy sent to another topic) | ``consumer_groups.redriven``, added by each redrive batch's statement |
+| ``redelivery_stale_receipts_total`` | counter | group | receipts that changed nothing (a late or repeated ack, nack or reject) | ``consumer_groups.stale_receipts``, added by the statement that found them stale |
+| ``redelivery_tier_run_duration_seconds`` | histogram | tier | the duration of each tier run that is not a dry run, failed ones included | ``tier_histograms`` (run_duration), added with the run's record (``TIER_RUN_FINISH``) |
+| ``redelivery_retry_lateness_seconds`` | histogram | tier | per promoted retry, its window's end minus its due time | ``tier_histograms`` (retry_lateness), added in the transaction of the promotion |
+| ``redelivery_tier_paused`` | gauge | tier | 1 while Airflow has the tier's DAG (``redelivery_tier_<tier>``) paused: its delay levels are not promoted; 0 while it is active; no sample for a tier whose DAG Airflow has not registered | Airflow's metadata database (``dag.is_paused``), read by the api-server's ``GET /redelivery/metrics`` and passed to ``render`` as ``tier_paused``; ``redelivery metrics`` has no Airflow database and leaves the gauge out |
+| ``redelivery_metrics_scrape_duration_seconds`` | gauge | | how long this scrape's queries took | this process |
+
+The counters and histograms are durable totals that never decrease: written in the transaction
+of the change they count, by what its guarded statement moved (a re-run or overlapping run of a
+window or redrive adds only its own moves; a rolled-back or dry run adds nothing), and kept apart
+from the records retention deletes. The gauges cost what they count (a live state's index
+entries, the dead letters, the groups, the tiers), never the deliveries' history: COMMITTED
+deliveries are not counted, since that means reading every delivery ever acknowledged
+(``redelivery stats`` does). Each count reads only its index once VACUUM has marked the heap pages
+all-visible, and one heap page per row changed since (``bench/bench_metrics.py`` measures both).
+"""  # noqa: E501 (the table's rows)
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+
+import psycopg
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from redelivery.store import statements as S
+
+#: The content type of ``render``'s text (the HTTP route's ``Content-Type``).
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: The delivery states ``redelivery_messages`` counts (COMMITTED is history: see above).
+LIVE_STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "DLQ")
+#: Counter name -> column of METRICS_GROUP_TOTALS (after the group name) and help text.
+COUNTERS = {
+    "redelivery_promoted_messages": (1, "Retries promoted to READY by tier runs."),
+    "redelivery_send_to_dlq_messages": (2, "Messages dead-lettered, for any reason."),
+    "redelivery_redriven_messages": (3, "Dead letters moved out of the DLQ by redrives."),
+    "redelivery_stale_receipts": (4, "Receipts that changed nothing (late or repeated answers)."),
+}
+#: tier_histograms.metric -> histogram name and help text.
+HISTOGRAMS = {
+    "run_duration": (
+        "redelivery_tier_run_duration_seconds",
+        "Duration of tier runs (dry runs excepted), seconds.",
+    ),
+    "retry_lateness": (
+        "redelivery_retry_lateness_seconds",
+        "Window end minus due time of each promoted retry, seconds.",
+    ),
+}
+
+
+@contextmanager
+def _snapshot(conn: psycopg.Connection) -> Iterator[None]:
+    """One read-only REPEATABLE READ transaction (all the queries see the same state), or a
+    savepoint in the caller's transaction when one is open; the connection's settings are put back."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        with conn.transaction():
+            yield
+        return
+    saved = conn.isolation_level, conn.read_only
+    conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+    try:
+        with conn.transaction():
+            yield
+    finally:
+        conn.isolation_level, conn.read_only = saved
+
+
+class StateStoreCollector(Collector):
+    """A ``prometheus_client`` collector that reads the state store over ``conn`` (a psycopg
+    connection with the redelivery search path, e.g. ``db.connect()``) at every ``collect()`` and
+    yields the families of the module's table. ``at``: a timezone-aware ``datetime`` replacing the
+    database clock for the age gauge (``None``: ``now()``). ``tier_paused``: ``{tier: whether
+    Airflow has its DAG paused}``, read by the caller in Airflow's metadata database (``None``: the
+    ``redelivery_tier_paused`` gauge is left out). Raises psycopg errors of the queries."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        at: datetime | None = None,
+        tier_paused: Mapping[str, bool] | None = None,
+    ):
+        self.conn, self.at, self.tier_paused = conn, at, tier_paused
+
+    def collect(self) -> Iterator:
+        started = time.perf_counter()
+        rows = self._read()
+        seconds = time.perf_counter() - started
+        yield from _live_gauges(rows)
+        yield from _counters(rows["totals"])
+        yield from _histograms(rows["histograms"])
+        if self.tier_paused is not None:  # the state store does not know it: only Airflow does
+            yield _gauge(
+                "redelivery_tier_paused",
+                "1 while Airflow has the tier's DAG paused (its delay levels are not promoted), else 0.",
+                ["tier"],
+                (([tier], int(paused)) for tier, paused in sorted(self.tier_paused.items())),
+            )
+
+        yield GaugeMetricFamily(
+            "redelivery_metrics_scrape_duration_seconds",
+            "How long the queries of this scrape took, seconds.",
+            value=seconds,
+        )
+
+    def _read(self) -> dict:
+        """Every query of a scrape, in one read-only snapshot: ``{name: rows}``."""
+        with _snapshot(self.conn):
+            execute = self.conn.execute
+            return {
+                "subscriptions": execute(S.SUBSCRIPTION_NAMES).fetchall(),
+                "ready": execute(S.METRICS_READY, {"at": self.at}).fetchall(),
+                "inflight": execute(S.METRICS_INFLIGHT).fetchall(),
+                "waiting": execute(S.METRICS_WAITING).fetchall(),
+                "dead": execute(S.METRICS_DEAD_LETTERS).fetchall(),
+                "totals": execute(S.METRICS_GROUP_TOTALS).fetchall(),
+                "histograms": execute(S.METRICS_HISTOGRAMS).fetchall(),
+            }
+
+
+def _live_gauges(rows: dict) -> Iterator:
+    """The gauges of live deliveries: per state, waiting per level, the oldest READY's age, dead
+    letters per DLQ and reason."""
+    subscriptions, waiting = rows["subscriptions"], rows["waiting"]
+    counts = {(topic, group, state): 0 for topic, group in subscriptions for state in LIVE_STATES}
+    age = {(topic, group): 0.0 for topic, group in subscriptions}
+    for topic, group, n, oldest in rows["ready"]:
+        counts[(topic, group, "READY")] = n
+        age[(topic, group)] = oldest
+    for topic, group, n in rows["inflight"]:
+        counts[(topic, group, "INFLIGHT")] = n
+    for topic, group, _, n in waiting:
+        counts[(topic, group, "WAITING_RETRY")] = counts.get((topic, group, "WAITING_RETRY"), 0) + n
+    per_queue: dict = {}
+    for dlq, topic, group, reason, n in rows["dead"]:
+        counts[(topic, group, "DLQ")] = counts.get((topic, group, "DLQ"), 0) + n
+        per_queue[(dlq, group, reason)] = per_queue.get((dlq, group, reason), 0) + n
+    yield _gauge(
+        "redelivery_messages",
+        "Deliveries per topic, group and live state (READY, INFLIGHT, WAITING_RETRY, DLQ).",
+        ["topic", "group", "state"],
+        ((list(labels), n) for labels, n in sorted(counts.items())),
+    )
+    yield _gauge(
+        "redelivery_retry_waiting_messages",
+        "WAITING_RETRY deliveries per topic, group and delay level.",
+        ["topic", "group", "delay_level"],
+        (([topic, group, str(level)], n) for topic, group, level, n in sorted(waiting)),
+    )
+    yield _gauge(
+        "redelivery_consumer_ready_oldest_age_seconds",
+        "How long the delivery READY the longest has been READY, seconds (0: none READY).",
+        ["topic", "group"],
+        ((list(labels), seconds_ready) for labels, seconds_ready in sorted(age.items())),
+    )
+    yield _gauge(
+        "redelivery_dlq_messages",
+        "Dead letters per DLQ, group and reason.",
+        ["dlq", "group", "reason"],
+        ((list(labels), n) for labels, n in sorted(per_queue.items())),
+    )
+
+
+def _counters(totals: list) -> Iterator:
+    """The counters kept per group in ``consumer_groups``."""
+    for name, (column, help_text) in COUNTERS.items():
+        family = CounterMetricFamily(name, help_text, labels=["group"])
+        for row in sorted(totals):
+            family.add_metric([row[0]], row[column])
+        yield family
+
+
+def _histograms(histograms: list) -> Iterator:
+    """The histograms per tier in ``tier_histograms`` (a metric this version does not know is
+    left out)."""
+    families = {
+        metric: HistogramMetricFamily(name, help_text, labels=["tier"])
+        for metric, (name, help_text) in HISTOGRAMS.items()
+    }
+    for tier, metric, bounds, bucket_counts, total in histograms:
+        if metric not in families:
+            continue
+        cumulative, buckets = 0, []
+        for bound, n in zip([*bounds, float("inf")], bucket_counts, strict=True):
+            cumulative += n
+            buckets.append((floatToGoString(bound), cumulative))
+        families[metric].add_metric([tier], buckets, total)
+    yield from families.values()
+
+
+def _gauge(name: str, help_text: str, labels: list[str], samples) -> GaugeMetricFamily:
+    """A gauge family of ``(label values, value)`` samples."""
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _registry(
+    conn: psycopg.Connection, at: datetime | None, tier_paused: Mapping[str, bool] | None = None
+) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StateStoreCollector(conn, at, tier_paused))
+    return registry
+
+
+def render(
+    conn: psycopg.Connection, at: datetime | None = None, tier_paused: Mapping[str, bool] | None = None
+) -> bytes:
+    """The metrics as Prometheus text (UTF-8, content type ``CONTENT_TYPE``), read over ``conn``
+    in one read-only snapshot. ``at`` replaces the database clock for the age gauge;
+    ``tier_paused`` (``{tier: paused}``, from Airflow's metadata database) adds
+    ``redelivery_tier_paused``."""
+    return generate_latest(_registry(conn, at, tier_paused))
+
+
+def write_textfile(conn: psycopg.Connection, path: str) -> None:
+    """Write the metrics to ``path`` (it must end in ``.prom`` for node-exporter's textfile
+    collector) through a file in the same directory renamed over it: a reader never sees half a
+    file. Raises ``OSError`` when the directory cannot be written."""
+    write_to_textfile(path, _registry(conn, None))

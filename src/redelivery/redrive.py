@@ -1,0 +1,422 @@
+"""Redrive: move the dead letters a filter selects back to READY.
+
+A redrive selects dead letters of one group with a filter of values (``dead_letters.DlqFilter``),
+then moves them in batches. Each batch is one statement in one transaction
+(``statements.REDRIVE_MOVE_BATCH``): the rows leave the DLQ table, their deliveries go back to READY
+(or, with another destination topic, a copy is published there and the original delivery is closed
+as COMMITTED), and the audit tables record each message and the running count. So a run stopped
+between batches, or killed inside one, leaves every message in exactly one place; a retried or
+repeated run finds moved messages gone from the DLQ and never moves one twice. Batches keep to the
+rate limit. Large selections can run as a Spark job over message-id ranges.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.types.json import Jsonb
+from pydantic import Field, field_validator, model_validator
+
+from redelivery.config import RedeliveryConfig, cached_config
+from redelivery.dead_letters import DlqFilter, filter_params, jsonable, select
+from redelivery.errors import RedeliveryError
+from redelivery.rules.names import check_name
+from redelivery.rules.policies import MAX_INT
+from redelivery.spark.tasks import default_parallelism, run_in_tasks
+from redelivery.store import catalog, db
+from redelivery.store import statements as S
+from redelivery.tiers.window import plan_ranges
+
+MAX_BATCH = 500
+SAMPLE_SIZE = 10
+
+
+class RedriveRequest(DlqFilter):
+    """A redrive: the filter, then ``max_messages`` (None: all selected), ``rate_limit`` in
+    messages per second (None: no limit), ``destination_topic`` (None: the original topic),
+    ``reset_reconsume_times`` (default on: the retry budget is restored, reconsume times back to 0;
+    the delivery count is never reset) and ``dry_run`` (default on: report only)."""
+
+    max_messages: int | None = Field(default=None, ge=1, le=MAX_INT)
+    rate_limit: float | None = Field(default=None, gt=0, le=1_000_000)
+    destination_topic: str | None = None
+    reset_reconsume_times: bool = True
+    dry_run: bool = True
+
+    @field_validator("destination_topic")
+    @classmethod
+    def _dest_name(cls, value: str | None) -> str | None:
+        return check_name("topic", value) if value else None
+
+    @model_validator(mode="after")
+    def _dest_is_another_topic(self) -> RedriveRequest:
+        if self.destination_topic is not None and self.destination_topic == self.topic:
+            raise ValueError(
+                f"destination_topic {self.destination_topic!r} is the topic the dead letters come from: "
+                "leave it empty to move them back to it"
+            )
+        return self
+
+    def selection(self) -> dict:
+        """What the run moves, as JSON (the dry-run flag aside): a run key stands for one selection."""
+        return self.model_dump(mode="json", exclude={"dry_run"})
+
+
+def _moving_params(conn: psycopg.Connection, request: RedriveRequest) -> dict:
+    params = {
+        **filter_params(conn, request),
+        "reset": request.reset_reconsume_times,
+        "dest": None,
+        "dest_name": None,
+    }
+    if request.destination_topic:
+        dest = catalog.topic_id(conn, request.destination_topic, what="destination topic")
+        if not catalog.subscribed_groups(conn, dest):
+            raise RedeliveryError(
+                f"destination topic {request.destination_topic!r} has no subscribed group: "
+                "redriven messages would reach no consumer"
+            )
+        params.update(dest=dest, dest_name=request.destination_topic)
+        own = conn.execute(S.DLQ_COUNT_FROM_TOPIC, params).fetchone()[0]
+        if own:
+            raise RedeliveryError(
+                f"{own} selected dead letters come from topic {request.destination_topic!r} itself: "
+                "a copy cannot go to its own topic; redrive them without a destination"
+            )
+    return params
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Dead letters a capped redrive moves together: those of topic id ``topic_filter`` (None: the
+    request's own filter), becoming READY on topic id ``target`` for groups ``caps`` ((group id,
+    max_ready_backlog) pairs) whose READY backlog stays at or below its cap."""
+
+    topic_filter: int | None
+    target: int
+    caps: tuple[tuple[int, int], ...]
+
+
+def capped_lanes(conn: psycopg.Connection, config, request: RedriveRequest, params: dict) -> list[Lane]:
+    """The lanes of a redrive that lands under a ready-backlog cap (RocketMQ flow control,
+    seeds/002; publish and tier runs keep the same caps), or [] when none applies and the moves
+    need no room check. Back to the original topics: one lane per topic of the group (the request's
+    topic only, when it names one), each capped by the group's policy on it. To another topic: one
+    lane, capped by every capped group of that topic. A subscription whose policy cannot be
+    resolved has no known cap (as in publish)."""
+    if params["dest"] is not None:
+        pairs = [(params["dest"], g) for g in catalog.subscribed_groups(conn, params["dest"])]
+    else:
+        group_id = params["group_id"]
+        topics = [params["topic_id"]] if params["topic_id"] else catalog.subscribed_topics(conn, group_id)
+        pairs = [(t, params["group_id"]) for t in topics]
+    policies = catalog.effective_policies(conn, config, pairs, problems={})
+    caps = {pair: p.max_ready_backlog for pair, p in policies.items() if p.max_ready_backlog is not None}
+    if not caps:
+        return []
+    if params["dest"] is not None:
+        return [Lane(params["topic_id"], params["dest"], tuple((g, c) for (_, g), c in sorted(caps.items())))]
+    return [Lane(t, t, ((g, caps[(t, g)]),) if (t, g) in caps else ()) for t, g in pairs]
+
+
+def _room(conn: psycopg.Connection, lane: Lane) -> int | None:
+    """Free places under the lane's caps, inside the batch's transaction, under the topic's
+    backlog lock (taken by publishers and tier runs too); None: no cap."""
+    if not lane.caps:
+        return None
+    catalog.lock_backlog(conn, lane.target)
+    return max(min(cap - catalog.ready_count(conn, g, lane.target) for g, cap in lane.caps), 0)
+
+
+def _move_batch(
+    conn: psycopg.Connection, params: dict, run_id: int, size: int, bounds=None, lane: Lane | None = None
+) -> tuple[int, bool]:
+    """Move up to ``size`` selected dead letters in one transaction: (moved, the lane's cap is
+    reached)."""
+    params = {
+        **params,
+        "batch_size": size,
+        "run": run_id,
+        "low": bounds[0] if bounds else None,
+        "high": bounds[1] if bounds else None,
+    }
+    with conn.transaction():
+        if params["dest"] is not None:  # its copies are messages of that topic: hold it as a publish does
+            catalog.lock_topic(conn, params["dest"])
+        room = _room(conn, lane) if lane is not None else None
+        if room is not None:
+            if room == 0:
+                return 0, True
+            params["batch_size"] = min(size, room)
+        removed, revived = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
+        if removed != revived:  # a DLQ row whose delivery is not in DLQ: roll back, touch nothing
+            raise RedeliveryError(
+                f"redrive batch found {removed} dead letters but {revived} deliveries in DLQ state"
+            )
+    return revived, room is not None and revived >= room
+
+
+def _finish(
+    conn: psycopg.Connection,
+    run_id: int,
+    status: str,
+    matched: int | None = None,
+    sample: list | None = None,
+    held_by_backlog_cap: int | None = None,
+) -> dict:
+    params = {
+        "run": run_id,
+        "status": status,
+        "matched": matched,
+        "held_by_backlog_cap": held_by_backlog_cap,
+        "sample": Jsonb(sample) if sample is not None else None,
+    }
+    return _record(conn.execute(S.REDRIVE_RUN_FINISH, params))
+
+
+def _record(cursor: psycopg.Cursor) -> dict | None:
+    """The audit record a REDRIVE_RUN_FINISH or REDRIVE_RUN_BY_KEY cursor returns, JSON-ready."""
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    out = dict(zip([c.name for c in cursor.description], row, strict=True))
+    for key in ("started_at", "finished_at"):
+        out[key] = out[key].isoformat() if out[key] is not None else None
+    return out
+
+
+def summary_line(record: dict) -> str:
+    """One line naming each number of a redrive's audit record, the same words as its keys and
+    the columns of ``redrive_runs``: e.g. ``matched 8,255, max messages 10, moved 10``."""
+    cap = record.get("max_messages")
+    line = (
+        f"matched {record['matched'] or 0:,}, max messages {'all' if cap is None else f'{cap:,}'}, "
+        f"moved {record['moved']:,}"
+    )
+    if record.get("held_by_backlog_cap"):
+        line += f", held by backlog cap {record['held_by_backlog_cap']:,}"
+    return line + (" (dry run: nothing moves)" if record["dry_run"] else "")
+
+
+def run_record(conn: psycopg.Connection, run_key: str) -> dict:
+    """The audit record of run ``run_key`` (the dict ``redrive`` returns); ``RedeliveryError`` if
+    there is no such run."""
+    record = _record(conn.execute(S.REDRIVE_RUN_BY_KEY, {"run_key": run_key}))
+    if record is None:
+        raise RedeliveryError(f"no redrive run has the key {run_key!r}")
+    return record
+
+
+@dataclass(frozen=True)
+class Run:
+    """A redrive run's row as REDRIVE_RUN_START returns it."""
+
+    id: int
+    moved: int
+    status: str
+    dry_run: bool
+
+
+def start_run(
+    conn: psycopg.Connection, request: RedriveRequest, group_id: int, run_key: str, triggered_by: str | None
+) -> Run:
+    """Start run ``run_key`` for ``request``, or resume it; raises ``RedeliveryError``, changing
+    nothing, when the key is a redrive of another selection, or a real run that a dry run would
+    resume (a dry run never moves anything)."""
+    start = {
+        "run_key": run_key,
+        "triggered_by": triggered_by,
+        "group_id": group_id,
+        "dry_run": request.dry_run,
+        "filter": Jsonb(request.model_dump(mode="json")),
+    }
+    row = conn.execute(S.REDRIVE_RUN_START, start).fetchone()
+    if row is not None:
+        return Run(*row[:4])
+    existing = run_record(conn, run_key)  # (deleted by retention meanwhile: "no redrive run has the key")
+    selection = {k: v for k, v in existing["filter"].items() if k != "dry_run"}
+    if selection != request.selection():
+        raise RedeliveryError(
+            f"run key {run_key!r} is a redrive of another selection: {json.dumps(existing['filter'])}"
+        )
+    raise RedeliveryError(
+        f"run key {run_key!r} is a real redrive ({existing['status']}, {existing['moved']} moved): "
+        "a dry run under it would move; use another run key"
+    )
+
+
+def open_run(
+    request: RedriveRequest, *, run_key: str, triggered_by: str | None = None, url: str | None = None
+):
+    """Check ``request`` and record it as run ``run_key`` without moving anything, so that a job
+    elsewhere (redelivery/spark/jobs/dlq_redrive.py under spark-submit) runs it from the key alone
+    (``request_of_run``): the request never travels as a command-line argument, which Linux caps
+    at 128 KiB. Raises what ``redrive`` raises before moving anything."""
+    with db.connect(url or db.database_url(), autocommit=True) as conn:
+        db.check_schema(conn)
+        params = _moving_params(conn, request)
+        start_run(conn, request, params["group_id"], run_key, triggered_by)
+
+
+def request_of_run(conn: psycopg.Connection, run_key: str) -> tuple[RedriveRequest, str | None]:
+    """(the request, who triggered it) of run ``run_key``; ``RedeliveryError`` if there is none."""
+    record = run_record(conn, run_key)
+    return RedriveRequest.model_validate(record["filter"]), record["triggered_by"]
+
+
+def redrive(
+    request: RedriveRequest,
+    *,
+    run_key: str,
+    triggered_by: str | None = None,
+    url: str | None = None,
+    log=print,
+    should_stop: Callable[[], bool] = lambda: False,
+    spark=None,
+    spark_threshold: int | None = None,
+    wait: Callable[[float], object] = time.sleep,
+    config: RedeliveryConfig | None = None,
+) -> dict:
+    """Redrive the dead letters ``request`` selects and return the audit record as a dict:
+    ``{"run_key", "triggered_by", "filter", "dry_run", "status", "matched", "max_messages",
+    "moved", "held_by_backlog_cap", "sample", "started_at", "finished_at"}``: ``matched`` counts
+    the dead letters the filter matches, ``max_messages`` caps how many the run moves (None: all),
+    ``moved`` counts what this run moved, and ``held_by_backlog_cap`` the matched ones left in the
+    DLQ because a ready-backlog cap (``max_ready_backlog`` of a group they would reach) had no
+    room. A dry run moves nothing and reports the count and a sample.
+
+    ``run_key`` names the run in ``redrive_runs``: running the same key again resumes it (a retried
+    Airflow task; a real run after a dry run under the same key moves) and a finished key moves
+    nothing more; a key stands for one selection, and a dry run is refused under the key of a real
+    run. ``should_stop()`` is asked between batches: the run then ends with status ``stopped``,
+    every message in one place, and resumes under its key. ``wait(seconds)`` paces the batches (an
+    interruptible wait lets a stop cut a pause short). Under a ready-backlog cap, what fits moves,
+    oldest message first, each batch checking the room under the topic's backlog lock. With
+    ``spark`` and a selection of at least ``spark_threshold`` messages (default: the config's
+    ``spark_threshold``; no ``max_messages``, no cap), the batches run in Spark tasks over
+    message-id ranges, paced together. ``config``: the policies (default: the config file's).
+    Raises UnknownGroupError, UnknownTopicError, RedeliveryError before moving anything."""
+    url = url or db.database_url()
+    config = config or cached_config()
+    with db.connect(url, autocommit=True) as conn:
+        db.check_schema(conn)  # SchemaNotMigratedError, not an UndefinedTable halfway
+        params = _moving_params(conn, request)
+        lanes = capped_lanes(conn, config, request, params)
+        run = start_run(conn, request, params["group_id"], run_key, triggered_by)
+        try:
+            matched = conn.execute(S.DLQ_COUNT, params).fetchone()[0]
+            sample = jsonable(select(conn, request, limit=SAMPLE_SIZE))
+            log(
+                f"redrive {run_key}: {matched} dead letters of group {request.group!r} match"
+                f"{'' if request.max_messages is None else f', max {request.max_messages}'}; "
+                f"{'dry run' if run.dry_run else 'moving'}; already moved by this run: {run.moved}"
+            )
+            if run.dry_run or run.status == "success":
+                return _logged(log, _finish(conn, run.id, "success", matched=matched, sample=sample))
+            budget = None if request.max_messages is None else max(request.max_messages - run.moved, 0)
+            threshold = config.spark_threshold if spark_threshold is None else spark_threshold
+            held = None
+            pace = Pace(conn, run.id, request.rate_limit, wait)
+            if lanes:
+                moved, stopped, held = _redrive_lanes(
+                    conn, params, run.id, budget, pace, log, should_stop, lanes
+                )
+            elif spark is not None and budget is None and matched >= threshold:
+                moved, stopped = _redrive_spark(spark, url, params, run.id, request.rate_limit, conn), False
+            else:
+                moved, stopped, _ = _redrive_loop(conn, params, run.id, budget, pace, log, should_stop)
+            log(f"redrive {run_key}: moved {moved} in this attempt{' and stopped' if stopped else ''}")
+            return _logged(log, _finish(
+                conn, run.id, "stopped" if stopped else "success", matched=matched, sample=sample,
+                held_by_backlog_cap=held,
+            ))  # fmt: skip
+        except BaseException:
+            _finish(conn, run.id, "failed")
+            raise
+
+
+def _logged(log, record: dict) -> dict:
+    log(f"redrive {record['run_key']} {record['status']}: {summary_line(record)}")
+    return record
+
+
+def _redrive_lanes(conn, params, run_id, budget, pace, log, should_stop, lanes) -> tuple[int, bool, int]:
+    """The batches of each lane in turn, sharing the budget: (moved, stopped, matched dead letters
+    left in the DLQ because a lane's cap was reached)."""
+    moved, full_lanes = 0, []
+    for lane in lanes:
+        lane_params = {**params, "topic_id": lane.topic_filter}
+        left = None if budget is None else budget - moved
+        if left == 0:
+            break
+        n, stopped, full = _redrive_loop(conn, lane_params, run_id, left, pace, log, should_stop, lane=lane)
+        moved += n
+        if stopped:
+            return moved, True, 0
+        if full:
+            full_lanes.append(lane_params)
+    held = sum(conn.execute(S.DLQ_COUNT, p).fetchone()[0] for p in full_lanes)
+    return moved, False, held if budget is None else min(held, budget - moved)
+
+
+class Pace:
+    """Keeps a run's batches to ``rate`` messages per second: each batch first reserves its share
+    of the run's schedule in ``redrive_runs`` (all the run's tasks share it) and waits for its
+    slot, so there are no bursts, below 1 message/s included."""
+
+    def __init__(self, conn: psycopg.Connection, run_id: int, rate: float | None, wait=time.sleep):
+        self.conn, self.run_id, self.rate, self.wait = conn, run_id, rate, wait
+
+    def batch_size(self) -> int:
+        """Messages per batch: at most one second's worth (one message below 1 message/s)."""
+        return MAX_BATCH if not self.rate else max(1, min(MAX_BATCH, int(self.rate)))
+
+    def before(self, size: int) -> None:
+        if self.rate:
+            params = {"run": self.run_id, "seconds": size / self.rate}
+            delay = self.conn.execute(S.RESERVE_REDRIVE_SLOT, params).fetchone()[0]
+            if delay > 0:
+                self.wait(float(delay))
+
+
+def _redrive_loop(
+    conn, params, run_id, budget, pace: Pace, log, should_stop, bounds=None, lane: Lane | None = None
+) -> tuple[int, bool, bool]:
+    """Batches until nothing is left, the budget is spent or the lane's cap is reached: (moved,
+    stopped by should_stop, cap reached)."""
+    moved = 0
+    while budget is None or moved < budget:
+        size = pace.batch_size() if budget is None else min(pace.batch_size(), budget - moved)
+        pace.before(size)
+        if should_stop():  # between two batches (a stop that came during the wait included)
+            log("  stopped between batches")
+            return moved, True, False
+        n, full = _move_batch(conn, params, run_id, size, bounds, lane)
+        moved += n
+        if n:
+            log(f"  batch: moved {n} (total {moved})")
+        if full:
+            log("  the ready-backlog cap is reached: the rest stays in the DLQ")
+            return moved, False, True
+        if n < size:
+            break
+    return moved, False, False
+
+
+def _range_task(url: str, params: dict, run_id: int, rate: float | None, bounds: tuple[int, int]) -> int:
+    """One Spark task: the batches of one message-id range, paced with the run's other tasks."""
+    with db.connect(url, autocommit=True) as conn:
+        return _redrive_loop(
+            conn, params, run_id, None, Pace(conn, run_id, rate), lambda *_: None, lambda: False, bounds
+        )[0]
+
+
+def _redrive_spark(spark, url, params, run_id, rate, conn) -> int:
+    partitions = 2 * default_parallelism(spark)
+    ranges = plan_ranges(conn, S.PLAN_REDRIVE_RANGES, params, partitions)
+    return sum(run_in_tasks(spark, functools.partial(_range_task, url, params, run_id, rate), ranges))

@@ -1,0 +1,59 @@
+"""Process-wide settings, read from environment variables (prefix ``REDELIVERY_``).
+
+=====================  ================================================================
+variable               meaning
+=====================  ================================================================
+REDELIVERY_DATABASE_URL  PostgreSQL URL (``postgresql://user:pw@host:port/db``). Unset: the
+                         embedded PostgreSQL under ``REDELIVERY_HOME`` is used (and started).
+REDELIVERY_HOME          state folder (embedded data directory, Airflow home, demo output).
+                         Default: ``~/.redelivery``; the checkout's Makefile sets ``./.redelivery``.
+REDELIVERY_CONFIG        YAML file with tiers and policies. Default: none, the defaults of
+                         ``redelivery.config.RedeliveryConfig``; the checkout's Makefile sets
+                         ``./config/redelivery.yaml``.
+REDELIVERY_PG_PORT       TCP port of the embedded PostgreSQL on 127.0.0.1. Default 54329.
+REDELIVERY_SPARK         Where Spark jobs run when a caller asks for a session: ``connect`` (default:
+                         the project's own Spark Connect server, started on first use),
+                         ``sc://host:port/;token=...`` (any Spark Connect server), or a master
+                         such as ``local[2]`` (a classic session in this process).
+REDELIVERY_SPARK_CONNECT_PORT  Port of the project's Spark Connect server. Default 15002.
+REDELIVERY_SPARK_CONNECT_BIND  Address it listens on. Default 127.0.0.1.
+REDELIVERY_SPARK_CONNECT_TOKEN Its token. Default: generated once into
+                         ``REDELIVERY_HOME/spark-connect/token`` (mode 0600).
+REDELIVERY_SPARK_CONNECT_MEMORY Its driver's heap (Spark's ``--driver-memory``: ``512m``, ``4g``).
+                         Default 4g; it serves every session, and a heap it runs out of makes it
+                         exit (``-XX:+ExitOnOutOfMemoryError``) and start again on next use.
+=====================  ================================================================
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REDELIVERY_", extra="ignore")
+
+    database_url: str | None = None
+    home: Path = Path("~/.redelivery").expanduser()
+    config: Path | None = None
+    pg_port: int = 54329
+    spark: str = "connect"
+    spark_connect_port: int = 15002
+    spark_connect_bind: str = "127.0.0.1"
+    spark_connect_token: str | None = None
+    spark_connect_memory: str = Field("4g", pattern=r"^[1-9][0-9]*[mMgG]$")
+
+    @property
+    def config_path(self) -> Path | None:
+        """``REDELIVERY_CONFIG``, or None: the defaults of ``redelivery.config.RedeliveryConfig``."""
+        return self.config
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings of this process (read once from the environment)."""
+    return Settings()

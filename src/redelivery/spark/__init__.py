@@ -1,0 +1,1 @@
+"""Spark jobs' logic. Entry points for spark-submit in ``jobs/``."""

@@ -1,0 +1,214 @@
+"""Connections to the state store and its schema migrations (Alembic, ``migrations/``)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random,
+    wait_random_exponential,
+)
+
+from redelivery.errors import SchemaNotMigratedError
+from redelivery.settings import get_settings
+from redelivery.store import embedded
+from redelivery.store import statements as S
+
+SCHEMA = "redelivery"
+T = TypeVar("T")
+
+
+def database_url() -> str:
+    """The application database's libpq URL: ``REDELIVERY_DATABASE_URL``, or the embedded
+    PostgreSQL (started when it is not running)."""
+    configured = get_settings().database_url
+    return configured if configured else embedded.ensure_running()
+
+
+#: Session settings every connection needs, given to libpq after the user's own (a later ``-c``
+#: wins): the schema's search_path, and READ COMMITTED, whose fresh snapshot after a lock wait the
+#: statements rely on (a topic delete after waiting for its publishers, re-checks of guarded rows).
+SESSION_OPTIONS = rf"-c search_path={SCHEMA},public -c default_transaction_isolation=read\ committed"
+
+
+def connect(url: str | None = None, **kwargs) -> psycopg.Connection:
+    """A psycopg 3 connection to ``url`` (default ``database_url()``) with ``SESSION_OPTIONS``:
+    the ``redelivery`` schema first on the search_path, READ COMMITTED whatever the role's or
+    database's default. The user's own session options (the URL's ``options``, else libpq's
+    ``PGOPTIONS``, e.g. ``-c statement_timeout=30000``) are kept. Raises ``psycopg.Error``."""
+    url = url or database_url()
+    return psycopg.connect(url, options=session_options(url), **kwargs)
+
+
+def session_options(url: str) -> str:
+    """libpq's ``options`` for ``url``: the user's own (the URL's, else ``PGOPTIONS``; libpq reads
+    only one of them, and an ``options`` argument replaces both), then ``SESSION_OPTIONS``."""
+    given = conninfo_to_dict(url).get("options") or os.environ.get("PGOPTIONS", "")
+    return f"{given} {SESSION_OPTIONS}".strip()
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The same URL for SQLAlchemy with the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def head_revision() -> str:
+    """The newest migration's revision id (the one no other migration revises), read from the
+    files without importing Alembic."""
+    revisions, parents = set(), set()
+    for path in (MIGRATIONS / "versions").glob("*.py"):
+        text = path.read_text()
+        revisions.update(re.findall(r'^revision = "([^"]+)"', text, re.M))
+        parents.update(re.findall(r'^down_revision = "([^"]+)"', text, re.M))
+    [head] = revisions - parents
+    return head
+
+
+@functools.cache
+def _migration_revisions() -> tuple[frozenset[str], str]:
+    """(every revision id of ``migrations/versions``, the head), read once per process."""
+    found = set()
+    for path in (MIGRATIONS / "versions").glob("*.py"):
+        found.update(re.findall(r'^revision = "([^"]+)"', path.read_text(), re.M))
+    return frozenset(found), head_revision()
+
+
+def check_schema(conn: psycopg.Connection) -> None:
+    """Raise ``SchemaNotMigratedError`` (one line: the database, its revision, what to run) when
+    ``conn``'s database has no redelivery schema or one at an older migration than this version's
+    head. It never migrates: a library does not change a production schema behind its caller's
+    back (the CLI's commands migrate first, as the user asked them to). A revision this version
+    does not know (a newer one, during a rolling upgrade) is let through. One query."""
+    where = f"database {conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"
+    how = (
+        "run `redelivery db upgrade` with REDELIVERY_DATABASE_URL set to it "
+        "(or redelivery.store.db.migrate(url))"
+    )
+    try:
+        row = conn.execute(S.SCHEMA_REVISION).fetchone()
+    except psycopg.errors.UndefinedTable:  # no schema redelivery, or no alembic_version in it
+        if not conn.autocommit:
+            conn.rollback()
+        row = None
+    if row is None:
+        raise SchemaNotMigratedError(f"{where} has no redelivery schema (it was never migrated): {how}")
+    known, head = _migration_revisions()
+    if row[0] != head and row[0] in known:
+        raise SchemaNotMigratedError(
+            f"{where} has the redelivery schema at revision {row[0]}, but this version needs {head}: {how}"
+        )
+
+
+#: Seconds a migration step waits for a table lock (lock_timeout) before it gives up and lets the
+#: writers queued behind its request go on; ``migrate`` then runs the migrations again.
+MIGRATION_LOCK_TIMEOUT_SECONDS = 2.0
+#: Seconds ``migrate`` keeps trying while a step cannot get its lock (a long transaction holds it)
+#: and the schema does not move.
+MIGRATION_DEADLINE_SECONDS = 900.0
+
+
+def alembic_config(url: str):
+    """Alembic's configuration for the migrations of ``url`` (imports Alembic: about 1.7 s)."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    return cfg
+
+
+def _lock_timed_out(exc: BaseException) -> bool:
+    return isinstance(getattr(exc, "orig", exc), psycopg.errors.LockNotAvailable)
+
+
+def migrate(url: str | None = None, revision: str = "head") -> None:
+    """Apply the schema migrations up to ``revision`` (idempotent; concurrent callers are
+    serialised by a PostgreSQL advisory lock in ``migrations/env.py``). A schema already at the
+    head costs one query: Alembic (about 1.7 s to import) is only loaded to migrate.
+
+    Safe on a live state store: index builds on the big tables run CONCURRENTLY
+    (``migrations/online.py``) and every other step waits at most
+    ``MIGRATION_LOCK_TIMEOUT_SECONDS`` for a table lock, then the migrations run again after a
+    random wait (up to 10 s), until the schema has not moved for ``MIGRATION_DEADLINE_SECONDS``;
+    then the lock timeout is raised (``sqlalchemy.exc.OperationalError``: a transaction has held
+    the table that long, see ``pg_stat_activity``)."""
+    url = url or database_url()
+    if revision == "head":
+        with connect(url, autocommit=True) as conn:
+            try:
+                current = conn.execute(S.SCHEMA_REVISION).fetchone()
+            except psycopg.errors.UndefinedTable:
+                current = None
+        if current is not None and current[0] == head_revision():
+            return
+    from alembic import command
+
+    cfg = alembic_config(url)
+    progress = {"revision": None, "since": time.monotonic()}
+
+    def stalled(retry_state) -> bool:
+        """Past the deadline since the schema last moved (a long concurrent build is progress)."""
+        with connect(url, autocommit=True) as conn:
+            current = conn.execute(S.SCHEMA_REVISION).fetchone()
+        if current != progress["revision"]:
+            progress.update(revision=current, since=time.monotonic())
+        return time.monotonic() - progress["since"] > MIGRATION_DEADLINE_SECONDS
+
+    retrying = Retrying(
+        retry=retry_if_exception(_lock_timed_out),
+        wait=wait_random_exponential(multiplier=0.5, max=10),
+        stop=stalled,
+        before_sleep=before_sleep_log(logging.getLogger(__name__), logging.WARNING),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            command.upgrade(cfg, revision)
+
+
+def empty_state_store(conn: psycopg.Connection) -> None:
+    """Delete everything: every table of schema ``redelivery`` emptied (identities restarted), every
+    DLQ table dropped. For tests and benchmarks only; nothing in the product calls it."""
+    from psycopg import sql
+
+    for (name,) in conn.execute(S.DLQ_NAMES).fetchall():
+        conn.execute(S.DROP_DLQ_TABLE.format(table=sql.Identifier("redelivery_dlq", name)))
+    tables = [sql.Identifier("redelivery", name) for (name,) in conn.execute(S.STATE_STORE_TABLES)]
+    conn.execute(S.TRUNCATE_TABLES.format(tables=sql.SQL(", ").join(tables)))
+
+
+def retry_lock_conflicts(call: Callable[[], T], attempts: int = 5) -> T:
+    """Run ``call`` (one transaction) again when PostgreSQL aborted it as a deadlock victim or for
+    a serialization failure: it changed nothing, and every statement is guarded, so running it
+    again is safe. Raises the last error after ``attempts`` tries."""
+    conflicts = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+    retries = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_random(0.01, 0.2),
+        retry=retry_if_exception_type(conflicts),
+        reraise=True,
+    )
+    for attempt in retries:
+        with attempt:
+            return call()
+    raise AssertionError("unreachable: tenacity re-raises the last error")

@@ -1,0 +1,80 @@
+"""Migration steps that keep a live state store writable while they run (used by ``versions/``).
+
+A plain ``CREATE INDEX`` or ``DROP INDEX`` on ``deliveries`` takes a lock that conflicts with every
+write and, while it waits for a long publish to finish, queues every later receive, ack and publish
+behind it; the build then holds them for as long as it reads the table. ``build_index`` uses
+``CREATE INDEX CONCURRENTLY`` instead, which waits for open transactions without blocking anyone.
+The other steps of a migration run under ``lock_timeout`` (``redelivery.store.db.migrate``), so a step
+that needs an exclusive lock gives up quickly, lets the writers through and is tried again.
+"""
+
+from __future__ import annotations
+
+import re
+
+from alembic import op
+from sqlalchemy import text
+
+SCHEMA = "redelivery"
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,50}")
+
+
+def _index_state(name: str) -> bool | None:
+    """True: index ``name`` exists and is valid; False: it exists INVALID (a concurrent build was
+    cut off); None: no such index."""
+    row = (
+        op.get_bind()
+        .execute(
+            text(
+                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE c.relnamespace = CAST(:schema AS regnamespace) AND c.relname = :name"
+            ),
+            {"schema": SCHEMA, "name": name},
+        )
+        .fetchone()
+    )
+    return None if row is None else bool(row[0])
+
+
+def build_index(name: str, definition: str, *, replace: bool = False) -> None:
+    """Build index ``redelivery.<name>`` as ``CREATE INDEX <name> ON redelivery.<definition>``
+    without blocking writes: built CONCURRENTLY as ``<name>_build``, then (``replace``) the old
+    index dropped CONCURRENTLY, then renamed (a SHARE UPDATE EXCLUSIVE lock: writes go on).
+
+    Runs outside the migration's transaction (Alembic's autocommit block: what the migration did
+    before is committed first, so call it before the migration's other steps) and waits for open
+    transactions as long as they last (no lock_timeout or statement_timeout for the build).
+    Idempotent, so a migration cut off anywhere (a killed process, a lock timeout) finishes on
+    the next run: a cut-off build leaves ``<name>_build`` INVALID, which is dropped and built
+    again; a valid one whose old index is already gone is renamed; a valid ``<name>`` is kept
+    unless ``replace``. Raises ``ValueError`` for a name that is not a plain lower-case
+    identifier."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"index name {name!r} is not a plain identifier")
+    building = f"{name}_build"
+    with op.get_context().autocommit_block():
+        # No timeout for the build: a user's statement_timeout (PGOPTIONS) would cancel it halfway.
+        saved = (
+            op.get_bind()
+            .execute(text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"))
+            .one()
+        )
+        op.execute("SET lock_timeout = 0")
+        op.execute("SET statement_timeout = 0")
+        try:
+            current, built = _index_state(name), _index_state(building)
+            if built is True and current is None:  # cut off between the drop and the rename
+                pass
+            else:
+                if built is not None:
+                    op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{building}")
+                if current is True and not replace:
+                    return
+                op.execute(f"CREATE INDEX CONCURRENTLY {building} ON {SCHEMA}.{definition}")
+                op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{name}")
+        finally:
+            restore = (
+                "SELECT set_config('lock_timeout', :l, false), set_config('statement_timeout', :s, false)"
+            )
+            op.get_bind().execute(text(restore), {"l": saved[0], "s": saved[1]})
+        op.execute(f"ALTER INDEX {SCHEMA}.{building} RENAME TO {name}")

@@ -1,0 +1,120 @@
+"""Pieces the statements share: the policy table, the receipt list, the dead-letter copy,
+the dead-letter filter. Put together once, when the statements load."""
+
+from __future__ import annotations
+
+from textwrap import dedent
+
+
+def _named(name: str, text: str) -> str:
+    """``text`` dedented, after the comment ``/* redelivery:NAME */`` that finds it in
+    pg_stat_activity and the server log."""
+    return f"/* redelivery:{name} */\n" + dedent(text).strip()
+
+
+# The statements keep the layout of SQL, not of Python.
+# fmt: off
+
+# ---- shared pieces --------------------------------------------------------------------------------
+
+#: The time of a client call: the caller's ``at`` or the database clock.
+AT = "coalesce(%(at)s::timestamptz, now())"
+
+#: The policy of each subscription, one row each, from the parameters ``catalog.policy_table``
+#: builds: waits (seconds) and routing levels of retries 1..K as array literals, the Artemis
+#: collision-avoidance factor, max reconsume times (-1 unlimited), the DLQ and the ready-backlog cap.
+POLICIES_CTE = """policies AS (
+    SELECT * FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays)s::text[],
+                         %(p_levels)s::text[], %(p_jitter)s::float8[], %(p_dlq)s::int[], %(p_cap)s::int[])
+        AS p(topic_id, group_id, max_times, delays, levels, jitter, dlq_id, cap))"""
+POLICY_JOIN = "p.topic_id = d.topic_id AND p.group_id = d.group_id"
+CAN_RETRY = "(p.max_times = -1 OR d.reconsume_times < p.max_times)"
+# Retry n = d.reconsume_times + 1: its routing level, and its wait in seconds with Artemis collision
+# avoidance (wait + wait * factor * U[0,1) with a random sign, seeds/004), at most 864000 s
+# (levels.MAX_DELAY_SECONDS; policies.EffectivePolicy.delay cuts it the same way).
+NEXT_LEVEL = "(p.levels::int[])[least(d.reconsume_times + 1, cardinality(p.levels::int[]))]"
+NEXT_DELAY = """least((p.delays::float8[])[least(d.reconsume_times + 1, cardinality(p.delays::float8[]))]
+                 * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000)"""
+
+# Acks and nacks find their rows through the primary key. Written as a text comparison so that the
+# planner cannot use the partial index of leases instead: that index keeps an entry for every row
+# that was ever in flight until VACUUM, and scanning it whole made each ack slower than the last.
+_IS_INFLIGHT = "d.state::text = 'INFLIGHT'"
+#: The receipts of a call: message id, the delivery count it answers, and an error text.
+_RECEIPTS = """unnest(%(ids)s::bigint[], %(counts)s::int[], %(errors)s::text[])
+                    AS i(message_id, delivery_count, error)"""
+_RECEIPT_MATCHES = f"""d.message_id = i.message_id AND d.group_id = %(group_id)s AND {_IS_INFLIGHT}
+                      AND d.delivery_count = i.delivery_count AND {POLICY_JOIN}"""
+
+
+def _attempt(at: str, outcome: str, error: str) -> str:
+    """Appends one failed delivery to ``d.attempts`` (the last 20 are kept: ``append_attempt``)."""
+    return (f"append_attempt(d.attempts, jsonb_build_object('at', {at}, 'delivery', d.delivery_count, "
+            f"'outcome', {outcome}, 'error', {error}))")
+
+
+# What an UPDATE that dead-letters returns, for _DLQ_COPY (the CTE must be called "moved").
+_MOVED_RETURNING = """RETURNING d.message_id, d.group_id, d.topic_id, p.dlq_id, d.delivery_count,
+              d.reconsume_times, d.first_failure_at, d.last_failure_at, d.last_error, d.attempts,
+              d.redrive_count"""
+# Copies the rows of the CTE "moved" into dlq_messages inside the database (payloads never leave it);
+# the statement returns (group_id, reason, count).
+_DLQ_COPY = """inserted AS (
+    INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
+                              content_type, properties, published_at, reason, last_error, delivery_count,
+                              reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
+                              redrive_count)
+    SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, m.id), m.key,
+           m.body, m.content_type, m.properties, m.published_at, %(reason)s::dlq_reason, mv.last_error,
+           mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
+           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count
+    FROM moved mv JOIN messages m ON m.id = mv.message_id
+    RETURNING group_id, reason)
+SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2"""
+
+#: A tier window's candidates: due retries of its levels, and leases ended by the window end.
+_DUE = """d.state = 'WAITING_RETRY' AND d.delay_level = ANY(%(levels)s::smallint[])
+          AND d.due_at <= %(window_end)s"""
+_EXPIRED = "d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s"
+_IN_RANGE = f"d.message_id >= %(low)s AND d.message_id < %(high)s AND {POLICY_JOIN}"
+_LEASE_FAILED = _attempt("d.invisible_until", "'lease_expired'", "%(lease_error)s::text")
+#: Adds one batch of observations to a tier's cumulative histogram ``metric`` (table tier_histograms):
+#: ``bucket_counts`` per bucket of ``bucket_bounds`` (seconds; the last count: above every bound),
+#: ``observed_sum`` their sum in seconds; ``rows`` selects the tier from the CTE "finished". Other
+#: bounds than the stored ones restart the histogram (Prometheus sees a counter reset).
+_HISTOGRAM_ADD = """INSERT INTO tier_histograms AS h (tier, metric, bounds, counts, sum)
+    SELECT tier, '{metric}', %(bucket_bounds)s::float8[], %(bucket_counts)s::bigint[],
+           %(observed_sum)s::float8
+    {rows}
+    ON CONFLICT (tier, metric) DO UPDATE SET
+        counts = CASE WHEN h.bounds = EXCLUDED.bounds
+                      THEN ARRAY(SELECT a + b FROM unnest(h.counts, EXCLUDED.counts)
+                                                   WITH ORDINALITY AS u(a, b, i) ORDER BY i)
+                      ELSE EXCLUDED.counts END,
+        sum = CASE WHEN h.bounds = EXCLUDED.bounds THEN h.sum + EXCLUDED.sum ELSE EXCLUDED.sum END,
+        bounds = EXCLUDED.bounds, updated_at = now()"""
+# The bucket of the tier's lateness histogram (``lateness_le``, bounds in seconds, ascending): the
+# index of the first bound at least ``lateness`` (= how many bounds are below it), cardinality when
+# none is. width_bucket counts thresholds <= its operand; on negated bounds, the bounds >= lateness.
+_LATENESS_BUCKET = """cardinality(%(lateness_le)s::float8[]) - width_bucket(-lateness,
+           (SELECT array_agg(-b ORDER BY -b) FROM unnest(%(lateness_le)s::float8[]) AS b))"""
+# Promoted rows per (group, level, lateness bucket, histogram bucket): lateness = window end - due
+# time, seconds; with its largest value and sum.
+# The topic is returned too: a tier run emits an asset event per subscription with promotions.
+_PROMOTED_COUNTS = f"""RETURNING d.group_id, d.delay_level, d.topic_id,
+                            extract(epoch FROM %(window_end)s - d.due_at)::float8 AS lateness)
+SELECT group_id, delay_level, floor(lateness * 1000 / %(bucket_ms)s)::int, count(*), max(lateness), topic_id,
+       sum(lateness), {_LATENESS_BUCKET}
+FROM promoted GROUP BY 1, 2, 3, 6, 8"""
+
+#: A dead-letter filter of values (never SQL): every condition is a parameter, NULL = no condition;
+#: text matches with strpos, so '%' and '_' are plain characters.
+DLQ_FILTER = """q.group_id = %(group_id)s
+    AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
+    AND (%(from)s::timestamptz IS NULL OR q.dead_lettered_at >= %(from)s::timestamptz)
+    AND (%(to)s::timestamptz IS NULL OR q.dead_lettered_at < %(to)s::timestamptz)
+    AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+    AND (%(error)s::text IS NULL OR strpos(lower(coalesce(q.last_error, '')), lower(%(error)s::text)) > 0)
+    AND (%(ids)s::bigint[] IS NULL OR q.message_id = ANY(%(ids)s::bigint[]))"""
+_DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id"
+# fmt: on

@@ -1,0 +1,142 @@
+"""Dead letters: filter, count, select, summary; redrive runs and their batches."""
+
+from __future__ import annotations
+
+from redelivery.store.statements._shared import _DLQ_FROM, DLQ_FILTER, _named
+
+# The statements keep the layout of SQL, not of Python.
+# fmt: off
+
+# ---- dead letters ---------------------------------------------------------------------------------
+
+DLQ_COUNT = _named("DLQ_COUNT", f"SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER}")
+#: The matching dead letters, oldest first, at most ``limit``.
+DLQ_SELECT = _named("DLQ_SELECT", f"""
+    SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
+           q.last_error, q.delivery_count, q.reconsume_times, q.dead_lettered_at, q.first_failure_at,
+           q.last_failure_at, q.redrive_count,
+           q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
+    FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
+    ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
+#: Per group with dead letters (one group by name, or all when ``group`` is NULL).
+DLQ_SUMMARY_GROUPS = _named("DLQ_SUMMARY_GROUPS", """
+    SELECT g.id, g.name, count(*), min(q.dead_lettered_at), max(q.dead_lettered_at)
+    FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id
+    WHERE %(group)s::text IS NULL OR g.name = %(group)s::text
+    GROUP BY 1, 2 ORDER BY 3 DESC, 2""")
+DLQ_TOP_QUEUES = _named("DLQ_TOP_QUEUES", f"""
+    SELECT dq.name, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(group_id)s
+    GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+DLQ_TOP_REASONS = _named("DLQ_TOP_REASONS", f"""
+    SELECT q.reason::text, count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(group_id)s
+    GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+DLQ_TOP_ERRORS = _named("DLQ_TOP_ERRORS", f"""
+    SELECT coalesce(q.last_error, '(none)'), count(*) FROM {_DLQ_FROM} WHERE q.group_id = %(group_id)s
+    GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s""")
+
+# ---- redrive --------------------------------------------------------------------------------------
+
+#: Quantile cut points of the message ids a redrive selects (``plan_ranges``).
+PLAN_REDRIVE_RANGES = _named("PLAN_REDRIVE_RANGES", f"""
+    SELECT min(message_id), max(message_id),
+           percentile_disc(%(fractions)s::float8[]) WITHIN GROUP (ORDER BY message_id)
+    FROM dlq_messages q WHERE {DLQ_FILTER}""")
+#: Start a redrive run, or resume it (same run key): a finished run stays finished, except that a
+#: real run after a dry run under the same key moves (once real, a run stays real). A key stands
+#: for one selection (``filter`` without ``dry_run``), and a dry run never resumes a real run:
+#: otherwise the conflicting row is left as it is and nothing is returned (REDRIVE_RUN_BY_KEY says
+#: why), so a refused call changes nothing.
+REDRIVE_RUN_START = _named("REDRIVE_RUN_START", """
+    INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run)
+    VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s)
+    ON CONFLICT (run_key) DO UPDATE SET
+        status = CASE WHEN redrive_runs.status = 'success' AND (EXCLUDED.dry_run OR NOT redrive_runs.dry_run)
+                      THEN 'success' ELSE 'running' END,
+        dry_run = redrive_runs.dry_run AND EXCLUDED.dry_run,
+        finished_at = CASE WHEN redrive_runs.dry_run AND NOT EXCLUDED.dry_run THEN NULL
+                           ELSE redrive_runs.finished_at END
+    WHERE redrive_runs.filter - 'dry_run' = EXCLUDED.filter - 'dry_run'
+      AND (redrive_runs.dry_run OR NOT EXCLUDED.dry_run)
+    RETURNING id, moved, status, dry_run, filter""")
+#: A redrive run's audit record by its key (why REDRIVE_RUN_START refused a call; the request a
+#: spark-submit job runs; what it did), the columns of REDRIVE_RUN_FINISH.
+REDRIVE_RUN_BY_KEY = _named("REDRIVE_RUN_BY_KEY", """
+    SELECT run_key, triggered_by, filter, dry_run, status, matched, filter->'max_messages' AS max_messages,
+           moved, held_by_backlog_cap, sample, started_at, finished_at
+    FROM redrive_runs WHERE run_key = %(run_key)s""")
+#: Pace a run's batches (all its Spark tasks included): reserve the next ``seconds`` of the run's
+#: schedule; returns how long to wait (seconds, <= 0: go now) before moving the batch.
+RESERVE_REDRIVE_SLOT = _named("RESERVE_REDRIVE_SLOT", """
+    UPDATE redrive_runs
+    SET next_slot_at = greatest(next_slot_at, clock_timestamp())
+                       + make_interval(secs => %(seconds)s::float8)
+    WHERE id = %(run)s
+    RETURNING extract(epoch FROM next_slot_at - make_interval(secs => %(seconds)s::float8)
+                                 - clock_timestamp())""")
+#: How many selected dead letters come from topic ``dest`` (a redrive "to another topic" may not
+#: copy a message into its own topic).
+DLQ_COUNT_FROM_TOPIC = _named("DLQ_COUNT_FROM_TOPIC", f"""
+    SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER} AND q.topic_id = %(dest)s::int""")
+#: One batch of a redrive, in one transaction: up to ``n`` selected dead letters (in the id range
+#: [lo, hi) when given; never one this run moved already) leave the DLQ table; their deliveries go
+#: back to READY, or, with a destination topic ``dest``, are closed as COMMITTED while a copy is
+#: published to ``dest`` for its groups; every move is audited. The delivery count is kept (it never
+#: decreases: old receipts stay stale); ``reset`` restores the retry budget (reconsume times 0);
+#: the redrive count goes up. Returns (dead letters removed, deliveries revived): a difference
+#: means a DLQ row without a DLQ delivery, and the caller rolls back.
+REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
+    WITH picked AS (
+      SELECT q.dlq_id, q.group_id, q.message_id FROM dlq_messages q
+      WHERE {DLQ_FILTER}
+        AND (%(low)s::bigint IS NULL OR (q.message_id >= %(low)s::bigint AND q.message_id < %(high)s::bigint))
+        AND NOT EXISTS (SELECT 1 FROM redrive_moves rm WHERE rm.run_id = %(run)s
+                        AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
+      ORDER BY q.message_id LIMIT %(batch_size)s FOR UPDATE SKIP LOCKED),
+    removed AS (
+      DELETE FROM dlq_messages q USING picked p
+      WHERE q.dlq_id = p.dlq_id AND q.group_id = p.group_id AND q.message_id = p.message_id
+      RETURNING q.message_id, q.group_id, q.key, q.body, q.content_type, q.properties, q.origin_message_id),
+    revived AS (
+      UPDATE deliveries d SET
+          state = CASE WHEN %(dest)s::int IS NULL THEN 'READY' ELSE 'COMMITTED' END::delivery_state,
+          reconsume_times = CASE WHEN %(dest)s::int IS NULL AND %(reset)s THEN 0 ELSE d.reconsume_times END,
+          redrive_count = d.redrive_count + 1,
+          delay_level = NULL, due_at = NULL, invisible_until = NULL,
+          ready_at = CASE WHEN %(dest)s::int IS NULL THEN now() ELSE d.ready_at END,
+          last_error = CASE WHEN %(dest)s::int IS NULL THEN d.last_error
+                            ELSE 'redriven to topic ' || %(dest_name)s::text END,
+          updated_at = now()
+      FROM removed r WHERE d.message_id = r.message_id AND d.group_id = r.group_id AND d.state = 'DLQ'
+      RETURNING d.message_id, d.group_id),
+    copies AS (
+      INSERT INTO messages (topic_id, key, body, content_type, properties, origin_message_id)
+      SELECT %(dest)s::int, r.key, r.body, r.content_type, r.properties, r.origin_message_id
+      FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id RETURNING id, published_at),
+    fan AS (
+      INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)
+      SELECT c.id, s.group_id, %(dest)s::int, c.published_at, c.published_at, c.published_at
+      FROM copies c JOIN subscriptions s ON s.topic_id = %(dest)s::int),
+    logged AS (
+      INSERT INTO redrive_moves (run_id, group_id, message_id)
+      SELECT %(run)s, group_id, message_id FROM revived RETURNING 1),
+    counted AS (
+      UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s RETURNING 1),
+    -- the group's redriven total: its new value reads all of revived, so the row is locked last
+    totals AS (
+      UPDATE consumer_groups SET redriven = redriven + (SELECT count(*) FROM revived)
+      WHERE id = %(group_id)s AND EXISTS (SELECT 1 FROM revived))
+    SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM revived) FROM counted""")
+#: Close a redrive run: ``status`` and, when given, ``matched``, ``held_by_backlog_cap`` and ``sample``.
+REDRIVE_RUN_FINISH = _named("REDRIVE_RUN_FINISH", """
+    UPDATE redrive_runs SET status = %(status)s, finished_at = now(),
+        matched = coalesce(%(matched)s::bigint, matched),
+        held_by_backlog_cap = coalesce(%(held_by_backlog_cap)s::bigint, held_by_backlog_cap),
+        sample = coalesce(%(sample)s::jsonb, sample)
+    WHERE id = %(run)s
+    RETURNING run_key, triggered_by, filter, dry_run, status, matched, filter->'max_messages' AS max_messages,
+              moved, held_by_backlog_cap, sample, started_at, finished_at""")
+LATEST_REDRIVES = _named("LATEST_REDRIVES", """
+    SELECT r.run_key, g.name, r.triggered_by, r.dry_run, r.status, r.matched,
+           (r.filter->>'max_messages')::bigint, r.moved, r.held_by_backlog_cap, r.started_at
+    FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DESC LIMIT 10""")
+# fmt: on

@@ -1,0 +1,162 @@
+"""Read-only snapshots: the operator page and the Prometheus metrics."""
+
+from __future__ import annotations
+
+from redelivery.store.statements._shared import AT, _named
+
+# The statements keep the layout of SQL, not of Python.
+# fmt: off
+
+# ---- operator page --------------------------------------------------------------------------------
+# The "Dead letters" page (``redelivery.airflow.ui.app``), read on each page load. Like the metrics, each
+# costs what it counts (a live state through its partial index, dead letters through their narrow
+# index, a tier's latest runs through tier_runs_window): the deliveries' history (COMMITTED) is not read.
+
+#: Deliveries per group and live state, summed over the group's topics: READY, INFLIGHT,
+#: WAITING_RETRY, and DLQ counted as its dead-letter rows (the same, row for row: invariant 2).
+GROUP_STATE_COUNTS = _named("GROUP_STATE_COUNTS", """
+    SELECT g.name, c.state, c.n
+    FROM (SELECT group_id, 'READY' AS state, count(*) AS n FROM deliveries WHERE state = 'READY' GROUP BY 1
+          UNION ALL
+          SELECT group_id, 'INFLIGHT', count(*) FROM deliveries WHERE state = 'INFLIGHT' GROUP BY 1
+          UNION ALL
+          SELECT group_id, 'WAITING_RETRY', count(*) FROM deliveries WHERE state = 'WAITING_RETRY' GROUP BY 1
+          UNION ALL
+          SELECT group_id, 'DLQ', count(*) FROM dlq_messages GROUP BY 1) c
+    JOIN consumer_groups g ON g.id = c.group_id ORDER BY 1, 2""")
+#: Retries waiting (WAITING_RETRY) per group and delay level, summed over the group's topics.
+GROUP_WAITING_PER_LEVEL = _named("GROUP_WAITING_PER_LEVEL", """
+    SELECT g.name, c.delay_level, c.n
+    FROM (SELECT group_id, delay_level, count(*) AS n FROM deliveries
+          WHERE state = 'WAITING_RETRY' GROUP BY 1, 2) c
+    JOIN consumer_groups g ON g.id = c.group_id ORDER BY 1, 2""")
+#: The tiers that have runs, by a skip scan of tier_runs_window (one index descent per tier).
+_TIERS_WITH_RUNS = """WITH RECURSIVE tiers AS (
+        SELECT min(tier) AS tier FROM tier_runs
+        UNION ALL
+        SELECT (SELECT min(r.tier) FROM tier_runs r WHERE r.tier > t.tier)
+        FROM tiers t WHERE t.tier IS NOT NULL)"""
+#: The latest ``n`` successful real runs of each tier, oldest first: window end, promoted, and the
+#: lateness (window end minus due time) p50, p99 and max in seconds (NULL: the run promoted nothing).
+#: The tiers are found by a skip scan of tier_runs_window, then each tier's runs read backwards from it.
+RECENT_TIER_LATENESS = _named("RECENT_TIER_LATENESS", f"""
+    {_TIERS_WITH_RUNS}
+    SELECT t.tier, r.window_end, (r.summary->>'promoted')::bigint,
+           (r.summary->'lateness_seconds'->>'p50')::float8, (r.summary->'lateness_seconds'->>'p99')::float8,
+           (r.summary->'lateness_seconds'->>'max')::float8
+    FROM tiers t CROSS JOIN LATERAL (
+        SELECT window_end, summary FROM tier_runs
+        WHERE tier = t.tier AND status = 'success' AND NOT dry_run
+        ORDER BY window_end DESC LIMIT %(runs)s) r
+    WHERE t.tier IS NOT NULL ORDER BY 1, 2""")
+#: The groups the page lists, at most ``limit``: each group whose name contains ``name`` (as text,
+#: case-insensitively; '' matches every group) and that has live deliveries (READY, INFLIGHT,
+#: WAITING_RETRY) or dead letters, most dead letters first, then by name. Per group: id, name, its
+#: counts per live state, its oldest and newest dead-lettering time, and how many groups matched in
+#: all (before the limit). The counts come from the partial indexes and dlq_messages_group.
+PAGE_GROUPS = _named("PAGE_GROUPS", """
+    WITH chosen AS MATERIALIZED (
+        SELECT id, name FROM consumer_groups WHERE strpos(lower(name), lower(%(name)s::text)) > 0),
+    counts AS (
+        SELECT group_id, count(*) AS ready, 0::bigint AS inflight, 0::bigint AS waiting, 0::bigint AS dead,
+               NULL::timestamptz AS oldest, NULL::timestamptz AS newest
+        FROM deliveries WHERE state = 'READY' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT group_id, 0, count(*), 0, 0, NULL, NULL
+        FROM deliveries WHERE state = 'INFLIGHT' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT group_id, 0, 0, count(*), 0, NULL, NULL
+        FROM deliveries WHERE state = 'WAITING_RETRY' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT group_id, 0, 0, 0, count(*), min(dead_lettered_at), max(dead_lettered_at)
+        FROM dlq_messages WHERE group_id IN (SELECT id FROM chosen) GROUP BY 1),
+    per_group AS (
+        SELECT c.id, c.name, sum(k.ready)::bigint AS ready, sum(k.inflight)::bigint AS inflight,
+               sum(k.waiting)::bigint AS waiting, sum(k.dead)::bigint AS dead, min(k.oldest) AS oldest,
+               max(k.newest) AS newest
+        FROM counts k JOIN chosen c ON c.id = k.group_id GROUP BY 1, 2)
+    SELECT id, name, ready, inflight, waiting, dead, oldest, newest, count(*) OVER ()
+    FROM per_group ORDER BY dead DESC, name LIMIT %(limit)s""")
+#: Retries waiting (WAITING_RETRY) per delay level of the groups ``ids``: (group id, level, count).
+PAGE_WAITING_PER_LEVEL = _named("PAGE_WAITING_PER_LEVEL", """
+    SELECT group_id, delay_level, count(*) FROM deliveries
+    WHERE state = 'WAITING_RETRY' AND group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 2""")
+#: Dead letters per DLQ of the groups ``ids``, at most ``limit`` DLQs per group, most first:
+#: (group id, DLQ name, count).
+PAGE_DLQ_QUEUES = _named("PAGE_DLQ_QUEUES", """
+    SELECT group_id, name, n FROM (
+        SELECT c.group_id, dq.name, c.n,
+               row_number() OVER (PARTITION BY c.group_id ORDER BY c.n DESC, dq.name) AS rank
+        FROM (SELECT group_id, dlq_id, count(*) AS n FROM dlq_messages
+              WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c
+        JOIN dead_letter_queues dq ON dq.id = c.dlq_id) r
+    WHERE rank <= %(limit)s ORDER BY 1, 3 DESC, 2""")
+#: Dead letters per reason of the groups ``ids`` (every reason a group has): (group id, reason,
+#: count), most first.
+PAGE_DLQ_REASONS = _named("PAGE_DLQ_REASONS", """
+    SELECT group_id, reason::text, count(*) FROM dlq_messages
+    WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2""")
+#: The ``limit`` most frequent last errors of the groups ``ids`` (a dead letter's whole row is
+#: read: the error is not in an index): (group id, error or '(none)', count), most first.
+PAGE_DLQ_TOP_ERRORS = _named("PAGE_DLQ_TOP_ERRORS", """
+    SELECT group_id, error, n FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.group_id ORDER BY c.n DESC, c.error) AS rank
+        FROM (SELECT group_id, coalesce(last_error, '(none)') AS error, count(*) AS n FROM dlq_messages
+              WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c) r
+    WHERE rank <= %(limit)s ORDER BY 1, 3 DESC, 2""")
+#: Per tier with runs: its latest run (by window end: run key, window end, status, dry run,
+#: promoted, dead-lettered, lateness p99 in seconds) and when its latest finished run finished.
+#: The tiers by the skip scan of RECENT_TIER_LATENESS, each tier's runs read backwards.
+PAGE_TIER_RUNS = _named("PAGE_TIER_RUNS", f"""
+    {_TIERS_WITH_RUNS}
+    SELECT t.tier, r.run_key, r.window_end, r.status, r.dry_run, (r.summary->>'promoted')::bigint,
+           (r.summary->>'dead_lettered')::bigint, (r.summary->'lateness_seconds'->>'p99')::float8,
+           f.finished_at
+    FROM tiers t
+    CROSS JOIN LATERAL (
+        SELECT run_key, window_end, status, dry_run, summary FROM tier_runs
+        WHERE tier = t.tier ORDER BY window_end DESC LIMIT 1) r
+    LEFT JOIN LATERAL (
+        SELECT finished_at FROM tier_runs
+        WHERE tier = t.tier AND finished_at IS NOT NULL ORDER BY window_end DESC LIMIT 1) f ON true
+    WHERE t.tier IS NOT NULL ORDER BY 1""")
+#: Retries waiting at the delay levels ``levels`` (a paused tier's), and how many of them are due
+#: (at ``at``, default the database clock): from the index deliveries_waiting alone.
+PAGE_WAITING_AT_LEVELS = _named("PAGE_WAITING_AT_LEVELS", f"""
+    SELECT count(*), count(*) FILTER (WHERE due_at <= {AT}) FROM deliveries
+    WHERE state = 'WAITING_RETRY' AND delay_level = ANY(%(levels)s::smallint[])""")
+
+# ---- metrics --------------------------------------------------------------------------------------
+# Read at scrape time (``redelivery.metrics``), together in one read-only snapshot. Each costs what
+# it counts: a live state's rows through its partial index, the dead letters through their narrow
+# index, the groups, the tiers; never the deliveries' history (COMMITTED is not counted).
+
+#: READY deliveries per subscription: how many, and the age in seconds (at ``at``, default the
+#: database clock) of the one READY the longest (ready_at: when it last became READY; rows made
+#: READY before migration 0003 have none). Both from the index deliveries_ready_at (0006) alone.
+METRICS_READY = _named("METRICS_READY", f"""
+    SELECT t.name, g.name, r.n, coalesce(greatest(extract(epoch FROM {AT} - r.oldest), 0), 0)::float8
+    FROM (SELECT group_id, topic_id, count(*) AS n, min(ready_at) AS oldest
+          FROM deliveries WHERE state = 'READY' GROUP BY 1, 2) r
+    JOIN topics t ON t.id = r.topic_id JOIN consumer_groups g ON g.id = r.group_id""")
+METRICS_INFLIGHT = _named("METRICS_INFLIGHT", """
+    SELECT t.name, g.name, c.n
+    FROM (SELECT topic_id, group_id, count(*) AS n FROM deliveries WHERE state = 'INFLIGHT' GROUP BY 1, 2) c
+    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
+#: WAITING_RETRY deliveries per subscription and delay level.
+METRICS_WAITING = _named("METRICS_WAITING", """
+    SELECT t.name, g.name, c.delay_level, c.n
+    FROM (SELECT topic_id, group_id, delay_level, count(*) AS n FROM deliveries
+          WHERE state = 'WAITING_RETRY' GROUP BY 1, 2, 3) c
+    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
+#: Dead letters per DLQ, topic, group and reason (the DLQ state of the deliveries, row for row).
+METRICS_DEAD_LETTERS = _named("METRICS_DEAD_LETTERS", """
+    SELECT dq.name, t.name, g.name, c.reason::text, c.n
+    FROM (SELECT dlq_id, group_id, topic_id, reason, count(*) AS n FROM dlq_messages GROUP BY 1, 2, 3, 4) c
+    JOIN dead_letter_queues dq ON dq.id = c.dlq_id JOIN topics t ON t.id = c.topic_id
+    JOIN consumer_groups g ON g.id = c.group_id""")
+METRICS_GROUP_TOTALS = _named("METRICS_GROUP_TOTALS", """
+    SELECT name, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups""")
+METRICS_HISTOGRAMS = _named("METRICS_HISTOGRAMS", """
+    SELECT tier, metric, bounds, counts, sum FROM tier_histograms ORDER BY 1, 2""")
+# fmt: on

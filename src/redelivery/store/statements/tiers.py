@@ -1,0 +1,127 @@
+"""The tier window: plan, lease expiry, promotion, tier runs and their lateness."""
+
+from __future__ import annotations
+
+from redelivery.store.statements._shared import (
+    _DLQ_COPY,
+    _DUE,
+    _EXPIRED,
+    _HISTOGRAM_ADD,
+    _IN_RANGE,
+    _LEASE_FAILED,
+    _MOVED_RETURNING,
+    _PROMOTED_COUNTS,
+    CAN_RETRY,
+    NEXT_DELAY,
+    NEXT_LEVEL,
+    POLICIES_CTE,
+    POLICY_JOIN,
+    _named,
+)
+
+# The statements keep the layout of SQL, not of Python.
+# fmt: off
+
+# ---- tier window ----------------------------------------------------------------------------------
+
+#: Quantile cut points of the message ids a window would touch (``plan_ranges``).
+PLAN_WINDOW_RANGES = _named("PLAN_WINDOW_RANGES", f"""
+    SELECT min(message_id), max(message_id),
+           percentile_disc(%(fractions)s::float8[]) WITHIN GROUP (ORDER BY message_id)
+    FROM deliveries d WHERE ({_DUE}) OR ({_EXPIRED})""")
+#: How many deliveries a window would touch.
+WINDOW_CANDIDATES = _named("WINDOW_CANDIDATES", f"""
+    SELECT count(*) FROM deliveries d WHERE ({_DUE}) OR ({_EXPIRED})""")
+#: DLQs without a table that a window would dead-letter into.
+WINDOW_DLQS_NEEDED = _named("WINDOW_DLQS_NEEDED", f"""
+    WITH {POLICIES_CTE}
+    SELECT DISTINCT p.dlq_id FROM deliveries d JOIN policies p ON {POLICY_JOIN}
+    WHERE p.dlq_id = ANY(%(missing)s::int[]) AND p.max_times <> -1 AND (
+          ({_EXPIRED} AND d.reconsume_times >= p.max_times)
+       OR ({_DUE} AND d.reconsume_times > p.max_times))""")
+#: A lease that ended is a failed delivery: the retry is due its policy's wait after the lease end.
+EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
+    WITH {POLICIES_CTE}, retried AS (
+      UPDATE deliveries d SET state = 'WAITING_RETRY',
+          reconsume_times = d.reconsume_times + 1, delay_level = {NEXT_LEVEL},
+          due_at = d.invisible_until + make_interval(secs => {NEXT_DELAY}),
+          last_error = %(lease_error)s, last_failure_at = d.invisible_until,
+          first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
+          attempts = {_LEASE_FAILED}, invisible_until = NULL, updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_EXPIRED} AND {CAN_RETRY}
+      RETURNING d.group_id)
+    SELECT group_id, count(*) FROM retried GROUP BY 1""")
+EXPIRE_LEASES_DEAD_LETTER = _named("EXPIRE_LEASES_DEAD_LETTER", f"""
+    WITH {POLICIES_CTE}, moved AS (
+      UPDATE deliveries d SET state = 'DLQ', last_error = %(lease_error)s,
+          last_failure_at = d.invisible_until,
+          first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
+          attempts = {_LEASE_FAILED}, invisible_until = NULL, due_at = NULL, updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_EXPIRED} AND NOT {CAN_RETRY}
+      {_MOVED_RETURNING}),
+    {_DLQ_COPY}""")
+#: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others).
+PROMOTE = _named("PROMOTE", f"""
+    WITH {POLICIES_CTE}, promoted AS (
+      UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_DUE} AND p.cap IS NULL
+        AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
+      {_PROMOTED_COUNTS}""")
+#: Due retries whose policy's max reconsume times was lowered below theirs while they waited.
+DEAD_LETTER_OVER_MAX = _named("DEAD_LETTER_OVER_MAX", f"""
+    WITH {POLICIES_CTE}, moved AS (
+      UPDATE deliveries d SET state = 'DLQ', due_at = NULL, updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_DUE} AND p.max_times <> -1 AND d.reconsume_times > p.max_times
+      {_MOVED_RETURNING}),
+    {_DLQ_COPY}""")
+#: Due retries of one capped subscription (topic_id, g), oldest due first, at most ``room``.
+PROMOTE_CAPPED = _named("PROMOTE_CAPPED", f"""
+    WITH {POLICIES_CTE}, chosen AS (
+      SELECT d.message_id FROM deliveries d
+      WHERE d.group_id = %(group_id)s AND d.topic_id = %(topic_id)s AND {_DUE}
+      ORDER BY d.due_at, d.message_id LIMIT %(room)s FOR UPDATE),
+    promoted AS (
+      UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
+      FROM policies p, chosen c
+      WHERE d.message_id = c.message_id AND d.group_id = %(group_id)s AND {POLICY_JOIN} AND {_DUE}
+        AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
+      {_PROMOTED_COUNTS}""")
+DUE_COUNT = _named("DUE_COUNT", f"""
+    SELECT count(*) FROM deliveries d
+    WHERE d.group_id = %(group_id)s AND d.topic_id = %(topic_id)s AND {_DUE}""")
+
+TIER_RUN_START = _named("TIER_RUN_START", """
+    INSERT INTO tier_runs (run_key, tier, levels, window_start, window_end, dry_run)
+    VALUES (%(run_key)s, %(tier)s, %(levels)s::smallint[], %(window_start)s, %(window_end)s, %(dry_run)s)
+    ON CONFLICT (run_key) DO UPDATE SET tier = EXCLUDED.tier, levels = EXCLUDED.levels,
+        window_start = EXCLUDED.window_start, window_end = EXCLUDED.window_end,
+        dry_run = EXCLUDED.dry_run, status = 'running', started_at = now(),
+        finished_at = NULL, summary = NULL""")
+#: ``status`` 'success' with the summary, or 'failed' (summary NULL).
+#: A run that is not a dry run is one observation of its tier's run-duration histogram
+#: (``bucket_*``, ``observed_sum``: its duration, seconds), in the same transaction.
+TIER_RUN_FINISH = _named("TIER_RUN_FINISH", f"""
+    WITH finished AS (
+      UPDATE tier_runs SET status = %(status)s, finished_at = now(), summary = %(summary)s::jsonb
+      WHERE run_key = %(run_key)s RETURNING tier, dry_run)
+    {_HISTOGRAM_ADD.format(metric="run_duration", rows="FROM finished WHERE NOT dry_run")}""")
+#: The lateness of a tier run's transaction's promotions (``bucket_*``, ``observed_sum`` in seconds:
+#: ``transitions.count_moves``), after its ADD_GROUP_TOTALS.
+ADD_RETRY_LATENESS = _named("ADD_RETRY_LATENESS", f"""
+    WITH finished AS (SELECT %(tier)s::text AS tier)
+    {_HISTOGRAM_ADD.format(metric="retry_lateness", rows="FROM finished")}""")
+#: Messages waiting at levels a table of ``level_count`` levels does not have: (level, count).
+WAITING_BEYOND_LEVELS = _named("WAITING_BEYOND_LEVELS", """
+    SELECT delay_level, count(*) FROM deliveries
+    WHERE state = 'WAITING_RETRY' AND delay_level > %(level_count)s::int GROUP BY 1 ORDER BY 1""")
+TIER_RUN_RESULT = _named("TIER_RUN_RESULT", """
+    SELECT status, summary FROM tier_runs WHERE run_key = %(run_key)s""")
+LATEST_TIER_RUNS = _named("LATEST_TIER_RUNS", """
+    SELECT DISTINCT ON (tier) tier, window_end, status, summary->>'promoted', summary->>'dead_lettered',
+           summary->'lateness_seconds'->>'p99'
+    FROM tier_runs ORDER BY tier, finished_at DESC NULLS LAST""")
+# fmt: on

@@ -1,0 +1,148 @@
+"""What the operators would run, rendered without running anything: the spark-submit arguments and
+environment of a tier window. Pure: Airflow is imported, never started."""
+
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from redelivery.airflow.operators import TierWindowOperator, redrive_request, tier_request
+from redelivery.spark.jobs import application
+from redelivery.spark.session import submit_environment
+from redelivery.tiers.run import TierRunRequest
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+class TaskInstance:
+    dag_id, run_id, try_number = "redelivery_tier_seconds", "scheduled__2026-03-01", 2
+
+
+def test_a_tier_run_is_its_data_interval_or_its_params():
+    """The request is built from the run's values as they are: no round trip through text."""
+    op = TierWindowOperator(task_id="apply_window", tier="seconds")
+    assert op.conn_id == "redelivery_spark" and Path(application("tier_window")).exists()
+    context = {
+        "params": {"window_end": None, "levels": [], "dry_run": False},
+        "data_interval_start": T0 - timedelta(seconds=10),
+        "data_interval_end": T0,
+        "ti": TaskInstance(),
+    }
+    assert tier_request("seconds", context) == TierRunRequest(
+        tier="seconds",
+        window_start=T0 - timedelta(seconds=10),
+        window_end=T0,
+        run_key="redelivery_tier_seconds/scheduled__2026-03-01/2",
+    )
+    context["params"] = {"window_end": "2026-03-01T11:00:00+00:00", "levels": [2], "dry_run": True}
+    request = tier_request("seconds", context)
+    assert (request.window_start, request.window_end) == (None, T0 - timedelta(hours=1))
+    assert (request.levels, request.dry_run) == ([2], True)
+    # what the spark-submit entry point reads back is the same request
+    assert TierRunRequest.model_validate_json(request.model_dump_json()) == request
+
+
+def test_a_redrive_request_is_the_params_that_are_its_fields():
+    request = redrive_request({"group": "billing", "reasons": None, "message_ids": [3], "dry_run": False})
+    assert (request.group, request.reasons, request.message_ids, request.dry_run) == (
+        "billing",
+        [],
+        [3],
+        False,
+    )
+
+
+def test_the_default_spark_connection_is_the_warm_connect_server():
+    import json
+
+    from redelivery.airflow.env import airflow_environ
+    from redelivery.spark import connect_server
+
+    conn = json.loads(airflow_environ()["AIRFLOW_CONN_REDELIVERY_SPARK"])
+    assert conn == {
+        "conn_type": "spark_connect",
+        "host": "localhost",
+        "port": 15002,
+        "password": connect_server.token(),
+    }
+    assert connect_server.connect_url("localhost", 15002, "t0k") == "sc://localhost:15002/;token=t0k"
+    # pyspark sends a token in the clear to localhost only: elsewhere it goes as a header
+    assert connect_server.connect_url("spark", 15002, "t0k") == "sc://spark:15002/;authorization=Bearer%20t0k"
+
+
+def test_submit_environment_for_a_local_driver():
+    env, conf = submit_environment("local[2]", "postgresql://u@h/db")
+    assert env["REDELIVERY_DATABASE_URL"] == "postgresql://u@h/db"
+    assert env["PATH"].split(":")[0] == str(
+        Path(sys.executable).parent
+    )  # finds this environment's spark-submit
+    assert conf["spark.pyspark.python"] == env["PYSPARK_PYTHON"]
+    assert conf["spark.ui.enabled"] == "false" and conf["spark.sql.session.timeZone"] == "UTC"
+
+
+def test_submit_environment_for_a_cluster_sends_no_local_paths():
+    env, conf = submit_environment("yarn", "postgresql://u@h/db")
+    assert env == {"REDELIVERY_DATABASE_URL": "postgresql://u@h/db"}
+    assert "spark.pyspark.python" not in conf and "spark.driver.extraJavaOptions" not in conf
+
+
+def test_the_connect_server_has_a_bounded_heap_and_exits_when_it_runs_out(monkeypatch):
+    """An out-of-heap JVM hangs its scheduler while still listening (seen in the demo): the server
+    must exit instead, so that jobs fail at once and the next caller starts a fresh one."""
+    import pydantic
+    import pytest
+
+    from redelivery.settings import Settings, get_settings
+    from redelivery.spark.connect_server import command
+
+    monkeypatch.setenv("REDELIVERY_SPARK_CONNECT_MEMORY", "6g")
+    get_settings.cache_clear()
+    try:
+        argv, _ = command()
+    finally:
+        get_settings.cache_clear()
+    assert argv[argv.index("--driver-memory") + 1] == "6g"
+    assert "-XX:+ExitOnOutOfMemoryError" in argv[argv.index("--driver-java-options") + 1]
+    with pytest.raises(pydantic.ValidationError):
+        Settings(spark_connect_memory="lots")
+
+
+def test_the_hook_keeps_the_connections_libpq_options(database_url, monkeypatch):
+    """libpq keywords in the connection's extra reach the session, ``options`` included."""
+    import json
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    from redelivery.airflow.hooks import RedeliveryHook
+
+    info = conninfo_to_dict(database_url)
+    extra = {"options": "-c statement_timeout=4321", "application_name": "hook-test", "not_libpq": "x"}
+    connection = {
+        "conn_type": "postgres",
+        "host": info["host"],
+        "port": int(info["port"]),
+        "login": info["user"],
+        "password": info.get("password"),
+        "schema": info["dbname"],
+        "extra": extra,
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_DB", json.dumps(connection))
+    shown_settings = ("statement_timeout", "application_name")
+    with RedeliveryHook().get_conn() as conn:
+        shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in shown_settings]
+        assert shown == ["4321ms", "hook-test"]
+        assert conn.execute("SELECT current_schema()").fetchone()[0] == "redelivery"
+
+
+def test_airflow_env_sizes_the_executor_for_the_machine(monkeypatch):
+    """Issue 17.6: 32 LocalExecutor workers on 2 cores was Airflow's default; now 4 per core."""
+    import os
+
+    from redelivery.airflow.env import airflow_environ
+
+    monkeypatch.delenv("AIRFLOW__CORE__PARALLELISM", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "8"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "64"
+    monkeypatch.setenv("AIRFLOW__CORE__PARALLELISM", "3")  # a deployment's own setting wins
+    assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "3"

@@ -1,0 +1,85 @@
+"""Messages as stored and as received: encode, decode, retry properties. Pure: no server."""
+
+import pytest
+
+from redelivery.errors import MalformedMessageError
+from redelivery.messaging.codec import BINARY, JSON, TEXT, Message, decode, encode, retry_properties
+
+
+@pytest.mark.parametrize(
+    "message,ctype,body",
+    [
+        ({"a": [1, 2]}, JSON, {"a": [1, 2]}),
+        (b"\x00\xff", BINARY, b"\x00\xff"),
+        (Message("plain", content_type=TEXT), TEXT, "plain"),
+        (Message('{"raw": true}', content_type=JSON), JSON, {"raw": True}),
+        (Message({"s": "héllo ✓"}), JSON, {"s": "héllo ✓"}),
+    ],
+)
+def test_round_trip_by_content_type(message, ctype, body):
+    key, raw, stored_type, props = encode(message)
+    assert stored_type == ctype and isinstance(raw, bytes) and props == {}
+    assert decode(raw, stored_type) == body
+
+
+def test_key_and_properties_are_kept():
+    assert encode(Message({}, key="k", properties={"tenant": "a"})) == ("k", b"{}", JSON, {"tenant": "a"})
+
+
+@pytest.mark.parametrize(
+    "message,needle",
+    [
+        ({"bad": float("nan")}, "message 3: body is not valid application/json"),
+        (Message("{not json", content_type=JSON), "not valid application/json"),
+        (Message(b"x", content_type=TEXT), "must be str"),
+        (Message("x", content_type="image/png"), "unknown content type"),
+        (Message({}, properties={"RECONSUMETIMES": "3"}), "reserved"),
+        (Message({}, properties={"n": 3}), "str to str"),
+        (Message({}, key=5), "key must be a str"),
+    ],
+)
+def test_malformed_messages_name_their_index(message, needle):
+    with pytest.raises(MalformedMessageError, match=needle):
+        encode(message, 3)
+
+
+@pytest.mark.parametrize(
+    "message,needle",
+    [
+        (Message({}, key="a\x00b"), r"message 3: key has a \\u0000 character"),
+        (Message({}, key="a\ud800"), r"message 3: key has a lone surrogate \('\\ud800'\) at character 1"),
+        (Message({}, key="\udfffb"), r"message 3: key has a lone surrogate \('\\udfff'\) at character 0"),
+        (
+            Message({}, properties={"p\udc00": "v"}),
+            r"message 3: property name 'p\\udc00' has a lone surrogate",
+        ),
+        (Message({}, properties={"p": "x\ud800"}), r"message 3: property 'p' has a lone surrogate"),
+        (Message({}, properties={"p\x00": "v"}), r"message 3: property 'p\\x00' has a \\u0000"),
+    ],
+)
+def test_a_key_or_property_postgresql_cannot_store_is_malformed(message, needle):
+    """PostgreSQL's text holds neither NUL nor a lone surrogate (not UTF-8): the message is refused
+    naming its index and the field, not by psycopg or orjson on the way in. The error text itself
+    is printable (the surrogate escaped), so the CLI can print it."""
+    with pytest.raises(MalformedMessageError, match=needle) as refused:
+        encode(message, 3)
+    str(refused.value).encode()  # printable as UTF-8
+
+
+def test_keys_and_properties_outside_ascii_are_kept():
+    message = Message({}, key="clé-✓-😀", properties={"région": "Île-de-France 😀"})
+    assert encode(message) == ("clé-✓-😀", b"{}", JSON, {"région": "Île-de-France 😀"})
+
+
+def test_retry_properties_only_on_redeliveries():
+    assert retry_properties(
+        {"a": "1"}, topic="t", origin_message_id=7, retry_topic="%RETRY%g", reconsume_times=0
+    ) == {"a": "1"}
+    assert retry_properties(
+        {}, topic="t", origin_message_id=7, retry_topic="%RETRY%g", reconsume_times=2
+    ) == {
+        "REAL_TOPIC": "t",
+        "ORIGIN_MESSAGE_ID": "7",
+        "RETRY_TOPIC": "%RETRY%g",
+        "RECONSUMETIMES": "2",
+    }

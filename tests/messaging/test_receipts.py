@@ -1,0 +1,247 @@
+"""Receipts answer exactly one delivery: late, repeated and foreign answers change nothing; the
+delivery count never goes back; an undecodable body never strands its batch; lock conflicts
+never fail a call."""
+
+import threading
+
+import psycopg
+import pytest
+
+from helpers import at, deadlocks, run_cli, snapshot, wait_for_deadlocks, wait_for_session, waiting_for_a_lock
+from redelivery.errors import ForeignReceiptError
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.tiers.run import run_tier_window
+
+
+def delivery(client, message_id, group="billing"):
+    return client.conn.execute(
+        """SELECT d.state::text, d.delivery_count, d.reconsume_times, d.redrive_count
+           FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
+           WHERE d.message_id = %s AND g.name = %s""",
+        (message_id, group),
+    ).fetchone()
+
+
+def test_a_late_receipt_after_a_redrive_changes_nothing(client, database_url):
+    """C1 receives m and hangs; its lease expires and m is dead-lettered; an operator redrives m;
+    C2 receives it. C1's late reject or ack must not touch C2's delivery."""
+    client.create_topic("orders")
+    client.create_group("billing", max_reconsume_times=0)
+    client.subscribe("billing", "orders")
+    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
+    [c1] = client.receive("billing", "orders", 1, 5, at=at(0))
+    run_tier_window(tier="seconds", window_end=at(10), run_key="expire", url=database_url)
+    assert delivery(client, mid)[0] == "DLQ"
+    redrive(
+        RedriveRequest(group="billing", dry_run=False), run_key="again", url=database_url, log=lambda *_: None
+    )
+    [c2] = client.receive("billing", "orders", 1, 30, at=at(20))
+    assert (c1.delivery_count, c2.delivery_count) == (1, 2)  # never reset: old receipts stay stale
+    assert c2.redrive_count == 1 and c2.reconsume_times == 0
+    assert client.reject("billing", c1, error="late") == 0
+    assert client.ack("billing", c1) == 0
+    assert client.nack("billing", c1) == 0
+    assert delivery(client, mid) == ("INFLIGHT", 2, 0, 1)
+    assert client.stale_receipts("billing") == 3
+    assert client.ack("billing", c2) == 1
+    assert client.ack("billing", c2) == 0  # an answer given twice is stale too
+    assert delivery(client, mid)[:2] == ("COMMITTED", 2) and client.stale_receipts("billing") == 4
+
+
+def test_the_redrive_count_shows_in_dead_letter_views(client, database_url):
+    client.create_topic("orders")
+    client.create_group("billing", max_reconsume_times=0)
+    client.subscribe("billing", "orders")
+    client.publish("orders", [{"n": 1}])
+    for key in ("first", "second"):
+        client.reject("billing", client.receive("billing", "orders", 1, 30), error="bad")
+        redrive(
+            RedriveRequest(group="billing", dry_run=False), run_key=key, url=database_url, log=lambda *_: None
+        )
+    client.reject("billing", client.receive("billing", "orders", 1, 30), error="bad again")
+    [dead] = client.dlq_list("billing")
+    assert (dead["redrive_count"], dead["delivery_count"]) == (2, 3)
+    shown = run_cli("dlq", "show", str(dead["message_id"]), "--group", "billing", database_url=database_url)
+    assert '"redrive_count": 2' in shown.stdout
+
+
+def test_a_receipt_of_another_group_is_refused(client, topic_group):
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    client.publish("orders", [{"n": 1}, {"n": 2}])
+    mine = client.receive("billing", "orders", 2, 30)
+    client.receive("audit", "orders", 2, 30)  # audit's deliveries have the same ids and counts
+    before = snapshot(client.conn)
+    for call in (client.ack, client.nack, client.reject):
+        with pytest.raises(ForeignReceiptError, match="received by group 'billing'"):
+            call("audit", mine)
+    assert snapshot(client.conn) == before
+
+
+@pytest.mark.parametrize(
+    "stored,needle",
+    [
+        ("[" * 3000 + "]" * 3000, "RecursionError"),  # PostgreSQL's jsonb takes it; Python's decoder does not
+        ('{"n": ' + "7" * 5000 + "}", "ValueError"),  # over Python's 4300-digit limit for int()
+    ],
+)
+def test_an_undecodable_body_is_dead_lettered_and_never_strands_its_batch(
+    client, topic_group, stored, needle
+):
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}, {"n": 3}])
+    # a producer outside Python (a Spark job, SQL) stored a body PostgreSQL accepts as JSON
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(%s::jsonb::text, 'UTF8') WHERE id = %s", (stored, ids[1])
+    )
+    got = client.receive("billing", "orders", 10, 30)
+    assert [m.message_id for m in got] == [ids[0], ids[2]]
+    assert delivery(client, ids[1])[:2] == ("DLQ", 1)  # the delivery counted, and nothing left in flight
+    counts = client.stats()["orders"]["billing"]
+    assert (counts["INFLIGHT"], counts["DLQ"], counts["READY"]) == (2, 1, 0)
+    [dead] = client.dlq_list("billing")  # listing it does not crash either
+    assert dead["reason"] == "UNDECODABLE" and needle in dead["last_error"]
+    assert dead["body_error"].startswith("not decodable") and isinstance(dead["body"], str)
+    assert dead["attempts"][-1]["outcome"] == "undecodable"
+
+
+def test_an_undecodable_dead_letter_is_selected_by_its_reason(client, topic_group, database_url):
+    """README lists UNDECODABLE among the redrive reasons: the filter, the redrive and the CLI take it."""
+    import json
+
+    from redelivery.dead_letters import DlqFilter, count
+
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}])
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(%s::jsonb::text, 'UTF8') WHERE id = %s",
+        ("[" * 3000 + "]" * 3000, ids[1]),
+    )
+    [other] = client.receive("billing", "orders", 10, 30)  # ids[1] is dead-lettered UNDECODABLE
+    client.reject("billing", other, error="schema violation")  # and ids[0] REJECTED
+    only = DlqFilter(group="billing", reasons=["UNDECODABLE"])
+    assert count(client.conn, only) == 1
+    assert count(client.conn, DlqFilter(group="billing", reasons=["UNDECODABLE", "REJECTED"])) == 2
+    # a dry run changes nothing but its own audit row (redrive_runs, checked by itself)
+    audit = "SELECT run_key, dry_run, status, moved FROM redrive_runs ORDER BY id"
+    before = snapshot(client.conn, leave_out=("redelivery.redrive_runs",))
+    assert client.conn.execute(audit).fetchall() == []
+    request = RedriveRequest(group="billing", reasons=["UNDECODABLE"], dry_run=True)
+    result = redrive(request, run_key="undecodable-dry", url=database_url)
+    assert result["matched"] == 1 and result["moved"] == 0
+    assert [row["message_id"] for row in result["sample"]] == [ids[1]]
+    assert snapshot(client.conn, leave_out=("redelivery.redrive_runs",)) == before  # a dry run
+    assert client.conn.execute(audit).fetchall() == [("undecodable-dry", True, "success", 0)]
+    done = run_cli(
+        "dlq", "count", "--group", "billing", "--reason", "UNDECODABLE", "--json", database_url=database_url
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["count"] == 1
+    done = run_cli(
+        "redrive", "--group", "billing", "--reason", "UNDECODABLE", "--json", database_url=database_url
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["dry_run"] is True
+    assert snapshot(client.conn, leave_out=("redelivery.redrive_runs",)) == before
+    runs = client.conn.execute(audit).fetchall()
+    assert len(runs) == 2 and [run[1:] for run in runs] == [(True, "success", 0)] * 2
+
+
+def _deadlock_with(url: str, held: int, then: int, victim: str, call):
+    """A deadlock whose victim is ``call`` (run in a thread): another transaction locks the
+    delivery of message ``held``; ``call`` locks its rows in message-id order and waits for
+    ``held`` (statement ``victim`` of redelivery.store.statements, seen waiting in pg_stat_activity);
+    then the other transaction asks for ``then``, which ``call`` holds. The other session never
+    looks for a deadlock itself (deadlock_timeout 10 min), so PostgreSQL's check, made in
+    ``call``'s session after its deadlock_timeout, finds the cycle there: ``call``'s transaction is
+    aborted and must be run again. Returns (what ``call`` returned, deadlocks PostgreSQL counted
+    meanwhile)."""
+    before = deadlocks(url)
+    result = {}
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SET deadlock_timeout = '10min'")  # this side is never the victim
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (held,))
+        running = threading.Thread(target=lambda: result.update(value=call()))
+        running.start()
+        wait_for_session(url, waiting_for_a_lock(victim), f"{victim} waiting for message {held}'s row")
+        # both wait for each other now; this statement gets its row once the victim is aborted
+        other.execute("SELECT 1 FROM redelivery.deliveries WHERE message_id = %s FOR UPDATE", (then,))
+        other.execute("COMMIT")
+        running.join(60)
+    assert not running.is_alive()
+    return result.get("value"), wait_for_deadlocks(url, before + 1, "a deadlock detected") - before
+
+
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
+def test_an_ack_that_meets_a_deadlock_is_retried(client, topic_group, clean_db):
+    """The ack locks its rows in message-id order; another transaction that locks them the other
+    way round makes PostgreSQL abort one of the two: here the ack (see ``_deadlock_with``), which
+    then runs again and succeeds."""
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}])
+    got = client.receive("billing", "orders", 2, 30)
+    acked, deadlocked = _deadlock_with(clean_db, ids[1], ids[0], "ACK", lambda: client.ack("billing", got))
+    assert deadlocked == 1  # the ack's first transaction was the victim: the retry is what acked
+    assert acked == 2
+    assert client.stats()["orders"]["billing"]["COMMITTED"] == 2
+
+
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
+def test_a_tier_range_that_meets_a_deadlock_is_retried(client, topic_group, clean_db, database_url):
+    ids = client.publish("orders", [{"n": i} for i in range(4)], at=at(0))
+    client.nack("billing", client.receive("billing", "orders", 4, 30, at=at(0)), at=at(0))
+    summary, deadlocked = _deadlock_with(
+        clean_db,
+        ids[-1],
+        ids[0],
+        "PROMOTE",
+        lambda: run_tier_window(tier="seconds", window_end=at(10), run_key="dl", url=database_url),
+    )
+    assert deadlocked == 1  # the range's first transaction was the victim: its retry promoted
+    assert summary["promoted"] == 4
+
+
+def test_create_group_keeps_its_limit_unless_a_new_one_is_given(client):
+    client.create_group("billing", max_reconsume_times=3)
+    client.create_group("billing")
+    assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (3,)
+    client.create_group("billing", max_reconsume_times=5)
+    assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (5,)
+    client.update_group("billing", max_reconsume_times=None)
+    assert client.conn.execute("SELECT max_reconsume_times FROM consumer_groups").fetchone() == (None,)
+
+
+@pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
+def test_settle_locks_its_group_row_only_after_the_deliveries_it_changes(client, database_url):
+    """A tier range holds a delivery's row and then adds to its group's totals; a settle that held
+    the group row (to count a stale ack) while waiting for that delivery would deadlock with it.
+    While settle waits for the delivery, its group row must be free."""
+    from redelivery.client import Outcome
+    from redelivery.store import db
+
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders")
+    client.publish("orders", [{"n": 1}, {"n": 2}], at=at(0))
+    first, second = client.receive("billing", "orders", 2, 60, at=at(0))
+    client.ack("billing", [first])  # its receipt is stale from now on
+    with db.connect(database_url) as holder, db.connect(database_url) as prober:
+        holder.execute(  # what a tier range does first: lock the delivery row
+            "SELECT 1 FROM deliveries WHERE message_id = %s FOR UPDATE", (second.message_id,)
+        )
+        done = {}
+        settling = threading.Thread(
+            target=lambda: done.update(
+                counts=client.settle("billing", [Outcome(first, "ack"), Outcome(second, "retry")])
+            )
+        )
+        settling.start()
+        # settle's retry waits for the delivery the holder locked
+        wait_for_session(database_url, waiting_for_a_lock("FAIL_RETRY"), "settle waiting for the delivery")
+        prober.execute("SET lock_timeout = '200ms'")
+        # the group row is free while settle waits: a tier range can finish and let it through
+        prober.execute("SELECT 1 FROM consumer_groups WHERE name = 'billing' FOR UPDATE")
+        assert settling.is_alive()  # settle still waited for the delivery meanwhile
+        prober.rollback()
+        holder.rollback()
+        settling.join(10)
+    assert not settling.is_alive()
+    assert done["counts"] == {"acked": 0, "retried": 1, "dead_lettered": 0, "stale": 1}

@@ -1,0 +1,190 @@
+"""The package's shape, checked without any server: one-way imports (the map in
+docs/ARCHITECTURE.md), one naming rule, one default configuration, one place for SQL."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "src" / "redelivery"
+#: Modules bottom to top: each may import only modules before it (docs/ARCHITECTURE.md, "Map").
+ORDER = [
+    "errors", "settings", "rules.levels", "rules.names",
+    "store.statements._shared", "store.statements.topology", "store.statements.messages",
+    "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
+    "store.statements.housekeeping", "store.statements", "spark.tasks",
+    "rules.policies", "messaging.codec", "messaging.producer",
+    "config", "store.embedded", "store.db",
+    "store.catalog", "tiers.window", "dead_letters",
+    "messaging.admin", "messaging.publishing", "messaging.consuming", "client",
+    "messaging.http_delivery", "redrive", "store.maintenance", "metrics",
+    "spark.jvm", "spark.connect_server", "spark.session",
+    "tiers.run", "spark.publishing", "spark.consuming", "spark.dataframes",
+    "airflow.env", "airflow.hooks", "airflow.assets", "airflow.triggers", "airflow.queues",
+    "airflow.provider", "airflow.params", "airflow.ui.trigger_check", "airflow.engine",
+    "airflow.operators", "airflow.dags.tiers", "airflow.dags.consumer", "airflow.dags.redrive",
+    "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.page", "airflow.ui.app", "airflow.plugin",
+    "cli.common", "cli.dead_letters", "cli.app", "__main__",
+    "spark.jobs.cds_warmup", "spark.jobs.tier_window", "spark.jobs.dlq_redrive",
+]  # fmt: skip
+#: Packages: their __init__ files import nothing of ours (the top one only its version).
+PACKAGES = {"", "rules", "store", "messaging", "tiers", "spark", "spark.jobs", "airflow", "airflow.dags",
+            "airflow.ui", "cli"}  # fmt: skip
+#: Old import paths kept for one release: each only re-exports its successor, with a warning.
+DEPRECATED = {
+    "spark.publish_job": "spark.publishing",
+    "spark.tier_job": "tiers.run",
+    "airflow.consumer_dag": "airflow.dags.consumer",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every redelivery module ``path`` imports, at any depth of the file (function-level too)."""
+    here = [part for part in module_name(path).split(".") if part]
+    package = here[:-1] if path.name != "__init__.py" else here
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            elif node.module and node.module.startswith("redelivery"):
+                target = node.module.removeprefix("redelivery").lstrip(".")
+            else:
+                continue
+            for alias in node.names:  # "from . import db" imports the module db
+                candidate = f"{target}.{alias.name}".lstrip(".")
+                found.add(candidate if candidate in ORDER or candidate in PACKAGES else target)
+        elif isinstance(node, ast.Import):
+            found.update(
+                a.name.removeprefix("redelivery.") for a in node.names if a.name.startswith("redelivery.")
+            )
+    return found - {""}
+
+
+def package_modules() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if "migrations" not in p.parts]
+
+
+def test_every_module_is_on_the_map():
+    names = {module_name(p) for p in package_modules()}
+    assert names - PACKAGES - set(DEPRECATED) == set(ORDER), (
+        "add new modules to ORDER and to the map in docs/ARCHITECTURE.md"
+    )
+
+
+def test_deprecated_paths_only_re_export_their_successor():
+    for old, new in DEPRECATED.items():
+        assert imports_of(PACKAGE / (old.replace(".", "/") + ".py")) == {new}
+        module = importlib.import_module(f"redelivery.{new}")
+        with pytest.warns(DeprecationWarning, match=f"redelivery.{old} moved"):
+            importlib.reload(importlib.import_module(f"redelivery.{old}"))
+        shim = importlib.import_module(f"redelivery.{old}")
+        assert all(getattr(shim, name) is getattr(module, name) for name in shim.__all__)
+
+
+def test_the_package_needs_nothing_of_the_checkout():
+    """No import of the demo, the harness or the tests, and no path into the repository."""
+    outside = re.compile(r"^\s*(from|import)\s+(demo|harness|helpers|tests)\b|REPO_ROOT|parents\[", re.M)
+    assert [str(p) for p in package_modules() if outside.search(p.read_text())] == []
+
+
+def test_imports_go_one_way_down_the_map():
+    wrong = []
+    for path in package_modules():
+        name = module_name(path)
+        if name in PACKAGES:
+            assert imports_of(path) == set(), f"{path} should import nothing of ours"
+            continue
+        if name in DEPRECATED:
+            continue
+        for target in imports_of(path) - PACKAGES:  # a package imports nothing: safe from anywhere
+            assert target in ORDER, f"{name} imports {target}, which is not on the map"
+            if ORDER.index(target) >= ORDER.index(name):
+                wrong.append(f"{name} -> {target}")
+    assert wrong == [], "imports up the map (or a cycle): " + ", ".join(wrong)
+
+
+def test_the_map_in_the_architecture_document_matches():
+    text = (REPO_ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = re.findall(r"^\| `([a-z_.]+)` \|", text, re.M)
+    assert [m for m in listed if m in ORDER or m.rstrip(".*") in PACKAGES] == [
+        m for m in ORDER if m in listed
+    ]
+    # the parts of store.statements are its one row
+    assert {m for m in ORDER if not m.startswith("store.statements.")} - {"__main__"} <= set(listed)
+
+
+def test_sql_lives_in_the_statements_module():
+    """No other module of the core writes SQL text: statements are named constants."""
+    sql = re.compile(r"\b(SELECT|INSERT INTO|UPDATE \w+ SET|DELETE FROM)\b")
+    core = [p for p in package_modules() if not module_name(p).startswith("store.statements")]
+    offenders = [f"{p.relative_to(REPO_ROOT)}:{n}" for p in core
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if sql.search(line)]  # fmt: skip
+    assert offenders == []
+
+
+def test_the_migration_keeps_the_name_rule():
+    """The schema's CHECK constraints (the latest migration that sets them) are a frozen copy of the
+    naming rule in redelivery.rules.names."""
+    from redelivery.rules.names import NAME_REGEX
+
+    latest = None
+    for path in sorted((PACKAGE / "store" / "migrations" / "versions").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        migration = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(migration)
+        latest = getattr(migration, "NAME_CHECK", latest)
+    assert latest == f"^{NAME_REGEX}$"
+
+
+def test_one_default_configuration():
+    """config/redelivery.yaml spells out exactly the defaults of the code."""
+    from redelivery.config import RedeliveryConfig, load_config
+
+    assert load_config(REPO_ROOT / "config" / "redelivery.yaml") == RedeliveryConfig()
+    assert not (PACKAGE / "defaults.yaml").exists()
+
+
+def test_the_state_changes_table_lists_every_state_change():
+    from redelivery.store import statements as S
+
+    text = (REPO_ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    table = text[text.index("## State changes") :].split("\n## ")[0]
+    assert re.findall(r"^\| `([A-Z_]+)` \|", table, re.M) == list(S.STATE_CHANGES)
+    assert set(S.STATE_CHANGES) <= set(S.ALL)
+
+
+def test_the_head_revision_read_from_the_files_is_alembics():
+    from alembic.script import ScriptDirectory
+
+    from redelivery.store.db import MIGRATIONS, head_revision
+
+    assert head_revision() == ScriptDirectory(str(MIGRATIONS)).get_current_head()
+
+
+def test_files_and_functions_stay_small():
+    """No module over 600 lines, no function over 80 (migrations aside: each is one change)."""
+    long_files, long_functions = [], []
+    for path in package_modules():
+        text = path.read_text()
+        if len(text.splitlines()) > 600:
+            long_files.append(str(path.relative_to(PACKAGE)))
+        for node in ast.walk(ast.parse(text)):
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.end_lineno - node.lineno >= 80
+            ):
+                long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert (long_files, long_functions) == ([], [])
