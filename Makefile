@@ -29,6 +29,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(VENV)/bin/pip install --quiet uv==0.13.8
 	$(UV) pip sync --python $(PY) requirements.txt
 	$(UV) pip install --python $(PY) --no-deps -e .
+	# setuptools leaves src/redelivery.egg-info behind; src/ is on sys.path (editable), so Airflow
+	# would find the distribution, its provider and its plugin twice
+	rm -rf src/*.egg-info
 	touch $@
 
 # Debian's Chromium for the operator UI tests (Playwright drives it; no browser download).

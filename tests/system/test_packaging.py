@@ -44,3 +44,13 @@ def test_requirements_are_pinned_and_leave_out_pyspark_client():
     assert pins["apache-airflow-providers-apache-spark"].startswith("6.")
     assert int(pins["pandas"].split(".")[0]) < 3
     assert "pyspark-client" not in pins
+
+
+def test_the_environment_holds_one_redelivery_distribution():
+    """One distribution named redelivery on sys.path: a second (src/redelivery.egg-info that a
+    setuptools build leaves in the checkout) makes Airflow register the plugin twice and record
+    the second as an import error."""
+    from importlib.metadata import distributions
+
+    found = [d for d in distributions() if (d.metadata["Name"] or "").lower() == "redelivery"]
+    assert len(found) == 1, [str(getattr(d, "_path", d)) for d in found]

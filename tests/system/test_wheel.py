@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -60,7 +61,13 @@ def installed(tmp_path_factory) -> Path:
     """A fresh virtual environment, outside the checkout, with the built wheel installed; returns
     its bin folder."""
     where = tmp_path_factory.mktemp("wheel")
-    run(UV, "build", "--wheel", "--out-dir", str(where / "dist"), str(REPO_ROOT))
+    source = where / "source"  # a copy: a build leaves src/*.egg-info, which the checkout must not have
+    shutil.copytree(
+        REPO_ROOT / "src", source / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    run(UV, "build", "--wheel", "--out-dir", str(where / "dist"), str(source))
     (wheel,) = (where / "dist").glob("redelivery-*.whl")
     run(UV, "venv", "--quiet", "--python", sys.executable, str(where / "venv"))
     python = where / "venv" / "bin" / "python"
@@ -107,6 +114,7 @@ def test_the_installed_wheel_is_an_airflow_provider(installed, tmp_path):
     assert providers["redelivery"]["version"] == "0.1.0"
     hooks = {h["connection_type"]: h for h in airflow("providers", "hooks")}
     assert hooks["redelivery"]["class"] == "redelivery.airflow.hooks.RedeliveryHook"
+    assert [p["name"] for p in airflow("plugins")].count("redelivery") == 1  # once: its entry point
 
 
 def test_a_message_queue_trigger_starts_a_dag_outside_the_checkout(installed, database_url, tmp_path):

@@ -80,6 +80,26 @@ def _errors(error: str | Sequence[str] | None, count: int) -> list[str | None]:
     return errors
 
 
+def retry_mode(delay: object = None, level: object = None) -> tuple[str, int, int]:
+    """``(mode, delay seconds, level)`` of a retry after ``delay`` whole seconds or at delay
+    ``level`` (Pulsar ``reconsumeLater`` / RocketMQ delay levels, seeds/000, seeds/003): mode
+    ``"delay"``, ``"level"`` (n >= 1), ``"negative"`` (a negative level: dead-letter at once) or
+    ``"next"`` (neither, or level 0: the policy's wait for the next retry). The one rule of
+    ``reconsume_later`` and of a ``settle`` retry. Raises ``ValueError`` (both given),
+    ``InvalidDelayError`` (not 1..864000 whole seconds), ``InvalidLevelError`` (not an int)."""
+    if delay is not None and level is not None:
+        raise ValueError("give a delay or a level, not both")
+    if delay is not None:
+        return ("delay", check_delay(delay), 0)
+    if level is None:
+        return ("next", 0, 0)
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise InvalidLevelError(f"delay level {level!r} is not an integer")
+    if level < 0:
+        return ("negative", 0, 0)
+    return ("level", 0, level) if level > 0 else ("next", 0, 0)
+
+
 def plan_outcome(item: Outcome) -> tuple[str, int, int]:
     """``(mode, delay seconds, level)`` of one ``settle`` outcome, mode being ``"ack"`` or a failure
     mode of ``Client._fail`` (``"reject"``, ``"delay"``, ``"level"``, ``"negative"``, ``"next"``).
@@ -95,15 +115,7 @@ def plan_outcome(item: Outcome) -> tuple[str, int, int]:
             return ("reject", 0, 0)
         if item.outcome != "retry":
             raise ValueError(f"unknown outcome {item.outcome!r}: use 'ack', 'retry' or 'reject'")
-        if item.delay is not None and item.level is not None:
-            raise ValueError("a retry takes a delay or a level, not both")
-        if item.delay is not None:
-            return ("delay", check_delay(item.delay), 0)
-        if item.level is None or item.level == 0:
-            return ("next", 0, 0)
-        if not isinstance(item.level, int) or isinstance(item.level, bool):
-            raise InvalidLevelError(f"delay level {item.level!r} is not an integer")
-        return ("negative", 0, 0) if item.level < 0 else ("level", 0, item.level)
+        return retry_mode(item.delay, item.level)
     except ValueError as exc:  # the same error, naming the message
         raise type(exc)(f"{where}: {exc}") from None
 
@@ -300,13 +312,7 @@ class Consuming(Administration):
         if not items:
             return 0
         self._check_receipt_topics(items)
-        params = {
-            "group_id": group_id,
-            "ids": [m.message_id for m in items],
-            "counts": [m.delivery_count for m in items],
-            "count_stale": True,
-        }
-        return db.retry_lock_conflicts(lambda: self.conn.execute(S.ACK, params).fetchone()[0])
+        return self._answer(group_id, acks=items, plans=[], failed=0)["acked"]
 
     def nack(
         self,
@@ -342,18 +348,8 @@ class Consuming(Administration):
         ``delayLevel == 0``: ``3 + reconsumeTimes``); a negative level dead-letters at once
         (reason NEGATIVE_LEVEL). Raises ``InvalidDelayError``, ``InvalidLevelError``,
         ``ValueError`` (both given) before changing anything."""
-        if delay is not None and level is not None:
-            raise ValueError("give a delay or a level, not both")
-        if delay is not None:
-            return self._fail(group, messages, error, at, mode="delay", delay=check_delay(delay))
-        if level is not None:
-            if not isinstance(level, int) or isinstance(level, bool):
-                raise InvalidLevelError(f"delay level {level!r} is not an integer")
-            if level < 0:
-                return self._fail(group, messages, error, at, mode="negative")
-            if level > 0:
-                return self._fail(group, messages, error, at, mode="level", level=level)
-        return self._fail(group, messages, error, at, mode="next")
+        mode, seconds, level = retry_mode(delay, level)
+        return self._fail(group, messages, error, at, mode=mode, delay=seconds, level=level)
 
     def reject(
         self,
@@ -372,14 +368,43 @@ class Consuming(Administration):
         plans = self._plan_failures(
             group_id, group, items, _errors(error, len(items)), at, mode, delay, level
         )
+        counts = self._answer(group_id, acks=[], plans=plans, failed=len(items))
+        return counts["retried"] + counts["dead_lettered"]
 
-        def apply() -> int:
+    def _answer(self, group_id: int, *, acks: list, plans: list, failed: int, marker=None) -> dict:
+        """Apply answers of group ``group_id``, every one checked and planned before: the one path
+        of ``ack``, ``nack`` / ``reconsume_later``, ``reject`` and ``settle``. ``acks``: receipts to
+        commit; ``plans``: ``_plan_failures`` of ``failed`` receipts; ``marker``: ``settle``'s
+        (job run, part). All in one transaction, the group's totals last (lock order); acks alone
+        are one statement that counts their stale receipts itself. Returns ``{"acked",
+        "retried", "dead_lettered", "stale"}``."""
+        if not acks and not plans and marker is None:  # nothing to answer: no statement
+            return {"acked": 0, "retried": 0, "dead_lettered": 0, "stale": 0}
+        ack_params = {
+            "group_id": group_id,
+            "ids": [r.message_id for r in acks],
+            "counts": [r.delivery_count for r in acks],
+            "count_stale": not plans and marker is None,
+        }
+        if ack_params["count_stale"]:
+            acked = db.retry_lock_conflicts(lambda: self.conn.execute(S.ACK, ack_params).fetchone()[0])
+            return {"acked": acked, "retried": 0, "dead_lettered": 0, "stale": len(acks) - acked}
+
+        def apply() -> dict:
             with self.conn.transaction():
+                if marker is not None:
+                    keys = {"settle_run": marker[0], "part": marker[1]}
+                    if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
+                        done = self.conn.execute(S.SETTLE_PART, keys).fetchone()
+                        return dict(zip(("acked", "retried", "dead_lettered", "stale"), done, strict=True))
+                acked = self.conn.execute(S.ACK, ack_params).fetchone()[0] if acks else 0
                 retried, dead = self._apply_failures(plans)
-                catalog.add_group_totals(
-                    self.conn, dead_lettered={group_id: dead}, stale={group_id: len(items) - retried - dead}
-                )
-            return retried + dead
+                stale = len(acks) - acked + failed - retried - dead
+                catalog.add_group_totals(self.conn, dead_lettered={group_id: dead}, stale={group_id: stale})
+                counts = {"acked": acked, "retried": retried, "dead_lettered": dead, "stale": stale}
+                if marker is not None:
+                    self.conn.execute(S.SETTLE_PART_RECORD, {**keys, **counts})
+                return counts
 
         return db.retry_lock_conflicts(apply)
 
@@ -450,37 +475,9 @@ class Consuming(Administration):
             by_id = {(i.receipt.message_id, i.receipt.delivery_count): i.error for i in group_items}
             errors = [by_id[(r.message_id, r.delivery_count)] for r in receipts]
             plans += self._plan_failures(group_id, group, receipts, errors, at, mode, delay, level)
-        acks.sort(key=lambda r: (r.message_id, r.delivery_count))
-        ack_params = {
-            "group_id": group_id,
-            "ids": [r.message_id for r in acks],
-            "counts": [r.delivery_count for r in acks],
-            "count_stale": False,  # counted below, after the failures' delivery rows are locked
-        }
-
-        def apply() -> dict:
-            with self.conn.transaction():
-                if marker is not None:
-                    keys = {"settle_run": marker[0], "part": marker[1]}
-                    if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
-                        done = self.conn.execute(S.SETTLE_PART, keys).fetchone()
-                        return dict(zip(("acked", "retried", "dead_lettered", "stale"), done, strict=True))
-                acked = self.conn.execute(S.ACK, ack_params).fetchone()[0] if acks else 0
-                retried, dead = self._apply_failures(plans)
-                failed = sum(len(v) for v in failures.values())
-                stale = len(acks) - acked + failed - retried - dead
-                catalog.add_group_totals(self.conn, dead_lettered={group_id: dead}, stale={group_id: stale})
-                counts = {
-                    "acked": acked,
-                    "retried": retried,
-                    "dead_lettered": dead,
-                    "stale": len(items) - acked - retried - dead,
-                }
-                if marker is not None:
-                    self.conn.execute(S.SETTLE_PART_RECORD, {**keys, **counts})
-                return counts
-
-        return db.retry_lock_conflicts(apply)
+        acks.sort(key=lambda r: (r.message_id, r.delivery_count))  # rows locked in one order
+        failed = sum(len(v) for v in failures.values())
+        return self._answer(group_id, acks=acks, plans=plans, failed=failed, marker=marker)
 
     def check_outcomes(self, group: str, outcomes: Iterable[Outcome]) -> None:
         """Check ``outcomes`` as ``settle`` does before it changes anything, changing nothing (a
