@@ -146,3 +146,24 @@ def test_airflow_env_sizes_the_executor_for_the_machine(monkeypatch):
     assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "64"
     monkeypatch.setenv("AIRFLOW__CORE__PARALLELISM", "3")  # a deployment's own setting wins
     assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "3"
+
+
+def test_a_spark_connect_url_is_the_providers_with_the_token_kept_off_a_plain_channel(monkeypatch):
+    """The Spark provider's SparkConnectHook builds the URL (login as user id, token, use_ssl);
+    pyspark sends a token only over TLS or to localhost, so elsewhere without TLS it goes as a
+    header."""
+    import json
+
+    from redelivery.airflow.engine import connect_url
+
+    def connection(**fields):
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEST", json.dumps({"conn_type": "spark_connect", **fields}))
+        return connect_url("spark_test")
+
+    assert connection(host="localhost", port=15002, password="t0k") == "sc://localhost:15002/;token=t0k"
+    assert connection(host="spark", port=15002, login="ana", password="t0k") == (
+        "sc://spark:15002/;user_id=ana;authorization=Bearer%20t0k"
+    )
+    for use_ssl in (True, "true"):
+        url = connection(host="spark", port=443, password="t0k", extra={"use_ssl": use_ssl})
+        assert url.startswith("sc://spark:443/;token=t0k;use_ssl=")

@@ -70,7 +70,7 @@ def connect_url(conn_id: str) -> str:
 
     url = SparkConnectHook(conn_id=conn_id).get_connection_url()
     host = re.match(r"sc://([^:/]+)", url).group(1)
-    if host != "localhost" and "use_ssl=True" not in url:
+    if host != "localhost" and not re.search(r"use_ssl=true", url, re.IGNORECASE):
         url = re.sub(r"token=([^;]*)", r"authorization=Bearer%20\1", url)
     return url
 
