@@ -4,6 +4,8 @@ read through here."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Literal, get_args
 
@@ -24,14 +26,16 @@ REASONS: tuple[str, ...] = get_args(Reason)
 
 MAX_MESSAGE_ID = 2**63 - 1  # bigint
 MessageId = Annotated[int, Field(ge=1, le=MAX_MESSAGE_ID)]
-#: At most this many message ids in one filter; ``error_contains`` at most this many characters.
-MAX_MESSAGE_IDS, MAX_ERROR_TEXT = 100_000, 1000
+#: At most this many message ids in one filter; ``error_contains`` and ``key`` at most this many
+#: characters.
+MAX_MESSAGE_IDS, MAX_ERROR_TEXT, MAX_KEY_CHARS = 100_000, 1000, 1000
 
 
 class DlqFilter(BaseModel):
     """Which dead letters of ``group``: all given conditions must hold. Times are timezone-aware
     (UTC assumed when naive), ``dead_lettered_from`` inclusive and ``dead_lettered_to`` exclusive;
-    ``error_contains`` matches the last error, case-insensitively, as text (never a pattern).
+    ``error_contains`` matches the last error, case-insensitively, as text (never a pattern);
+    ``key`` the message key exactly.
     Invalid values raise pydantic's ``ValidationError`` (a ``ValueError``) naming the field."""
 
     model_config = ConfigDict(extra="forbid")
@@ -43,6 +47,7 @@ class DlqFilter(BaseModel):
     reasons: list[Reason] = Field(default_factory=list)
     error_contains: str | None = Field(default=None, max_length=MAX_ERROR_TEXT)
     message_ids: list[MessageId] = Field(default_factory=list, max_length=MAX_MESSAGE_IDS)
+    key: str | None = Field(default=None, max_length=MAX_KEY_CHARS)
 
     @field_validator("group")
     @classmethod
@@ -59,11 +64,11 @@ class DlqFilter(BaseModel):
     def _aware(cls, value: datetime | None) -> datetime | None:
         return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
-    @field_validator("error_contains")
+    @field_validator("error_contains", "key")
     @classmethod
-    def _text(cls, value: str | None) -> str | None:
+    def _text(cls, value: str | None, info) -> str | None:
         if value and "\x00" in value:
-            raise ValueError("error_contains may not contain a NUL character")
+            raise ValueError(f"{info.field_name} may not contain a NUL character")
         return value if value else None
 
     @model_validator(mode="after")
@@ -86,6 +91,7 @@ def filter_params(conn: psycopg.Connection, request: DlqFilter) -> dict:
         "reasons": list(request.reasons) or None,
         "error": request.error_contains,
         "ids": list(request.message_ids) or None,
+        "message_key": request.key,
     }
 
 
@@ -167,3 +173,99 @@ def summary(conn: psycopg.Connection, group_name: str | None = None) -> list[dic
             }
         )
     return out
+
+
+#: Rows on a page of the operator's dead-letter list; the last error is cut at ``ERROR_CHARS`` there
+#: (the message's page shows it whole).
+PAGE_ROWS, ERROR_CHARS = 50, 200
+#: A message's page shows at most this many bytes of its body, and a binary body's first
+#: ``HEX_PREVIEW_BYTES`` as hex: a body of megabytes never leaves the database whole.
+BODY_PREVIEW_BYTES, HEX_PREVIEW_BYTES = 64 * 1024, 512
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a page of ``browse`` ends: its last row's dead-lettering time and message id. The
+    next page starts after it (keyset pagination), so rows dead-lettered or redriven meanwhile
+    never shift or repeat a page. ``token`` / ``parse``: its form in a URL."""
+
+    dead_lettered_at: datetime
+    message_id: int
+
+    def token(self) -> str:
+        return f"{self.dead_lettered_at.isoformat()}_{self.message_id}"
+
+    @classmethod
+    def parse(cls, token: str) -> Cursor:
+        """Raises ``ValueError`` for anything ``token`` did not make."""
+        at, _, message_id = token.rpartition("_")
+        try:
+            parsed = cls(datetime.fromisoformat(at), int(message_id))
+        except ValueError:
+            raise ValueError(f"not a page cursor: {token[:100]!r}") from None
+        if parsed.dead_lettered_at.tzinfo is None or not 1 <= parsed.message_id <= MAX_MESSAGE_ID:
+            raise ValueError(f"not a page cursor: {token[:100]!r}")
+        return parsed
+
+
+def browse(
+    conn: psycopg.Connection, request: DlqFilter, *, after: Cursor | None = None, limit: int = PAGE_ROWS
+) -> tuple[list[dict], Cursor | None]:
+    """One page of the matching dead letters, newest first: ``(rows, cursor of the next page or
+    None)``, after ``after`` (None: the first page), at most ``limit`` rows. Each row: message id,
+    key, topic, DLQ, reason, the last error's first ``ERROR_CHARS`` characters (and
+    ``error_length``, its whole length), delivery count, reconsume times, redrive count,
+    dead-lettered at. The filter is the redrive's (``DlqFilter``): what a page lists is what a
+    redrive of the same filter would move. Raises UnknownGroupError / UnknownTopicError."""
+    params = {
+        **filter_params(conn, request),
+        "before_at": after.dead_lettered_at if after else None,
+        "before_id": after.message_id if after else None,
+        "limit": limit + 1,
+        "error_chars": ERROR_CHARS,
+    }
+    cur = conn.execute(S.DLQ_BROWSE, params)
+    names = [c.name for c in cur.description]
+    rows = [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
+    if len(rows) <= limit:
+        return rows, None
+    last = rows[limit - 1]
+    return rows[:limit], Cursor(last["dead_lettered_at"], last["message_id"])
+
+
+def message(conn: psycopg.Connection, group_name: str, message_id: int) -> dict | None:
+    """One dead letter of ``group_name`` in full for its page, or None when the group has no such
+    dead letter (never dead-lettered, or redriven since). Its fields as in the DLQ table, the body
+    as ``body_text`` (JSON pretty-printed; text as text; None for a binary body), ``body_hex`` (a
+    binary body's first ``HEX_PREVIEW_BYTES`` bytes), ``body_size`` (bytes) and ``body_shown``
+    (bytes of it read, at most ``BODY_PREVIEW_BYTES``); ``properties`` (dict), ``attempts`` (each
+    failed delivery: at, delivery, outcome, error) and ``redrives`` (each earlier redrive of it in
+    this group: run key, triggered by, moved at, destination topic). Raises UnknownGroupError."""
+    group_id = group(conn, check_name("group", group_name))[0]
+    params = {"group_id": group_id, "message_id": message_id, "body_bytes": BODY_PREVIEW_BYTES}
+    cur = conn.execute(S.DLQ_MESSAGE, params)
+    values = cur.fetchone()
+    if values is None:
+        return None
+    row = dict(zip([c.name for c in cur.description], values, strict=True))
+    row |= _body_preview(bytes(row.pop("body")), row["content_type"], row["body_size"])
+    redrives = conn.execute(S.MESSAGE_REDRIVES, params)
+    names = [c.name for c in redrives.description]
+    row["redrives"] = [dict(zip(names, r, strict=True)) for r in redrives.fetchall()]
+    return row
+
+
+def _body_preview(shown: bytes, content_type: str, size: int) -> dict:
+    """``body_text`` / ``body_hex`` of a body's first bytes ``shown`` (see ``message``)."""
+    preview = {"body_size": size, "body_shown": len(shown), "body_text": None, "body_hex": None}
+    if content_type == "application/octet-stream":
+        preview["body_hex"] = shown[:HEX_PREVIEW_BYTES].hex(" ")
+        return preview
+    text = shown.decode("utf-8", errors="replace")  # a cut may split a character
+    if len(shown) == size and content_type == "application/json":  # JSON cannot be parsed from a part
+        try:
+            text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        except (ValueError, RecursionError):
+            pass  # shown as stored (an UNDECODABLE dead letter)
+    preview["body_text"] = text
+    return preview

@@ -64,7 +64,8 @@ class RedriveRequest(DlqFilter):
 
     def selection(self) -> dict:
         """What the run moves, as JSON (the dry-run flag aside): a run key stands for one selection."""
-        return self.model_dump(mode="json", exclude={"dry_run"})
+        # without a key, as runs recorded before the filter had one: a resumed run matches them
+        return self.model_dump(mode="json", exclude={"dry_run"} | ({"key"} if self.key is None else set()))
 
 
 def _moving_params(conn: psycopg.Connection, request: RedriveRequest) -> dict:
@@ -233,7 +234,7 @@ def start_run(
         "triggered_by": triggered_by,
         "group_id": group_id,
         "dry_run": request.dry_run,
-        "filter": Jsonb(request.model_dump(mode="json")),
+        "filter": Jsonb({**request.selection(), "dry_run": request.dry_run}),
     }
     row = conn.execute(S.REDRIVE_RUN_START, start).fetchone()
     if row is not None:

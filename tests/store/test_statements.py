@@ -35,6 +35,8 @@ SAMPLES = {
     "total_groups": [1], "total_promoted": [2], "total_dead_lettered": [0], "total_stale": [1],
     "topic": "orders", "watermark": None, "horizon": "2026-03-01T12:00:10+00:00", "settle": 300.0,
     "asset_uri": "redelivery://orders/billing", "previous": None,
+    "message_key": None, "before_at": None, "before_id": None, "error_chars": 200, "body_bytes": 65536,
+    "message_id": 1,
 }  # fmt: skip
 NOT_EXPLAINABLE = {"COPY_MESSAGES", "COPY_STAGING", "DATA_DIRECTORY"}  # EXPLAIN takes neither COPY nor SHOW
 

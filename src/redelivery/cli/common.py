@@ -45,7 +45,7 @@ def _emit(data, as_json: bool, text: str | None = None) -> None:
         typer.echo(text)
 
 
-def _filter(group, topic, since, before, reason, error_contains, message_id, **extra):
+def _filter(group, topic, since, before, reason, error_contains, message_id, key=None, **extra):
     from redelivery.dead_letters import DlqFilter
     from redelivery.redrive import RedriveRequest
 
@@ -57,6 +57,7 @@ def _filter(group, topic, since, before, reason, error_contains, message_id, **e
         reasons=reason or [],
         error_contains=error_contains,
         message_ids=message_id or [],
+        key=key,
     )
     return (RedriveRequest if extra else DlqFilter)(**values, **extra)  # pydantic names a bad option
 
@@ -73,4 +74,5 @@ ReasonOpt = Annotated[
 ]
 ErrorOpt = Annotated[str | None, typer.Option(help="last error contains this text (case-insensitive)")]
 IdOpt = Annotated[list[int] | None, typer.Option("--message-id", help="only these message ids; repeatable")]
+KeyOpt = Annotated[str | None, typer.Option(help="only dead letters with exactly this message key")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]

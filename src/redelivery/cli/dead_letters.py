@@ -14,6 +14,7 @@ from redelivery.cli.common import (
     GroupOpt,
     IdOpt,
     JsonOpt,
+    KeyOpt,
     ReasonOpt,
     SinceOpt,
     TopicOpt,
@@ -35,6 +36,7 @@ def dlq_list(
     reason: ReasonOpt = None,
     error_contains: ErrorOpt = None,
     message_id: IdOpt = None,
+    key: KeyOpt = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     as_json: JsonOpt = False,
 ) -> None:
@@ -42,7 +44,7 @@ def dlq_list(
     from redelivery.dead_letters import jsonable, select
     from redelivery.store.db import connect
 
-    request = _filter(group, topic, since, before, reason, error_contains, message_id)
+    request = _filter(group, topic, since, before, reason, error_contains, message_id, key)
     _migrated()
     with connect() as conn:
         rows = jsonable(select(conn, request, limit=limit, with_body=True))
@@ -82,6 +84,7 @@ def dlq_count(
     reason: ReasonOpt = None,
     error_contains: ErrorOpt = None,
     message_id: IdOpt = None,
+    key: KeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """How many dead letters of a group match the filters."""
@@ -90,7 +93,7 @@ def dlq_count(
 
     _migrated()
     with connect() as conn:
-        n = count(conn, _filter(group, topic, since, before, reason, error_contains, message_id))
+        n = count(conn, _filter(group, topic, since, before, reason, error_contains, message_id, key))
     _emit({"group": group, "count": n}, as_json, str(n))
 
 
@@ -126,6 +129,7 @@ def redrive_command(
     reason: ReasonOpt = None,
     error_contains: ErrorOpt = None,
     message_id: IdOpt = None,
+    key: KeyOpt = None,
     max_messages: Annotated[int | None, typer.Option(min=1, help="move at most this many")] = None,
     rate_limit: Annotated[float | None, typer.Option(min=0.001, help="messages per second")] = 500.0,
     destination_topic: Annotated[str | None, typer.Option(help="default: the original topic")] = None,
@@ -152,6 +156,7 @@ def redrive_command(
         reason,
         error_contains,
         message_id,
+        key,
         max_messages=max_messages,
         rate_limit=rate_limit,
         destination_topic=destination_topic,

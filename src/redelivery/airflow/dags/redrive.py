@@ -15,7 +15,14 @@ from redelivery.airflow.dags.tiers import START
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.airflow.operators import RedriveOperator, redrive_request
 from redelivery.airflow.params import check_run_conf
-from redelivery.dead_letters import MAX_ERROR_TEXT, MAX_MESSAGE_ID, MAX_MESSAGE_IDS, REASONS, summary
+from redelivery.dead_letters import (
+    MAX_ERROR_TEXT,
+    MAX_KEY_CHARS,
+    MAX_MESSAGE_ID,
+    MAX_MESSAGE_IDS,
+    REASONS,
+    summary,
+)
 from redelivery.rules.names import NAME_REGEX
 from redelivery.rules.policies import MAX_INT
 
@@ -94,6 +101,14 @@ def _selection_params() -> dict:
             maxItems=MAX_MESSAGE_IDS,
             title="Message ids",
             description=f"Only these message ids (at most {MAX_MESSAGE_IDS:,}). Empty: any.",
+        ),
+        "key": Param(
+            None,
+            type=["null", "string"],
+            maxLength=MAX_KEY_CHARS,
+            pattern=NO_NUL,
+            title="Message key",
+            description="Only dead letters with exactly this key. Empty: any.",
         ),
     }
 

@@ -11,6 +11,7 @@ that needs an exclusive lock gives up quickly, lets the writers through and is t
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 
 from alembic import op
 from sqlalchemy import text
@@ -36,6 +37,26 @@ def _index_state(name: str) -> bool | None:
     return None if row is None else bool(row[0])
 
 
+@contextmanager
+def _without_timeouts():
+    """Alembic's autocommit block (what the migration did before is committed first) with no
+    lock_timeout or statement_timeout: a concurrent build waits for every open transaction as long
+    as it lasts, and a user's statement_timeout (PGOPTIONS) would cancel it halfway."""
+    with op.get_context().autocommit_block():
+        bind = op.get_bind()
+        settings = "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        saved = bind.execute(text(settings)).one()
+        op.execute("SET lock_timeout = 0")
+        op.execute("SET statement_timeout = 0")
+        try:
+            yield
+        finally:
+            restore = (
+                "SELECT set_config('lock_timeout', :l, false), set_config('statement_timeout', :s, false)"
+            )
+            bind.execute(text(restore), {"l": saved[0], "s": saved[1]})
+
+
 def build_index(name: str, definition: str, *, replace: bool = False) -> None:
     """Build index ``redelivery.<name>`` as ``CREATE INDEX <name> ON redelivery.<definition>``
     without blocking writes: built CONCURRENTLY as ``<name>_build``, then (``replace``) the old
@@ -52,29 +73,61 @@ def build_index(name: str, definition: str, *, replace: bool = False) -> None:
     if not _NAME.fullmatch(name):
         raise ValueError(f"index name {name!r} is not a plain identifier")
     building = f"{name}_build"
-    with op.get_context().autocommit_block():
-        # No timeout for the build: a user's statement_timeout (PGOPTIONS) would cancel it halfway.
-        saved = (
-            op.get_bind()
-            .execute(text("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"))
-            .one()
-        )
-        op.execute("SET lock_timeout = 0")
-        op.execute("SET statement_timeout = 0")
-        try:
-            current, built = _index_state(name), _index_state(building)
-            if built is True and current is None:  # cut off between the drop and the rename
-                pass
-            else:
-                if built is not None:
-                    op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{building}")
-                if current is True and not replace:
-                    return
-                op.execute(f"CREATE INDEX CONCURRENTLY {building} ON {SCHEMA}.{definition}")
-                op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{name}")
-        finally:
-            restore = (
-                "SELECT set_config('lock_timeout', :l, false), set_config('statement_timeout', :s, false)"
-            )
-            op.get_bind().execute(text(restore), {"l": saved[0], "s": saved[1]})
+    with _without_timeouts():
+        current, built = _index_state(name), _index_state(building)
+        if built is True and current is None:  # cut off between the drop and the rename
+            pass
+        else:
+            if built is not None:
+                op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{building}")
+            if current is True and not replace:
+                return
+            op.execute(f"CREATE INDEX CONCURRENTLY {building} ON {SCHEMA}.{definition}")
+            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{name}")
+    with op.get_context().autocommit_block():  # under the migration's lock_timeout again
         op.execute(f"ALTER INDEX {SCHEMA}.{building} RENAME TO {name}")
+
+
+def build_partitioned_index(name: str, table: str, columns: str) -> None:
+    """Build index ``redelivery.<name>`` on partitioned table ``redelivery.<table>`` (``columns``:
+    its column list) without blocking writes, as PostgreSQL allows it: the parent's index is made
+    ``ON ONLY`` the parent (INVALID, and made by every partition created from then on), each
+    existing partition's index is built CONCURRENTLY as ``<partition>_<name suffix>`` in the
+    partition's schema and attached; the parent's index is valid once every partition's is.
+
+    Idempotent like ``build_index``: a cut-off concurrent build (INVALID) is dropped and built
+    again, an attached index is left alone. Raises ``ValueError`` for a name that is not a plain
+    lower-case identifier."""
+    if not _NAME.fullmatch(name) or not _NAME.fullmatch(table):
+        raise ValueError(f"index name {name!r} or table {table!r} is not a plain identifier")
+    suffix = name.removeprefix(f"{table}_")
+    bind = op.get_bind()
+    op.execute(f"CREATE INDEX IF NOT EXISTS {name} ON ONLY {SCHEMA}.{table} ({columns})")
+    partitions = bind.execute(
+        text(
+            "SELECT n.nspname, c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE i.inhparent = CAST(:parent AS regclass) ORDER BY 1, 2"
+        ),
+        {"parent": f"{SCHEMA}.{table}"},
+    ).fetchall()
+    for schema, partition in partitions:
+        child = f"{partition[: 62 - len(suffix)]}_{suffix}"
+        state = bind.execute(
+            text(
+                "SELECT i.indisvalid, EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)"
+                " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE c.relnamespace = CAST(:schema AS regnamespace) AND c.relname = :name"
+            ),
+            {"schema": schema, "name": child},
+        ).fetchone()
+        if state is not None and state[1]:
+            continue  # built and attached (a partition made after the parent's index, or a re-run)
+        qualified = f'"{schema}"."{child}"'
+        with _without_timeouts():
+            if state is not None and not state[0]:
+                op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {qualified}")
+                state = None
+            if state is None:
+                op.execute(f'CREATE INDEX CONCURRENTLY {child} ON "{schema}"."{partition}" ({columns})')
+        op.execute(f"ALTER INDEX {SCHEMA}.{name} ATTACH PARTITION {qualified}")

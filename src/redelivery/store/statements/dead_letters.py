@@ -18,6 +18,34 @@ DLQ_SELECT = _named("DLQ_SELECT", f"""
            q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
     ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
+#: One page of the matching dead letters, newest first, after the keyset cursor
+#: (``before_at``, ``before_id``: the last row of the previous page; NULL: the first page), at most
+#: ``limit`` rows. Keyset, not OFFSET: a page costs the same at any depth (index
+#: ``dlq_messages_browse``), and rows dead-lettered or redriven meanwhile never shift a page.
+DLQ_BROWSE = _named("DLQ_BROWSE", f"""
+    SELECT q.message_id, q.key, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
+           left(q.last_error, %(error_chars)s) AS last_error, length(q.last_error) AS error_length,
+           q.delivery_count, q.reconsume_times, q.redrive_count, q.dead_lettered_at
+    FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
+      AND (%(before_at)s::timestamptz IS NULL
+           OR (q.dead_lettered_at, q.message_id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
+    ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT %(limit)s""")
+#: One dead letter of a group for its detail page: the first ``body_bytes`` bytes of its body
+#: and the body's whole size (a body of megabytes never leaves the database whole).
+DLQ_MESSAGE = _named("DLQ_MESSAGE", f"""
+    SELECT q.message_id, q.key, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
+           q.last_error, q.delivery_count, q.reconsume_times, q.redrive_count, q.dead_lettered_at,
+           q.first_failure_at, q.last_failure_at, q.published_at, q.origin_message_id, q.content_type,
+           substring(q.body FROM 1 FOR %(body_bytes)s) AS body, octet_length(q.body) AS body_size,
+           q.properties, q.attempts
+    FROM {_DLQ_FROM} WHERE q.group_id = %(group_id)s AND q.message_id = %(message_id)s""")
+#: A message's redrives in a group, oldest first: (run key, who triggered it, when it moved,
+#: where to: the destination topic or NULL for its own topic).
+MESSAGE_REDRIVES = _named("MESSAGE_REDRIVES", """
+    SELECT r.run_key, r.triggered_by, m.moved_at, r.filter->>'destination_topic' AS destination_topic
+    FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
+    WHERE m.group_id = %(group_id)s AND m.message_id = %(message_id)s
+    ORDER BY m.moved_at, r.id""")
 #: Per group with dead letters (one group by name, or all when ``group`` is NULL).
 DLQ_SUMMARY_GROUPS = _named("DLQ_SUMMARY_GROUPS", """
     SELECT g.id, g.name, count(*), min(q.dead_lettered_at), max(q.dead_lettered_at)
