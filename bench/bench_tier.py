@@ -42,11 +42,14 @@ def database() -> str:
 
 
 def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
-    """A fresh topic with one group and ``n`` messages in ``state`` (due at level 1 for retries)."""
+    """A fresh topic with one group and ``n`` messages: WAITING_RETRY (a delivery row each, due at
+    level 1) or READY (past the group's consume offset: no delivery row, as published)."""
     from redelivery.store import db
+    from redelivery.store.log import ensure_partition
 
     with db.connect(url, autocommit=True) as conn:
         db.empty_state_store(conn)
+        ensure_partition(conn, WINDOW_END - timedelta(minutes=1), 3600)
         topic = conn.execute("INSERT INTO topics (name) VALUES ('bench') RETURNING id").fetchone()[0]
         group = conn.execute("INSERT INTO consumer_groups (name) VALUES ('bench') RETURNING id").fetchone()[0]
         conn.execute("INSERT INTO subscriptions VALUES (%s, %s)", (topic, group))
@@ -60,10 +63,11 @@ def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
         )
         if state == "WAITING_RETRY":
             conn.execute(
-                """INSERT INTO deliveries (message_id, group_id, topic_id, state, delivery_count,
-                                          reconsume_times, delay_level, due_at, last_error, first_failure_at,
-                                          last_failure_at)
-                            SELECT id, %s, %s, 'WAITING_RETRY', 1, 1, 1, %s, 'boom', %s, %s FROM messages""",
+                """INSERT INTO deliveries (message_id, group_id, topic_id, published_at, state,
+                                          delivery_count, reconsume_times, delay_level, due_at, last_error,
+                                          first_failure_at, last_failure_at)
+                            SELECT id, %s, %s, published_at, 'WAITING_RETRY', 1, 1, 1, %s, 'boom', %s, %s
+                            FROM messages""",
                 (
                     group,
                     topic,
@@ -72,11 +76,7 @@ def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
                     WINDOW_END - timedelta(seconds=15),
                 ),
             )
-        else:
-            conn.execute(
-                "INSERT INTO deliveries (message_id, group_id, topic_id) SELECT id, %s, %s FROM messages",
-                (group, topic),
-            )
+            conn.execute("UPDATE subscriptions SET consume_offset = %s, messages_taken = %s", (n, n))
         conn.execute("VACUUM ANALYZE messages")
         conn.execute("VACUUM ANALYZE deliveries")
         conn.execute("CHECKPOINT")

@@ -19,70 +19,100 @@ from collections import Counter, defaultdict
 import psycopg
 from ledger import Call, events
 
-MISSING_DELIVERY = "every published message has exactly one delivery per subscribed group"
-FOREIGN_DELIVERY = "every delivery belongs to a message of its topic and to a subscribed group"
-DLQ_ROWS = "a DLQ row exists iff the delivery is in DLQ, once"
+ONE_PLACE = (
+    "a message is, for each group, in one place: a delivery row or a dead letter, never one past its offset"
+)
+FOREIGN_DELIVERY = "every delivery row belongs to a message in its topic's log and to a subscribed group"
+DLQ_ROWS = "a dead letter is in one DLQ, once"
 BATCH_COUNT = "each publish batch applied once, with the count it was published with"
 EARLY_PROMOTION = "nothing promoted before its due time"
 REDRIVE_AUDIT = "redrive audit rows equal the moves"
 HISTORY = "each failed delivery appears once in the attempt history (no receipt honoured twice)"
-DECREASED = "no delivery count, redrive count or group total ever decreased"
+DECREASED = "no delivery count, redrive count, offset or total ever decreased"
 PUBLISHED = "every message a producer saw published exists once, with its key"
 HANDED_ONCE = "a delivery (message, group, delivery count) was handed to at most one consumer"
-APPLIED = "an answer the API applied holds: an ack ends COMMITTED under its delivery, a nack or reject never"
+APPLIED = "an answer the API applied holds: an ack ends COMMITTED, a nack or reject is in the history"
 INCREASING = "delivery counts a consumer saw for a message strictly increase"
 STALE = "an answer the API called stale changed nothing, and was counted"
 REPORTED = "what tier runs and redrives reported is what the state store holds"
 WORKERS = "no worker died of an error or exited unexpectedly"
+COMMITTED_HANDED = "a message COMMITTED for a group was handed to that group"
+RETAINED = "a message retention dropped had ended for every group (handed, or a dead letter)"
 FINAL = "after draining, every message ended exactly once per group (COMMITTED or DLQ)"
 
 #: Every invariant, in the order the README lists them.
 INVARIANTS = (
-    MISSING_DELIVERY, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
-    DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, FINAL,
+    ONE_PLACE, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
+    DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, COMMITTED_HANDED,
+    RETAINED, FINAL,
 )  # fmt: skip
 
 #: name -> statement returning one row per violation
 CHECKS = {
-    MISSING_DELIVERY: """
-        SELECT m.id, s.group_id FROM messages m JOIN subscriptions s ON s.topic_id = m.topic_id
-        WHERE NOT EXISTS (SELECT 1 FROM deliveries d
-                          WHERE d.message_id = m.id AND d.group_id = s.group_id)""",
-    # no foreign key checks this row by row any more (migration 0008): the statements must
+    ONE_PLACE: """
+        SELECT d.message_id, d.group_id, 'a delivery row past the offset' FROM deliveries d
+        JOIN subscriptions s ON s.topic_id = d.topic_id AND s.group_id = d.group_id
+        WHERE d.message_id > s.consume_offset
+        UNION ALL
+        SELECT q.message_id, q.group_id, 'a dead letter past the offset' FROM dlq_messages q
+        JOIN subscriptions s ON s.topic_id = q.topic_id AND s.group_id = q.group_id
+        WHERE q.message_id > s.consume_offset
+        UNION ALL
+        SELECT d.message_id, d.group_id, 'a delivery row and a dead letter' FROM deliveries d
+        JOIN dlq_messages q ON q.group_id = d.group_id AND q.message_id = d.message_id""",
+    # no foreign key checks this row by row: the statements must (the log is partitioned)
     FOREIGN_DELIVERY: """
         SELECT d.message_id, d.group_id, d.topic_id FROM deliveries d
-        WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = d.message_id AND m.topic_id = d.topic_id)
+        WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = d.topic_id AND m.id = d.message_id
+                                                     AND m.published_at = d.published_at)
            OR NOT EXISTS (SELECT 1 FROM subscriptions s
-                          WHERE s.topic_id = d.topic_id AND s.group_id = d.group_id)""",
+                          WHERE s.topic_id = d.topic_id AND s.group_id = d.group_id)
+        UNION ALL
+        SELECT q.message_id, q.group_id, q.topic_id FROM dlq_messages q
+        WHERE NOT EXISTS (SELECT 1 FROM subscriptions s
+                          WHERE s.topic_id = q.topic_id AND s.group_id = q.group_id)""",
     DLQ_ROWS: """
-        SELECT d.message_id, d.group_id, 'no DLQ row' FROM deliveries d
-        WHERE d.state = 'DLQ' AND NOT EXISTS (
-            SELECT 1 FROM dlq_messages q WHERE q.message_id = d.message_id AND q.group_id = d.group_id)
-        UNION ALL
-        SELECT q.message_id, q.group_id, 'DLQ row of a delivery not in DLQ' FROM dlq_messages q
-        WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = q.message_id
-                          AND d.group_id = q.group_id AND d.state = 'DLQ')
-        UNION ALL
-        SELECT message_id, group_id, 'two DLQ rows' FROM dlq_messages GROUP BY 1, 2 HAVING count(*) > 1""",
+        SELECT message_id, group_id, count(*) FROM dlq_messages GROUP BY 1, 2 HAVING count(*) > 1""",
+    # a batch's messages are all in one partition (one publish time): all of them, or none once
+    # retention dropped it (no partition holds its time any more)
     BATCH_COUNT: """
         SELECT b.batch_id, b.message_count, count(m.id) FROM publish_batches b
         LEFT JOIN messages m ON m.publish_batch = b.batch_id
-        GROUP BY 1, 2 HAVING count(m.id) <> b.message_count""",
+        GROUP BY 1, 2, b.published_at
+        HAVING count(m.id) <> b.message_count
+           AND (count(m.id) > 0 OR EXISTS (SELECT 1 FROM log_partitions l
+                                           WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
+                                             AND l.ends_at > b.published_at))""",
     EARLY_PROMOTION: """
         SELECT message_id, group_id, due_at, ready_at FROM deliveries
-        WHERE state IN ('READY', 'INFLIGHT', 'COMMITTED') AND due_at IS NOT NULL AND ready_at < due_at""",
+        WHERE state IN ('READY', 'INFLIGHT') AND due_at IS NOT NULL AND ready_at < due_at""",
     REDRIVE_AUDIT: """
         SELECT r.run_key, r.moved, (SELECT count(*) FROM redrive_moves m WHERE m.run_id = r.id)
         FROM redrive_runs r
         WHERE r.moved <> (SELECT count(*) FROM redrive_moves m WHERE m.run_id = r.id)
         UNION ALL
-        SELECT d.message_id::text, d.redrive_count, count(m.run_id) FROM deliveries d
-        LEFT JOIN redrive_moves m ON m.message_id = d.message_id AND m.group_id = d.group_id
-        GROUP BY d.message_id, d.group_id, d.redrive_count HAVING count(m.run_id) <> d.redrive_count""",
+        SELECT x.message_id::text, x.redrive_count, count(m.run_id)
+        FROM (SELECT message_id, group_id, redrive_count FROM deliveries
+              UNION ALL SELECT message_id, group_id, redrive_count FROM dlq_messages) x
+        LEFT JOIN redrive_moves m ON m.message_id = x.message_id AND m.group_id = x.group_id
+        GROUP BY x.message_id, x.group_id, x.redrive_count HAVING count(m.run_id) <> x.redrive_count""",
 }
 HISTORY_LIMIT = 20  # the attempt history keeps the last 20 failed deliveries
 #: The attempt history's outcome of a consumer's failing answer (client._MODES).
 FAILED_OUTCOME = {"nack": "nack", "reject": "rejected"}
+#: Per message of the log and subscribed group: where it is (a delivery row's state, DLQ, NEW
+#: past the offset, or COMMITTED), its delivery count and its history (a row's or a dead letter's).
+_STATES = """
+    SELECT m.id, g.name,
+           CASE WHEN d.message_id IS NOT NULL THEN d.state::text WHEN q.message_id IS NOT NULL THEN 'DLQ'
+                WHEN m.id > s.consume_offset THEN 'NEW' ELSE 'COMMITTED' END,
+           coalesce(d.delivery_count, q.delivery_count),
+           coalesce(ARRAY(SELECT (e->>'delivery') || ':' || (e->>'outcome')
+                          FROM jsonb_array_elements(coalesce(d.attempts, q.attempts)) e), '{}')
+    FROM messages m JOIN subscriptions s ON s.topic_id = m.topic_id
+    JOIN consumer_groups g ON g.id = s.group_id
+    LEFT JOIN deliveries d ON d.topic_id = m.topic_id AND d.group_id = s.group_id AND d.message_id = m.id
+    LEFT JOIN dlq_messages q ON q.group_id = s.group_id AND q.message_id = m.id"""
 
 
 def check(
@@ -109,17 +139,19 @@ def check(
 
 
 def history(conn: psycopg.Connection) -> list:
-    """A delivery's attempt history lists deliveries k+1..n, one each, n being its delivery count
-    less the delivery in flight or committed, if any: a delivery answered twice would be listed
-    twice, or be both failed and committed."""
+    """A delivery row's or a dead letter's attempt history lists deliveries k+1..n, one each, n
+    being its delivery count less the delivery in flight, if any: a delivery answered twice would be
+    listed twice."""
     bad = []
-    rows = conn.execute("""SELECT message_id, group_id, state::text, delivery_count, last_error,
-                                  ARRAY(SELECT (e->>'delivery')::int FROM jsonb_array_elements(attempts) e)
-                           FROM deliveries""").fetchall()
-    for message_id, group_id, state, count, last_error, listed in rows:
-        if last_error and last_error.startswith("redriven to topic"):
-            continue  # closed by a redrive to another topic, with no delivery of its own
-        failed = count - (1 if state in ("INFLIGHT", "COMMITTED") else 0)
+    rows = conn.execute("""
+        SELECT message_id, group_id, state::text, delivery_count,
+               ARRAY(SELECT (e->>'delivery')::int FROM jsonb_array_elements(attempts) e) FROM deliveries
+        UNION ALL
+        SELECT message_id, group_id, 'DLQ', delivery_count,
+               ARRAY(SELECT (e->>'delivery')::int FROM jsonb_array_elements(attempts) e) FROM dlq_messages
+        """).fetchall()
+    for message_id, group_id, state, count, listed in rows:
+        failed = count - (1 if state == "INFLIGHT" else 0)
         expected = list(range(max(1, failed - HISTORY_LIMIT + 1), failed + 1))
         if listed != expected:
             bad.append((message_id, group_id, state, count, listed))
@@ -127,23 +159,42 @@ def history(conn: psycopg.Connection) -> list:
 
 
 def counts(conn: psycopg.Connection) -> dict:
-    """{(message id, group id): (delivery count, redrive count)} and {("group totals", group id):
-    (promoted, dead-lettered, redriven, stale receipts)}: the metric counters of redelivery.metrics."""
-    found = {
-        (m, g): (c, r)
-        for m, g, c, r in conn.execute(
-            "SELECT message_id, group_id, delivery_count, redrive_count FROM deliveries"
-        )
-    }
-    for g, *totals in conn.execute(
-        "SELECT id, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups"
-    ):
-        found[("group totals", g)] = tuple(totals)
+    """{(message id, group id): (delivery count, redrive count)} of the delivery rows and dead
+    letters, {("group totals", group id): (promoted, dead-lettered, redriven, stale receipts)} (the
+    metric counters of redelivery.metrics) and {("subscription", topic id, group id): (consume
+    offset, messages taken, dead letters expired, COMMITTED)}, read in one snapshot."""
+    autocommit = conn.autocommit
+    with conn.transaction():
+        if autocommit:  # a transaction of its own: one snapshot for every query
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        found = {
+            (m, g): (c, r)
+            for m, g, c, r in conn.execute(
+                "SELECT message_id, group_id, delivery_count, redrive_count FROM deliveries"
+                " UNION ALL SELECT message_id, group_id, delivery_count, redrive_count FROM dlq_messages"
+            )
+        }
+        for g, *totals in conn.execute(
+            "SELECT id, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups"
+        ):
+            found[("group totals", g)] = tuple(totals)
+        for t, g, *numbers in conn.execute(_SUBSCRIPTION_NUMBERS):
+            found[("subscription", t, g)] = tuple(numbers)
     return found
 
 
+#: A subscription's consume offset, messages taken, dead letters expired and COMMITTED count.
+_SUBSCRIPTION_NUMBERS = """
+    SELECT s.topic_id, s.group_id, s.consume_offset, s.messages_taken, s.dead_letters_expired,
+           s.messages_taken - s.dead_letters_expired
+           - (SELECT count(*) FROM deliveries d WHERE d.topic_id = s.topic_id AND d.group_id = s.group_id)
+           - (SELECT count(*) FROM dlq_messages q WHERE q.topic_id = s.topic_id AND q.group_id = s.group_id)
+    FROM subscriptions s"""
+
+
 def decreased(previous: dict, now: dict) -> list:
-    """Counters lower now than before (a delivery row gone is the other invariants' to judge)."""
+    """Counters lower now than before (a delivery row or dead letter gone is the other invariants'
+    to judge)."""
     return [
         (key, before, now[key])
         for key, before in previous.items()
@@ -152,36 +203,39 @@ def decreased(previous: dict, now: dict) -> list:
 
 
 def final(conn: psycopg.Connection) -> list:
-    """After draining: every delivery ended, COMMITTED or DLQ."""
-    return conn.execute(
-        "SELECT message_id, group_id, state::text FROM deliveries WHERE state NOT IN ('COMMITTED', 'DLQ')"
-    ).fetchall()
+    """After draining: no delivery row left, and every consume offset at its topic's newest message."""
+    return conn.execute("""
+        SELECT message_id, group_id, state::text FROM deliveries
+        UNION ALL
+        SELECT min(m.id), s.group_id, 'past the offset'
+        FROM subscriptions s JOIN messages m ON m.topic_id = s.topic_id AND m.id > s.consume_offset
+        GROUP BY s.topic_id, s.group_id
+        """).fetchall()
 
 
 # ---- the state store against the ledger ------------------------------------------------------
 
 
 def delivery_states(conn: psycopg.Connection) -> dict:
-    """{(message id, group name): (state, delivery count, {delivery: outcome} of its attempt history)}."""
-    rows = conn.execute("""
-        SELECT d.message_id, g.name, d.state::text, d.delivery_count,
-               coalesce(ARRAY(SELECT (e->>'delivery') || ':' || (e->>'outcome')
-                              FROM jsonb_array_elements(d.attempts) e), '{}')
-        FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id""").fetchall()
+    """{(message id, group name): (where, delivery count, {delivery: outcome} of its history)} for
+    every message of the log and group subscribed to its topic (``_STATES``)."""
     return {
         (m, g): (state, count, dict((int(a.split(":")[0]), a.split(":", 1)[1]) for a in attempts))
-        for m, g, state, count, attempts in rows
+        for m, g, state, count, attempts in conn.execute(_STATES).fetchall()
     }
 
 
 def published(conn, calls: list[Call], states) -> list:
     """Each publish a producer saw answered: its batch holds exactly the ids the API gave, with the
-    keys the producer asked for, as many as it asked for."""
+    keys the producer asked for, as many as it asked for (none once retention dropped them: the
+    ids it gave are then all gone, and RETAINED judges them)."""
     bad = []
     for call in events(calls, "publish"):
         rows = conn.execute(
             "SELECT id, key FROM messages WHERE publish_batch = %s ORDER BY id", (call.asked["batch"],)
         ).fetchall()
+        if not rows and _dropped(conn, call):
+            continue
         if (
             len(rows) != call.asked["count"]
             or sorted(r[0] for r in rows) != sorted(call.answer.get("ids", [r[0] for r in rows]))
@@ -189,6 +243,19 @@ def published(conn, calls: list[Call], states) -> list:
         ):
             bad.append((call.worker, call.asked["batch"], call.asked["count"], len(rows)))
     return bad
+
+
+def _dropped(conn, call: Call) -> bool:
+    """Whether retention dropped the messages of an answered publish: no partition holds the time
+    its batch was published at."""
+    row = conn.execute(
+        """SELECT NOT EXISTS (SELECT 1 FROM log_partitions l
+                              WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
+                                AND l.ends_at > b.published_at)
+           FROM publish_batches b WHERE b.batch_id = %s""",
+        (call.asked["batch"],),
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def handed(calls: list[Call]) -> list[tuple]:
@@ -221,17 +288,20 @@ def increasing(conn, calls: list[Call], states) -> list:
 
 
 def _holds(verb: str, receipt: tuple, states: dict) -> bool:
-    """Whether the state store shows ``verb`` applied to receipt (message, group, delivery)."""
+    """Whether the state store shows ``verb`` applied to receipt (message, group, delivery): an
+    ack, the message COMMITTED (or dropped by retention, which only drops what every group ended);
+    a nack or reject, its outcome in the history of the delivery row or dead letter (a message
+    committed since keeps no history: nothing contradicts it)."""
     m, g, c = receipt
-    state, count, attempts = states.get((m, g), (None, None, {}))
+    state, _, attempts = states.get((m, g), (None, None, {}))
     if verb == "ack":
-        return state == "COMMITTED" and count == c
-    return not (state == "COMMITTED" and count == c)
+        return state in ("COMMITTED", None)
+    return state in ("COMMITTED", None) or attempts.get(c) == FAILED_OUTCOME[verb]
 
 
 def applied(conn, calls: list[Call], states) -> list:
     """An answer the API said applied to n of its receipts: at least n of them show it (all of
-    them when n is all): an ack COMMITTED under that delivery count; a nack or reject not."""
+    them when n is all)."""
     bad = []
     for call in events(calls, "answer"):
         receipts = [(m, call.asked["group"], c) for m, c in call.asked["receipts"]]
@@ -242,13 +312,14 @@ def applied(conn, calls: list[Call], states) -> list:
 
 
 def stale(conn, calls: list[Call], states) -> list:
-    """An answer the API called stale for every receipt changed none of them: no ack COMMITTED
-    the delivery, no nack or reject put its outcome in the delivery's history (unless another
-    call of the same answer, applied or of unknown outcome, could have). And each group counted
-    at least the stale receipts the API told of."""
+    """An answer the API called stale for every receipt changed none of them: no stale ack
+    COMMITTED a message that no other ack (applied, or of unknown outcome: cut short, or a Spark
+    task's) could have; no nack or reject put its outcome in the delivery's history unless another
+    call of the same answer could have. And each group counted at least the stale receipts the API
+    told of."""
     answers = events(calls, "answer", phase=None)
     maybe = Counter(
-        (call.asked["verb"], m, call.asked["group"], c)
+        (call.asked["verb"], m, call.asked["group"], None if call.asked["verb"] == "ack" else c)
         for call in answers
         if call.phase != "ok" or call.answer["applied"] > 0
         for m, c in call.asked["receipts"]
@@ -260,14 +331,10 @@ def stale(conn, calls: list[Call], states) -> list:
         if call.answer["applied"]:
             continue
         for m, c in call.asked["receipts"]:
-            if maybe[(verb, m, group, c)]:
+            if maybe[(verb, m, group, None if verb == "ack" else c)]:
                 continue
-            state, count, attempts = states.get((m, group), (None, None, {}))
-            changed = (
-                state == "COMMITTED" and count == c
-                if verb == "ack"
-                else attempts.get(c) == FAILED_OUTCOME[verb]
-            )
+            state, _, attempts = states.get((m, group), (None, None, {}))
+            changed = state == "COMMITTED" if verb == "ack" else attempts.get(c) == FAILED_OUTCOME[verb]
             if changed:
                 bad.append((call.worker, verb, m, group, c))
     counted = dict(conn.execute("SELECT name, stale_receipts FROM consumer_groups").fetchall())
@@ -295,6 +362,36 @@ def reported(conn, calls: list[Call], states) -> list:
     return bad
 
 
+def committed_handed(conn, calls: list[Call], states) -> list:
+    """A message COMMITTED for a group (at or below its offset, no delivery row, no dead letter)
+    was handed to that group by some receive: an offset that passed a message never delivered
+    would make it COMMITTED unseen."""
+    seen = {(m, g) for _, m, g, _ in handed(calls)}
+    return [(m, g) for (m, g), (state, _, _) in states.items() if state == "COMMITTED" and (m, g) not in seen]
+
+
+def retained(conn, calls: list[Call], states) -> list:
+    """Every message an answered publish gave an id to and the log no longer holds was, for every
+    group subscribed to its topic, handed to it or is its dead letter: retention drops only what
+    every group finished."""
+    in_log = {m for m, _ in states}
+    groups = defaultdict(set)
+    for topic, group in conn.execute(
+        "SELECT t.name, g.name FROM subscriptions s JOIN topics t ON t.id = s.topic_id"
+        " JOIN consumer_groups g ON g.id = s.group_id"
+    ):
+        groups[topic].add(group)
+    ended = {(m, g) for _, m, g, _ in handed(calls)}
+    ended |= set(conn.execute("SELECT q.message_id, g.name FROM dlq_messages q"
+                              " JOIN consumer_groups g ON g.id = q.group_id").fetchall())  # fmt: skip
+    bad = []
+    for call in events(calls, "publish"):
+        for m in call.answer.get("ids", []):
+            if m not in in_log:
+                bad += [(m, g) for g in sorted(groups[call.asked["topic"]]) if (m, g) not in ended]
+    return bad
+
+
 LEDGER_CHECKS = {
     PUBLISHED: published,
     HANDED_ONCE: handed_once,
@@ -302,4 +399,6 @@ LEDGER_CHECKS = {
     INCREASING: increasing,
     STALE: stale,
     REPORTED: reported,
+    COMMITTED_HANDED: committed_handed,
+    RETAINED: retained,
 }

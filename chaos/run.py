@@ -30,12 +30,16 @@ import time
 import uuid
 from collections import Counter
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "chaos" / "worker.py"
 CONFIG = ROOT / "chaos" / "config.yaml"
 TOPIC, GROUPS = "chaos", ("g1", "g2", "capped")
+#: A topic of its own for retention: published at times long past, consumed, then its partitions
+#: dropped (the chaos topic's messages are all recent: retention never drops them).
+LOG_TOPIC, LOG_GROUP = "chaos-log", "log-reader"
 #: Every kind of kill point (the short run in `make test` requires each of them).
 KINDS = (
     "consumer: after its receive committed, before the handler",
@@ -54,6 +58,10 @@ KINDS = (
     "Spark publish: a task killed while it stages",
     "Spark tier job: a task killed inside its range",
     "Spark consumer: a task killed after its receive committed",
+    "receive: waiting to move its consume offset",
+    "log: a partition made and attached, before its record commits",
+    "retention: inside a partition's concurrent detach",
+    "retention: a partition detached, inside its drop",
 )
 BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
 
@@ -194,6 +202,7 @@ class Controller:
         self.seconds: Counter = Counter()  # time spent per scenario
         self.spark: Worker | None = None
         self.standby: Worker | None = None
+        self.held_back: list = []  # messages of the retention topic received and not answered yet
         self.logs = Path(args.home) / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.ledger_dir = Path(args.home) / "ledger"
@@ -236,6 +245,9 @@ class Controller:
             for group in GROUPS:
                 client.create_group(group, max_reconsume_times=1 if group == "g2" else None)
                 client.subscribe(group, TOPIC)
+            client.create_topic(LOG_TOPIC)
+            client.create_group(LOG_GROUP)
+            client.subscribe(LOG_GROUP, LOG_TOPIC)
         shutil.rmtree(self.ledger_dir, ignore_errors=True)
         self.client = self.ledgered_client()
         self.conn = self.connect()
@@ -346,12 +358,11 @@ class Controller:
 
     def top_up(self) -> None:
         """Enough READY messages for the consumers, and retries and dead letters around."""
-        ready = dict(
-            self.conn.execute(
-                """SELECT g.name, count(*) FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
-               WHERE d.state = 'READY' GROUP BY 1"""
-            ).fetchall()
-        )
+        from redelivery.store import statements as S
+
+        ready = {
+            group: n for topic, group, n, *_ in self.conn.execute(S.SUBSCRIPTION_STATES) if topic == TOPIC
+        }
         if min(ready.get(g, 0) for g in ("g1", "g2")) < 15:
             batch = f"top-{uuid.uuid4().hex[:8]}"
             from redelivery.client import Message
@@ -477,13 +488,10 @@ class Controller:
     def redrive_inside_batch(self) -> None:
         group = self.rng.choice(["g1", "g2"])
         self.make_dead_letters(group, 5)
-        with self.holding(
-            """SELECT 1 FROM deliveries d WHERE (d.message_id, d.group_id) IN (
-                 SELECT q.message_id, q.group_id FROM dlq_messages q
-                 JOIN consumer_groups g ON g.id = q.group_id
-                 WHERE g.name = %s ORDER BY q.message_id LIMIT 1) FOR UPDATE""",
-            (group,),
-        ):
+        # the batch's last step adds to the group's redriven total: its dead letters are out of the
+        # DLQ and back in flight or READY by then, uncommitted (the run's start only needs the row
+        # FOR KEY SHARE, which this lock lets through)
+        with self.holding("SELECT 1 FROM consumer_groups WHERE name = %s FOR NO KEY UPDATE", (group,)):
             worker = self.spawn("redrive", "--group", group, "--run-key", f"chaos-{uuid.uuid4().hex[:8]}")
             self.freeze_and_kill(worker, "redrive: inside a batch", "%REDRIVE_MOVE_BATCH%")
 
@@ -506,13 +514,22 @@ class Controller:
             self.kills["redrive: between two batches"] += 1
         worker.kill()
 
+    def current_partition(self) -> str:
+        """The log's partition of now (made if missing), whose lock a COPY into the log waits for."""
+        from redelivery.store import statements as S
+        from redelivery.store.log import ensure_partition
+
+        now = self.conn.execute("SELECT now()").fetchone()[0]
+        ensure_partition(self.conn, now, self.client.client.config.retention.seconds("partition"))
+        return self.conn.execute(S.LOG_PARTITION_AT, {"at": now}).fetchone()[0]
+
     def publish_inside_transaction(self) -> None:
         batch = f"api-{uuid.uuid4().hex[:8]}"
-        # FAN_OUT's insert into deliveries waits for this lock: the publish stops there, its
-        # messages copied
-        with self.holding("LOCK TABLE deliveries IN SHARE MODE"):
+        # the COPY into the log waits for this lock: the publish stops there, its batch claimed and
+        # its ids taken under the topic's publish lock
+        with self.holding(f"LOCK TABLE redelivery_log.{self.current_partition()} IN SHARE MODE"):
             worker = self.spawn("publish", "--batch", batch, "--count", "20")
-            self.freeze_and_kill(worker, "API publish: inside its transaction", "%redelivery:FAN_OUT%")
+            self.freeze_and_kill(worker, "API publish: inside its transaction", "%redelivery:COPY_MESSAGES%")
         if self.rng.random() < 0.5:  # the producer tries again with the same batch id
             self.run_to_end(self.spawn("publish", "--batch", batch, "--count", "20"))
 
@@ -557,6 +574,82 @@ class Controller:
                 spark.kill()
         self.spark = self.standby = None
         self.reconnect()
+
+    def receive_moving_its_offset(self) -> None:
+        """A receive stopped where it moves its group's consume offset (the subscription row, held
+        here): its READY rows are in flight already, uncommitted; killed there, nothing moved."""
+        self.top_up()
+        group = self.rng.choice(["g1", "g2"])
+        with self.holding(
+            """SELECT 1 FROM subscriptions s JOIN consumer_groups g ON g.id = s.group_id
+               JOIN topics t ON t.id = s.topic_id WHERE g.name = %s AND t.name = %s FOR UPDATE""",
+            (group, TOPIC),
+        ):
+            worker = self.spawn("consume", "--group", group, "--max", "10", "--lease", "2")
+            self.freeze_and_kill(
+                worker, "receive: waiting to move its consume offset", "%redelivery:RECEIVE%"
+            )
+
+    def partition_before_its_record(self) -> None:
+        """A partition's table made and attached in one transaction, stopped before its record in
+        log_partitions (held here): killed, the table and the attach roll back with it."""
+        ahead = self.rng.randint(2, 50)  # hours ahead: a partition nobody made yet, most times
+        with self.holding("LOCK TABLE log_partitions IN SHARE MODE"):
+            worker = self.spawn("partition", "--hours-ahead", str(ahead))
+            self.freeze_and_kill(
+                worker, "log: a partition made and attached, before its record commits",
+                "%redelivery:REGISTER_LOG_PARTITION%",
+            )  # fmt: skip
+
+    def old_log(self, leave: int = 0) -> None:
+        """Messages of the retention topic published two days and more ago (a partition of the
+        log of their own), received and acknowledged but for ``leave`` of them (which then hold the
+        partition: a group that lags)."""
+        from redelivery.client import Message
+
+        now = self.conn.execute("SELECT now()").fetchone()[0]
+        when = now - timedelta(days=2, hours=self.rng.randint(0, 200))
+        batch = f"old-{uuid.uuid4().hex[:8]}"
+        self.client.publish(LOG_TOPIC, [Message({"n": i}) for i in range(5)], batch_id=batch, at=when)
+        while got := self.client.receive(LOG_GROUP, LOG_TOPIC, 50, 600):
+            kept, leave = got[:leave], max(leave - len(got), 0)
+            if got[len(kept) :]:
+                self.client.answer("ack", LOG_GROUP, got[len(kept) :])
+            if kept:
+                self.held_back.extend(kept)
+
+    def retention_inside_detach(self) -> None:
+        """Retention detaching a partition CONCURRENTLY, stopped while it waits for the readers of
+        the log (a transaction of ours reading it): killed, the partition is left 'detach pending',
+        and the next retention run finishes the detach, checks it again and drops it."""
+        self.old_log(leave=self.rng.choice([0, 0, 1]))
+        with self.holding("SELECT 1 FROM messages LIMIT 1"):
+            worker = self.spawn("retention")
+            self.freeze_and_kill(
+                worker, "retention: inside a partition's concurrent detach", "%DETACH_LOG_PARTITION%"
+            )
+        self.finish_retention()
+
+    def retention_inside_drop(self) -> None:
+        """Retention dropping a detached partition, stopped at its record (held here): killed, the
+        partition stays detached and recorded, and the next retention run checks it and drops it."""
+        self.old_log()
+        with self.holding("SELECT 1 FROM log_partitions FOR UPDATE"):
+            worker = self.spawn("retention")
+            self.freeze_and_kill(
+                worker, "retention: a partition detached, inside its drop", "%FORGET_LOG_PARTITION%"
+            )
+        self.finish_retention()
+
+    def finish_retention(self) -> None:
+        """A retention run of ours (never killed), after acknowledging what an earlier scenario held
+        back with some probability: the lagging group catches up, and its partitions can go."""
+        from redelivery.store.log import drop_expired_partitions
+
+        if self.held_back and self.rng.random() < 0.5:
+            self.client.answer("ack", LOG_GROUP, self.held_back)
+            self.held_back = []
+        drop_expired_partitions(self.conn, self.client.client.config.retention.seconds("messages"))
 
     # ---- Spark ------------------------------------------------------------------------------
 
@@ -608,8 +701,8 @@ class Controller:
             )
             kind, like = "Spark publish: staged, before the publishing transaction", "%CLAIM_PUBLISH_BATCH%"
         else:
-            hold = ("LOCK TABLE deliveries IN SHARE MODE", ())
-            kind, like = "Spark publish: inside the publishing transaction", "%redelivery:FAN_OUT%"
+            hold = (f"LOCK TABLE redelivery_log.{self.current_partition()} IN SHARE MODE", ())
+            kind, like = "Spark publish: inside the publishing transaction", "%redelivery:STAGED_TO_MESSAGES%"
         with self.holding(*hold):
             spark.send({"op": "publish", "batch": batch, "count": 30})
             self.freeze_and_kill(spark, kind, like, timeout=60)
@@ -685,6 +778,10 @@ class Controller:
         "lost_commit:receive": 6,
         "lost_commit:ack": 6,
         "restart_postgres": 2,
+        "receive_moving_its_offset": 6,
+        "partition_before_its_record": 3,
+        "retention_inside_detach": 3,
+        "retention_inside_drop": 3,
     }
     SPARK_SCENARIOS = {
         "spark_publish_driver:before": 1,
@@ -719,10 +816,13 @@ class Controller:
         from invariants import final
 
         deadline = time.monotonic() + timeout
+        if self.held_back:
+            self.client.answer("ack", LOG_GROUP, self.held_back)
+            self.held_back = []
         while time.monotonic() < deadline:
             self.tier_run_now("drain")
-            for group in GROUPS:
-                while batch := self.client.receive(group, TOPIC, 500, 30):
+            for topic, group in [*((TOPIC, g) for g in GROUPS), (LOG_TOPIC, LOG_GROUP)]:
+                while batch := self.client.receive(group, topic, 500, 30):
                     self.client.answer("ack", group, batch)
             left = final(self.conn)
             if not left:
@@ -772,8 +872,15 @@ class Controller:
         return self.report(time.monotonic() - started)
 
     def report(self, seconds: float) -> int:
+        from redelivery.store import statements as S
+
         messages = self.conn.execute("SELECT count(*) FROM messages").fetchone()[0]
-        states = dict(self.conn.execute("SELECT state::text, count(*) FROM deliveries GROUP BY 1").fetchall())
+        states: Counter = Counter()
+        for _, _, *numbers in self.conn.execute(S.SUBSCRIPTION_STATES):
+            states.update(
+                dict(zip(("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"), numbers, strict=True))
+            )
+        states = dict(states)
         stale = int(
             self.conn.execute("SELECT coalesce(sum(stale_receipts), 0) FROM consumer_groups").fetchone()[0]
         )

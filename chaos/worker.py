@@ -5,6 +5,8 @@ through the public API exactly as a pipeline would, and killed by the controller
     python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
     python chaos/worker.py tier --run-key K
     python chaos/worker.py redrive --group G --run-key K [--rate R]
+    python chaos/worker.py partition --hours-ahead H   (make the log's partition of that time)
+    python chaos/worker.py retention                   (drop the log's partitions past retention)
     python chaos/worker.py spark          (a Spark Connect client kept warm: JSON commands on stdin)
 
 The database is REDELIVERY_DATABASE_URL; the config REDELIVERY_CONFIG (chaos/config.yaml). A
@@ -145,6 +147,29 @@ def redrive(args) -> None:
     print(f"REDRIVEN {result['moved']} {result['status']}", flush=True)
 
 
+def partition(args) -> None:
+    from datetime import timedelta
+
+    from redelivery.config import cached_config
+    from redelivery.store import db
+    from redelivery.store.log import ensure_partition
+
+    with db.connect(autocommit=True) as conn:
+        when = conn.execute("SELECT now()").fetchone()[0] + timedelta(hours=args.hours_ahead)
+        made = ensure_partition(conn, when, cached_config().retention.seconds("partition"))
+    print(f"PARTITION {made}", flush=True)
+
+
+def retention(args) -> None:
+    from redelivery.config import cached_config
+    from redelivery.store import db
+    from redelivery.store.log import drop_expired_partitions
+
+    with db.connect(autocommit=True) as conn:
+        result = drop_expired_partitions(conn, cached_config().retention.seconds("messages"))
+    print(f"RETENTION {json.dumps({'dropped': result.dropped, 'reattached': result.reattached})}", flush=True)
+
+
 def spark(args) -> None:
     """A Spark driver kept warm: one JSON command per stdin line, one answer line each."""
     from redelivery.spark.consuming import consume as spark_consume
@@ -230,6 +255,23 @@ class SparkHandler:
             os.close(fd)
         if self.gate:
             wait_at_gate(os.environ["REDELIVERY_DATABASE_URL"], self.gate)
+        answers: dict[str, list] = {}
+        for m in messages:
+            answers.setdefault(outcome(m.message_id, m.delivery_count), []).append(
+                [m.message_id, m.delivery_count]
+            )
+        # the job settles these later, in another task: answers of unknown outcome (a call line only)
+        lines = [
+            {"w": worker, "id": f"{call_id}-{verb}", "op": "answer", "t": time.time(), "phase": "call",
+             "verb": verb, "group": self.group, "receipts": receipts}
+            for verb, receipts in answers.items()
+        ]  # fmt: skip
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            for line in lines:
+                os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
         verbs = {"ack": "ack", "nack": "retry", "reject": "reject"}  # the consumer job's outcomes
         return [(verbs[outcome(m.message_id, m.delivery_count)], "spark says no") for m in messages]
 
@@ -255,11 +297,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group", required=True)
     p.add_argument("--run-key", required=True)
     p.add_argument("--rate", type=float)
+    p = roles.add_parser("partition")
+    p.add_argument("--hours-ahead", type=int, required=True)
+    roles.add_parser("retention")
     roles.add_parser("spark")
     args = parser.parse_args(argv)
-    {"publish": publish, "consume": consume, "tier": tier, "redrive": redrive, "spark": spark}[args.role](
-        args
-    )
+    roles_run = {"publish": publish, "consume": consume, "tier": tier, "redrive": redrive,
+                 "partition": partition, "retention": retention, "spark": spark}  # fmt: skip
+    roles_run[args.role](args)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,8 @@ def check(
         expect(f"{group}: deliveries (one per flight)", sum(counts.values()), total)
     expect(f"{stats_group}: COMMITTED", stats[stats_group]["COMMITTED"], total)
     dead = conn.execute(
-        """SELECT q.message_id, m.key, q.reason::text, q.reconsume_times, q.delivery_count, q.last_error
+        """SELECT q.message_id, q.key, q.reason::text, q.reconsume_times, q.delivery_count, q.last_error
            FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id
-           JOIN messages m ON m.id = q.message_id
            WHERE g.name = %s""",
         (http_group,),
     ).fetchall()
@@ -68,11 +67,16 @@ def check(
     expect(
         f"{http_group}: dead letters whose last error is not the receiver's last answer", len(mismatched), 0
     )
-    committed = {
+    committed = {  # the log layout: at or below the group's offset, no delivery row, no dead letter
         r[0]
         for r in conn.execute(
-            """SELECT d.message_id FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
-           WHERE g.name = %s AND d.state = 'COMMITTED'""",
+            """SELECT m.id FROM messages m JOIN subscriptions s ON s.topic_id = m.topic_id
+           JOIN consumer_groups g ON g.id = s.group_id
+           WHERE g.name = %s AND m.id <= s.consume_offset
+             AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = m.topic_id
+                             AND d.group_id = s.group_id AND d.message_id = m.id)
+             AND NOT EXISTS (SELECT 1 FROM dlq_messages q
+                             WHERE q.group_id = s.group_id AND q.message_id = m.id)""",
             (http_group,),
         )
     }
@@ -83,6 +87,26 @@ def check(
     )
     expect("flights the receiver accepted twice", receiver.duplicates, 0)
     return failures
+
+
+def storage(conn) -> dict[str, int]:
+    """The database's size and its largest parts, bytes: the log (every partition of ``messages``),
+    the delivery rows, the dead letters (every DLQ table), the database as a whole."""
+    sizes = dict(
+        conn.execute("""
+        SELECT coalesce(parent.relname, c.relname), sum(pg_total_relation_size(c.oid))::bigint
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pg_inherits i ON i.inhrelid = c.oid LEFT JOIN pg_class parent ON parent.oid = i.inhparent
+        WHERE n.nspname LIKE 'redelivery%%' AND c.relkind = 'r'
+        GROUP BY 1""").fetchall()
+    )
+    database = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+    return {
+        "log": sizes.get("messages", 0),
+        "deliveries": sizes.get("deliveries", 0),
+        "dead_letters": sizes.get("dlq_messages", 0),
+        "database": database,
+    }
 
 
 def write_chart(path: Path, timeline, runs, groups: list[str]) -> Path:

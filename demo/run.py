@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # the demo prints its own progress
     from demo.handlers import validate_flight
     from demo.receiver import FlightReceiver
-    from demo.report import check, summary_table, write_chart
+    from demo.report import check, storage, summary_table, write_chart
     from redelivery.airflow.dags.tiers import START, dag_id, tier_dags
     from redelivery.client import Client
     from redelivery.config import cached_config
@@ -258,6 +258,11 @@ def main(argv=None) -> int:
         stats = client.stats()[TOPIC]
         print()
         print(summary_table(stats))
+        sizes = storage(client.conn)
+        print(
+            "storage: database {database}, the log {log}, delivery rows {deliveries}, dead letters "
+            "{dead_letters}".format(**{k: f"{v / 2**20:,.1f} MB" for k, v in sizes.items()})
+        )
         failures = check(
             client,
             stats,
@@ -280,6 +285,7 @@ def main(argv=None) -> int:
                     "tier_runs": len(runs),
                     "simulated_seconds": (clock - timeline[0][0]).total_seconds(),
                     "wall_seconds": round(time.perf_counter() - started, 1),
+                    "storage_bytes": sizes,
                     "failures": failures,
                 },
                 indent=2,

@@ -39,6 +39,42 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
+#: A message's state for a group in the log layout: its delivery row (READY, INFLIGHT,
+#: WAITING_RETRY), its dead letter (DLQ), or neither: COMMITTED at or below the group's consume
+#: offset, READY (never delivered) past it. Counts and history come from the row or the dead letter;
+#: a COMMITTED message keeps none (NULL).
+_MESSAGE_STATE = """
+    SELECT coalesce(d.state::text, CASE WHEN q.message_id IS NOT NULL THEN 'DLQ'
+                                        WHEN m.id > s.consume_offset THEN 'READY'
+                                        ELSE 'COMMITTED' END) AS state,
+           coalesce(d.delivery_count, q.delivery_count, CASE WHEN m.id > s.consume_offset THEN 0 END)
+               AS delivery_count,
+           coalesce(d.reconsume_times, q.reconsume_times, CASE WHEN m.id > s.consume_offset THEN 0 END)
+               AS reconsume_times,
+           d.delay_level, d.due_at, coalesce(d.last_error, q.last_error) AS last_error,
+           coalesce(d.redrive_count, q.redrive_count) AS redrive_count,
+           coalesce(d.attempts, q.attempts) AS attempts, d.ready_at, d.invisible_until,
+           coalesce(d.first_failure_at, q.first_failure_at) AS first_failure_at,
+           coalesce(d.last_failure_at, q.last_failure_at) AS last_failure_at
+    FROM redelivery.messages m
+    JOIN redelivery.subscriptions s ON s.topic_id = m.topic_id
+    JOIN redelivery.consumer_groups g ON g.id = s.group_id
+    LEFT JOIN redelivery.deliveries d ON d.topic_id = m.topic_id AND d.group_id = g.id AND d.message_id = m.id
+    LEFT JOIN redelivery.dlq_messages q ON q.group_id = g.id AND q.message_id = m.id
+    WHERE m.id = %(message_id)s AND g.name = %(group)s"""
+
+
+def message_state(conn, message_id: int, group: str = "billing") -> dict | None:
+    """``message_id``'s state for ``group`` (``_MESSAGE_STATE``) as a dict: state, delivery_count,
+    reconsume_times, delay_level, due_at, last_error, redrive_count, attempts, ready_at,
+    invisible_until, first_failure_at, last_failure_at; None when the group has no subscription to
+    its topic or the log no longer holds it."""
+    from psycopg.rows import dict_row
+
+    with conn.cursor(row_factory=dict_row) as cursor:
+        return cursor.execute(_MESSAGE_STATE, {"message_id": message_id, "group": group}).fetchone()
+
+
 def reset(conn) -> None:
     """Empty every table of the state store and drop the DLQ tables."""
     from redelivery.store.db import empty_state_store
@@ -73,11 +109,12 @@ def snapshot(conn, leave_out: tuple[str, ...] = ()) -> dict:
 
     from redelivery.store.catalog import DLQ_SCHEMA
     from redelivery.store.db import SCHEMA
+    from redelivery.store.log import LOG_SCHEMA
 
     tables: dict = {}
 
     def read() -> None:
-        named = conn.execute(_SNAPSHOT_TABLES, {"schemas": [SCHEMA, DLQ_SCHEMA]}).fetchall()
+        named = conn.execute(_SNAPSHOT_TABLES, {"schemas": [SCHEMA, DLQ_SCHEMA, LOG_SCHEMA]}).fetchall()
         assert (SCHEMA, "deliveries", "") in named, f"no state store tables found: {named}"
         for schema, table, partition in named:
             if f"{schema}.{table}" in leave_out:

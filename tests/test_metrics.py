@@ -105,9 +105,13 @@ def test_a_scrape_equals_the_state(state):
             (("delay_level", "3"), ("group", "billing"), ("topic", "orders")),
         ): 1.0
     }
-    oldest = client.conn.execute(
-        "SELECT g.name, extract(epoch FROM %s - min(d.ready_at))::float8 FROM deliveries d "
-        "JOIN consumer_groups g ON g.id = d.group_id WHERE d.state = 'READY' GROUP BY 1",
+    oldest = client.conn.execute(  # READY: the READY rows by ready_at, the messages past the offset
+        "SELECT g.name, extract(epoch FROM %s - least("
+        " (SELECT min(d.ready_at) FROM deliveries d WHERE d.topic_id = s.topic_id AND d.group_id = s.group_id"
+        "  AND d.state = 'READY'),"
+        " (SELECT min(m.published_at) FROM messages m"
+        "  WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset)"
+        "))::float8 FROM subscriptions s JOIN consumer_groups g ON g.id = s.group_id",
         (at(100),),
     ).fetchall()
     assert dict(oldest) == {"billing": 100.0, "audit": 100.0}  # the never received ones, published at 0 s
@@ -130,6 +134,8 @@ def test_a_scrape_equals_the_state(state):
         ("redelivery_redriven_messages_total", "audit"): 0,
         ("redelivery_stale_receipts_total", "billing"): 2,
         ("redelivery_stale_receipts_total", "audit"): 0,
+        ("redelivery_committed_messages_total", "billing"): 2,
+        ("redelivery_committed_messages_total", "audit"): 0,
     }
     lateness = histogram(samples, "redelivery_retry_lateness_seconds", "seconds")
     # 2.5 s late is in the bucket whose bound is 2.5 (le: less than or equal), not above it
@@ -192,6 +198,8 @@ def test_counters_go_up_by_exactly_each_change_and_never_for_a_rerun_or_a_dry_ru
         ("redelivery_redriven_messages_total", "audit"): 0,
         ("redelivery_stale_receipts_total", "billing"): 0,
         ("redelivery_stale_receipts_total", "audit"): 0,
+        ("redelivery_committed_messages_total", "billing"): 0,
+        ("redelivery_committed_messages_total", "audit"): 0,
     }
     lateness = histogram(after, "redelivery_retry_lateness_seconds", "minutes")
     assert (lateness["5.0"], lateness["10.0"], lateness["count"], lateness["sum"]) == (0, 1, 1, 10.0)
@@ -243,7 +251,8 @@ def test_the_scrape_reads_one_snapshot_and_leaves_the_connection_as_it_was(clien
 @pytest.mark.parametrize(
     "name,index",
     [
-        ("METRICS_READY", "deliveries_ready_at"),
+        ("METRICS_READY", "deliveries_ready"),
+        ("METRICS_READY", "_pkey on messages_"),
         ("METRICS_INFLIGHT", "deliveries_inflight"),
         ("METRICS_WAITING", "deliveries_waiting"),
         ("METRICS_DEAD_LETTERS", "dlq_id_group_id_topic_id_reason_idx"),

@@ -66,32 +66,61 @@ class ProducerConfig(BaseModel):
 
 #: The longest retention: 10 years.
 MAX_RETENTION_SECONDS = 3650 * 86400
+#: A partition of the log spans 1 minute to 7 days (partitions align on the UTC day).
+MIN_PARTITION_SECONDS, MAX_PARTITION_SECONDS = 60, 7 * 86400
 
 
 class RetentionConfig(BaseModel):
     """How long records are kept (durations: ``7d``, ``12h``), deleted by ``redelivery cleanup``
-    and the daily ``redelivery_maintenance`` DAG: publish batch ids (a batch id publishes once
-    within this time), tier run records, redrive runs with their per-message audit, rows staged by
-    publishes that never finished, and settle markers (``settle_parts``: each part a Spark settle
-    answered, so that a task Spark runs again within this time changes nothing twice; a repeat
-    after it only meets stale receipts, counted as such)."""
+    and the ``redelivery_maintenance`` DAG.
+
+    ``messages``: the log (RocketMQ's ``fileReservedTime``, 72 hours): a partition of the log
+    (``partition`` long, PostgreSQL range partitions on the publish time) is dropped once it ended
+    more than ``messages`` ago and no group still needs any of its messages (every consume offset
+    past it, no unfinished delivery in it); a group that lags holds it, and says so in the metrics.
+    ``dead_letters``: dead letters older than this (by dead-lettering time) are deleted; ``None``
+    (the default) keeps them until they are redriven. The others: publish batch ids (a batch id
+    publishes once within this time), tier run records, redrive runs with their per-message audit,
+    rows staged by publishes that never finished, and settle markers (``settle_parts``: each part
+    a Spark settle answered, so that a task Spark runs again within this time changes nothing
+    twice; a repeat after it only meets stale receipts, counted as such)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    messages: str = "3d"
+    partition: str = "1h"
+    dead_letters: str | None = None
     publish_batches: str = "7d"
     tier_runs: str = "7d"
     redrive_runs: str = "90d"
     publish_staging: str = "1d"
     settle_markers: str = "7d"
 
-    @field_validator("publish_batches", "tier_runs", "redrive_runs", "publish_staging", "settle_markers")
+    @field_validator(
+        "messages", "dead_letters", "publish_batches", "tier_runs", "redrive_runs", "publish_staging",
+        "settle_markers",
+    )  # fmt: skip
     @classmethod
-    def _duration(cls, value: str) -> str:
-        parse_duration(value, MAX_RETENTION_SECONDS)
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value, MAX_RETENTION_SECONDS)
         return value
 
-    def seconds(self, name: str) -> int:
-        return parse_duration(getattr(self, name), MAX_RETENTION_SECONDS)
+    @field_validator("partition")
+    @classmethod
+    def _partition_span(cls, value: str) -> str:
+        seconds = parse_duration(value, MAX_PARTITION_SECONDS)
+        if seconds < MIN_PARTITION_SECONDS or 86400 % seconds and seconds % 86400:
+            raise ValueError(
+                f"a partition spans {MIN_PARTITION_SECONDS} s to 7 days and divides a day or is whole "
+                f"days (1m, 15m, 1h, 1d ...), got {value!r}"
+            )
+        return value
+
+    def seconds(self, name: str) -> int | None:
+        """The setting ``name`` in seconds (None: ``dead_letters`` kept)."""
+        value = getattr(self, name)
+        return None if value is None else parse_duration(value, MAX_RETENTION_SECONDS)
 
 
 def default_tiers() -> list[TierConfig]:

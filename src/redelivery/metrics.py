@@ -16,9 +16,13 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 
 | name | type | labels | meaning | source |
 |---|---|---|---|---|
-| ``redelivery_messages`` | gauge | topic, group, state | deliveries in READY, INFLIGHT, WAITING_RETRY or DLQ (0 for a subscription with none) | READY, INFLIGHT, WAITING_RETRY: the partial indexes ``deliveries_ready_at``, ``deliveries_inflight``, ``deliveries_waiting``, which carry group and topic; DLQ: ``dlq_messages`` (one row per DLQ delivery, same transaction) |
+| ``redelivery_messages`` | gauge | topic, group, state | messages in READY (READY rows and the messages past the group's consume offset), INFLIGHT, WAITING_RETRY or DLQ (0 for a subscription with none) | READY: the partial index ``deliveries_ready`` and the log's primary key from the offset on; INFLIGHT, WAITING_RETRY: the partial indexes ``deliveries_inflight``, ``deliveries_waiting``, which carry group and topic; DLQ: ``dlq_messages`` |
 | ``redelivery_retry_waiting_messages`` | gauge | topic, group, delay_level | WAITING_RETRY deliveries per delay level (levels with some) | partial index ``deliveries_waiting`` |
-| ``redelivery_consumer_ready_oldest_age_seconds`` | gauge | topic, group | how long the delivery READY the longest has been READY (RocketMQ's consumer lag latency); 0 with none | ``deliveries.ready_at`` of the READY rows, from ``deliveries_ready_at`` |
+| ``redelivery_consumer_ready_oldest_age_seconds`` | gauge | topic, group | how long the message READY the longest has been READY (RocketMQ's consumer lag latency); 0 with none | ``deliveries.ready_at`` of the READY rows (``deliveries_ready``), the publish time of the first message past the offset |
+| ``redelivery_committed_messages_total`` | counter | topic, group | messages the group acknowledged (or closed by a redrive to another topic) | ``subscriptions``: the messages it took past its offset, less its delivery rows and its dead letters (deleted ones included) |
+| ``redelivery_log_partitions`` | gauge | | partitions of the log (``retention.partition`` of publish times each) | ``log_partitions`` |
+| ``redelivery_log_oldest_partition_end_age_seconds`` | gauge | | how long ago the oldest partition of the log ended (0 while it has not) | ``log_partitions`` |
+| ``redelivery_log_held_partitions`` | gauge | topic, group | partitions past ``retention.messages`` that this subscription keeps from being dropped: its offset is below one of their messages, or it has unfinished deliveries in them (a group that lags) | each expired partition's table, ``subscriptions``, ``deliveries`` (``redelivery.store.log.partition_holders``); only when the caller passes the retention |
 | ``redelivery_dlq_messages`` | gauge | dlq, group, reason | dead letters in each DLQ, per reason | ``dlq_messages``, index ``dlq_messages_reason`` |
 | ``redelivery_promoted_messages_total`` | counter | group | retries a tier run moved WAITING_RETRY -> READY | ``consumer_groups.promoted``, added in the transaction of the promotion |
 | ``redelivery_send_to_dlq_messages_total`` | counter | group | messages dead-lettered, for any reason (RocketMQ ``rocketmq_send_to_dlq_messages_total``) | ``consumer_groups.dead_lettered``, added in the dead-lettering transaction (client or tier run) |
@@ -33,10 +37,10 @@ The counters and histograms are durable totals that never decrease: written in t
 of the change they count, by what its guarded statement moved (a re-run or overlapping run of a
 window or redrive adds only its own moves; a rolled-back or dry run adds nothing), and kept apart
 from the records retention deletes. The gauges cost what they count (a live state's index
-entries, the dead letters, the groups, the tiers), never the deliveries' history: COMMITTED
-deliveries are not counted, since that means reading every delivery ever acknowledged
-(``redelivery stats`` does). Each count reads only its index once VACUUM has marked the heap pages
-all-visible, and one heap page per row changed since (``bench/bench_metrics.py`` measures both).
+entries, the messages past each offset, the dead letters, the groups, the tiers): COMMITTED messages
+have no rows, their total is a difference of counters. Each count reads only its index once VACUUM
+has marked the heap pages all-visible, and one heap page per row changed since
+(``bench/bench_metrics.py`` measures both).
 """  # noqa: E501 (the table's rows)
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from redelivery.store import log
 from redelivery.store import statements as S
 
 #: The content type of ``render``'s text (the HTTP route's ``Content-Type``).
@@ -101,22 +106,35 @@ class StateStoreCollector(Collector):
     yields the families of the module's table. ``at``: a timezone-aware ``datetime`` replacing the
     database clock for the age gauge (``None``: ``now()``). ``tier_paused``: ``{tier: whether
     Airflow has its DAG paused}``, read by the caller in Airflow's metadata database (``None``: the
-    ``redelivery_tier_paused`` gauge is left out). Raises psycopg errors of the queries."""
+    ``redelivery_tier_paused`` gauge is left out). ``retention_seconds``: ``retention.messages``
+    (``None``: ``redelivery_log_held_partitions`` is left out). Raises psycopg errors of the
+    queries."""
 
     def __init__(
         self,
         conn: psycopg.Connection,
         at: datetime | None = None,
         tier_paused: Mapping[str, bool] | None = None,
+        retention_seconds: int | None = None,
     ):
         self.conn, self.at, self.tier_paused = conn, at, tier_paused
+        self.retention_seconds = retention_seconds
 
     def collect(self) -> Iterator:
         started = time.perf_counter()
         rows = self._read()
         seconds = time.perf_counter() - started
         yield from _live_gauges(rows)
+        yield from _log_gauges(rows)
         yield from _counters(rows["totals"])
+        committed = CounterMetricFamily(
+            "redelivery_committed_messages",
+            "Messages acknowledged (or closed by a redrive to another topic), per topic and group.",
+            labels=["topic", "group"],
+        )
+        for topic, group, n in sorted(rows["committed"]):
+            committed.add_metric([topic, group], n)
+        yield committed
         yield from _histograms(rows["histograms"])
         if self.tier_paused is not None:  # the state store does not know it: only Airflow does
             yield _gauge(
@@ -142,9 +160,23 @@ class StateStoreCollector(Collector):
                 "inflight": execute(S.METRICS_INFLIGHT).fetchall(),
                 "waiting": execute(S.METRICS_WAITING).fetchall(),
                 "dead": execute(S.METRICS_DEAD_LETTERS).fetchall(),
+                "committed": execute(S.METRICS_COMMITTED).fetchall(),
                 "totals": execute(S.METRICS_GROUP_TOTALS).fetchall(),
                 "histograms": execute(S.METRICS_HISTOGRAMS).fetchall(),
+                "partitions": log.partitions(self.conn),
+                "now": self.at or execute(S.DB_NOW).fetchone()[0],
+                "held": self._held(),
             }
+
+    def _held(self) -> dict[tuple[str, str], int] | None:
+        """{(topic, group): partitions past retention it holds}, or None without a retention."""
+        if self.retention_seconds is None:
+            return None
+        held: dict[tuple[str, str], int] = {}
+        for partition in log.expired(self.conn, self.retention_seconds, self.at):
+            for holder in log.partition_holders(self.conn, partition):
+                held[holder] = held.get(holder, 0) + 1
+        return held
 
 
 def _live_gauges(rows: dict) -> Iterator:
@@ -190,6 +222,26 @@ def _live_gauges(rows: dict) -> Iterator:
     )
 
 
+def _log_gauges(rows: dict) -> Iterator:
+    """The log's partitions: how many, how long ago the oldest ended, and which groups hold
+    partitions past retention."""
+    partitions, now = rows["partitions"], rows["now"]
+    yield GaugeMetricFamily("redelivery_log_partitions", "Partitions of the log.", value=len(partitions))
+    age = max((now - partitions[0].ends_at).total_seconds(), 0.0) if partitions else 0.0
+    yield GaugeMetricFamily(
+        "redelivery_log_oldest_partition_end_age_seconds",
+        "How long ago the oldest partition of the log ended, seconds (0: it has not).",
+        value=age,
+    )
+    if rows["held"] is not None:
+        yield _gauge(
+            "redelivery_log_held_partitions",
+            "Partitions past retention.messages a subscription keeps from being dropped (a group that lags).",
+            ["topic", "group"],
+            ((list(holder), n) for holder, n in sorted(rows["held"].items())),
+        )
+
+
 def _counters(totals: list) -> Iterator:
     """The counters kept per group in ``consumer_groups``."""
     for name, (column, help_text) in COUNTERS.items():
@@ -226,25 +278,32 @@ def _gauge(name: str, help_text: str, labels: list[str], samples) -> GaugeMetric
 
 
 def _registry(
-    conn: psycopg.Connection, at: datetime | None, tier_paused: Mapping[str, bool] | None = None
+    conn: psycopg.Connection,
+    at: datetime | None,
+    tier_paused: Mapping[str, bool] | None = None,
+    retention_seconds: int | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateStoreCollector(conn, at, tier_paused))
+    registry.register(StateStoreCollector(conn, at, tier_paused, retention_seconds))
     return registry
 
 
 def render(
-    conn: psycopg.Connection, at: datetime | None = None, tier_paused: Mapping[str, bool] | None = None
+    conn: psycopg.Connection,
+    at: datetime | None = None,
+    tier_paused: Mapping[str, bool] | None = None,
+    retention_seconds: int | None = None,
 ) -> bytes:
     """The metrics as Prometheus text (UTF-8, content type ``CONTENT_TYPE``), read over ``conn``
-    in one read-only snapshot. ``at`` replaces the database clock for the age gauge;
+    in one read-only snapshot. ``at`` replaces the database clock for the age gauges;
     ``tier_paused`` (``{tier: paused}``, from Airflow's metadata database) adds
-    ``redelivery_tier_paused``."""
-    return generate_latest(_registry(conn, at, tier_paused))
+    ``redelivery_tier_paused``; ``retention_seconds`` (``retention.messages``) adds
+    ``redelivery_log_held_partitions``."""
+    return generate_latest(_registry(conn, at, tier_paused, retention_seconds))
 
 
-def write_textfile(conn: psycopg.Connection, path: str) -> None:
+def write_textfile(conn: psycopg.Connection, path: str, retention_seconds: int | None = None) -> None:
     """Write the metrics to ``path`` (it must end in ``.prom`` for node-exporter's textfile
     collector) through a file in the same directory renamed over it: a reader never sees half a
     file. Raises ``OSError`` when the directory cannot be written."""
-    write_to_textfile(path, _registry(conn, None))
+    write_to_textfile(path, _registry(conn, None, retention_seconds=retention_seconds))

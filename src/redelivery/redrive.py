@@ -30,6 +30,7 @@ from redelivery.rules.policies import MAX_INT
 from redelivery.spark.tasks import default_parallelism, run_in_tasks
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
+from redelivery.store.log import ensure_partition
 from redelivery.tiers.window import plan_ranges
 
 MAX_BATCH = 500
@@ -75,6 +76,10 @@ def _moving_params(conn: psycopg.Connection, request: RedriveRequest) -> dict:
         "dest": None,
         "dest_name": None,
     }
+    # the topics whose delivery rows a move back may make: the request's, or every one of the group's
+    params["revived_topics"] = (
+        [params["topic_id"]] if params["topic_id"] else catalog.subscribed_topics(conn, params["group_id"])
+    )
     if request.destination_topic:
         dest = catalog.topic_id(conn, request.destination_topic, what="destination topic")
         if not catalog.subscribed_groups(conn, dest):
@@ -148,18 +153,18 @@ def _move_batch(
     }
     with conn.transaction():
         if params["dest"] is not None:  # its copies are messages of that topic: hold it as a publish does
-            catalog.lock_topic(conn, params["dest"])
+            catalog.lock_topic_for_publish(conn, params["dest"])
+        else:  # delivery rows come back: their topics may not be deleted under them
+            catalog.lock_topics_shared(conn, params["revived_topics"])
         room = _room(conn, lane) if lane is not None else None
         if room is not None:
             if room == 0:
                 return 0, True
             params["batch_size"] = min(size, room)
-        removed, revived = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
-        if removed != revived:  # a DLQ row whose delivery is not in DLQ: roll back, touch nothing
-            raise RedeliveryError(
-                f"redrive batch found {removed} dead letters but {revived} deliveries in DLQ state"
-            )
-    return revived, room is not None and revived >= room
+        removed, audited = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
+        if removed != audited:  # every move is audited: roll back, touch nothing
+            raise RedeliveryError(f"redrive batch removed {removed} dead letters but audited {audited} moves")
+    return audited, room is not None and audited >= room
 
 
 def _finish(
@@ -319,6 +324,7 @@ def redrive(
             )
             if run.dry_run or run.status == "success":
                 return _logged(log, _finish(conn, run.id, "success", matched=matched, sample=sample))
+            _make_partitions(conn, params, config.retention.seconds("partition"))
             budget = None if request.max_messages is None else max(request.max_messages - run.moved, 0)
             threshold = config.spark_threshold if spark_threshold is None else spark_threshold
             held = None
@@ -339,6 +345,17 @@ def redrive(
         except BaseException:
             _finish(conn, run.id, "failed")
             raise
+
+
+def _make_partitions(conn: psycopg.Connection, params: dict, span_seconds: int) -> None:
+    """The partitions of the log the moves will write to, made before the first batch: for copies
+    to another topic, the current one; back to their own topic, those of the dead letters whose
+    message retention dropped from the log (it goes back into it, at its own publish time)."""
+    if params["dest"] is not None:
+        ensure_partition(conn, conn.execute(S.DB_NOW).fetchone()[0], span_seconds)
+        return
+    for (starts_at,) in conn.execute(S.DEAD_LETTER_LOG_GAPS, {**params, "span": span_seconds}).fetchall():
+        ensure_partition(conn, starts_at, span_seconds)
 
 
 def _logged(log, record: dict) -> dict:

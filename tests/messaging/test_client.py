@@ -2,17 +2,15 @@
 
 import psycopg
 
-from helpers import at
+from helpers import at, message_state
 from redelivery.client import Client, Message
+
+FIELDS = ("state", "delivery_count", "reconsume_times", "delay_level", "due_at", "last_error")
 
 
 def state_of(client, message_id, group="billing"):
-    return client.conn.execute(
-        """SELECT d.state::text, d.delivery_count, d.reconsume_times, d.delay_level, d.due_at, d.last_error
-           FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
-           WHERE d.message_id = %s AND g.name = %s""",
-        (message_id, group),
-    ).fetchone()
+    found = message_state(client.conn, message_id, group)
+    return None if found is None else tuple(found[f] for f in FIELDS)
 
 
 def test_publish_gives_each_subscribed_group_its_own_ready_copy(client, topic_group):

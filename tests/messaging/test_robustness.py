@@ -14,7 +14,13 @@ import pytest
 from helpers import at, configured, wait_for_session, waiting_for_a_lock
 from redelivery.client import Client
 from redelivery.config import RedeliveryConfig
-from redelivery.errors import ConfigError, InvalidNameError, InvalidWindowError, UnknownTopicError
+from redelivery.errors import (
+    ConfigError,
+    InvalidNameError,
+    InvalidWindowError,
+    SchemaNotMigratedError,
+    UnknownTopicError,
+)
 from redelivery.store import embedded, maintenance
 from redelivery.tiers.run import run_tier_window
 
@@ -152,21 +158,23 @@ def test_settle_markers_have_their_own_retention(client, topic_group, database_u
     assert json.loads(done.stdout)["settle_parts"] == 1 and parts() == [2]
 
 
-def test_a_batch_id_forgotten_by_retention_publishes_again_whatever_the_sequence_cache(
-    client, topic_group, clean_db
-):
-    """FAN_OUT finds a publish's messages by batch id: it must not depend on id order. With a
-    sequence cache, another session's cached ids can be below a bound read from the sequence."""
-    client.conn.execute("ALTER SEQUENCE messages_id_seq CACHE 50")
+def test_a_sequence_that_caches_message_ids_is_refused(client, topic_group, clean_db):
+    """Consume offsets need a topic's ids to grow in commit order: with a sequence cache, another
+    session's cached ids can be below an offset a receive already moved past, and that message would
+    never be delivered. A client refuses such a schema; with the schema's CACHE 1, publishes of two
+    sessions reach the group in order, none passed."""
+    client.conn.execute("ALTER SEQUENCE message_ids CACHE 50")
     try:
-        with Client(clean_db) as other:
-            other.publish("orders", [{"n": 0}])  # caches ids 1-50 in that session
-            client.publish("orders", [{"n": 1}], batch_id="b")  # from 51 up
-            other.publish("orders", [{"n": 2}, {"n": 3}], batch_id="c")  # ids 2, 3: below the newest
-            assert other.publish("orders", [{"n": 2}, {"n": 3}], batch_id="c") == [2, 3]
-        assert client.stats()["orders"]["billing"]["READY"] == 4
+        with pytest.raises(SchemaNotMigratedError, match="CACHE 1"):
+            Client(clean_db)
     finally:
-        client.conn.execute("ALTER SEQUENCE messages_id_seq CACHE 1")
+        client.conn.execute("ALTER SEQUENCE message_ids CACHE 1")
+    with Client(clean_db) as other:
+        other.publish("orders", [{"n": 0}])
+        client.publish("orders", [{"n": 1}], batch_id="b")
+        assert [m.body["n"] for m in client.receive("billing", "orders", 10, 30)] == [0, 1]
+        other.publish("orders", [{"n": 2}, {"n": 3}], batch_id="c")
+        assert [m.body["n"] for m in client.receive("billing", "orders", 10, 30)] == [2, 3]
 
 
 @pytest.mark.timeout(120)  # a race: were a lock never granted, fail rather than hang
@@ -183,7 +191,9 @@ def test_deleting_a_topic_while_a_message_is_dead_lettered_leaves_no_dead_letter
         deleting = threading.Thread(target=lambda: client.delete_topic("orders"))
         deleting.start()
         # the delete waits for the dead-lettering transaction's row lock
-        wait_for_session(clean_db, waiting_for_a_lock("DELETE_TOPIC"), "the delete waiting for the row")
+        wait_for_session(
+            clean_db, waiting_for_a_lock("DELETE_TOPIC_DELIVERIES"), "the delete waiting for the row"
+        )
         assert deleting.is_alive()
         other.conn.execute("COMMIT")
         deleting.join(10)

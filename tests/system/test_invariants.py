@@ -24,7 +24,9 @@ class State:
     billing, batch b1 of 6 (keys b1:0..5), received at 0 s: m[0] acked; m[1] nacked (level 1,
     due 11 s), promoted by tier run t1 (window end 20 s), received again (delivery 2, in flight);
     m[2] rejected, then redriven (run r1: READY, redrive count 1); m[3] acked without the ledger
-    (as a Spark task's answer); m[4], m[5] in flight. audit: m[0] rejected, the rest acked."""
+    (an answer the ledger did not see); m[4], m[5] in flight. audit: m[0] rejected, the rest
+    acked. Batch old (key old:0) published two days before, in a partition of its own, past both
+    groups' offsets."""
 
     def __init__(self, client, database_url, tmp_path):
         from redelivery.client import Message
@@ -61,6 +63,7 @@ class State:
                             url=database_url, log=lambda *_: None),
             lambda r: {"run_key": r["run_key"], "status": r["status"], "moved": r["moved"]},
         )  # fmt: skip
+        self.old = lc.publish(TOPIC, [Message({"old": 1}, key="old:0")], batch_id="old", at=at(-2 * 86400))
         self.previous = inv.counts(client.conn)
 
     def sql(self, statement: str, params=()) -> None:
@@ -95,7 +98,7 @@ class State:
 def state(client, database_url, tmp_path):
     built = State(client, database_url, tmp_path)
     assert built.reported() == set(), "the state must be clean before a violation is planted"
-    assert len(ledger_module.read(built.dir)) == 11
+    assert len(ledger_module.read(built.dir)) == 12
     return built
 
 
@@ -104,21 +107,36 @@ def test_every_check_runs_and_the_clean_state_passes(state):
     assert set(found) == set(inv.INVARIANTS) - {inv.FINAL}
 
 
-def plant_missing_delivery(s):
-    """m[5]'s delivery to billing (in flight, never answered) is gone."""
-    s.sql("DELETE FROM deliveries WHERE message_id = %s AND group_id = %s", (s.ids[5], s.group_id("billing")))
+def plant_in_two_places(s):
+    """m[4], in flight to billing, is also one of billing's dead letters (its history as one; the
+    subscription's counter of messages taken one more, so that its COMMITTED total stays)."""
+    s.sql(
+        "INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,"
+        " content_type, properties, published_at, reason, delivery_count, reconsume_times, attempts)"
+        " SELECT (SELECT id FROM dead_letter_queues WHERE name = %s), d.group_id, d.message_id, d.topic_id,"
+        " m.id, m.key, m.body, m.content_type, m.properties, m.published_at, 'REJECTED', 1, 0,"
+        ' \'[{"delivery": 1, "outcome": "rejected"}]\''
+        " FROM deliveries d JOIN messages m ON m.topic_id = d.topic_id AND m.id = d.message_id"
+        " WHERE d.message_id = %s AND d.group_id = %s",
+        ("%DLQ%billing", s.ids[4], s.group_id("billing")),
+    )
+    s.sql(
+        "UPDATE subscriptions SET messages_taken = messages_taken + 1 WHERE group_id = %s",
+        (s.group_id("billing"),),
+    )
 
 
 def plant_foreign_delivery(s):
     s.sql(
-        "INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)"
-        " SELECT %s, %s, topic_id, now(), now(), now() FROM messages WHERE id = %s",
-        (s.ids[0], s.group_id("other"), s.ids[0]),
+        "INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, ready_at)"
+        " SELECT topic_id, %s, id, published_at, 'READY', now() FROM messages WHERE id = %s",
+        (s.group_id("other"), s.ids[0]),
     )
 
 
 def plant_second_dlq_row(s):
-    """A second DLQ row of audit's dead letter, in billing's DLQ table."""
+    """A second DLQ row of audit's dead letter, in billing's DLQ table (audit's counter of messages
+    taken one more, so that its COMMITTED total stays)."""
     s.sql(
         "INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,"
         " content_type, properties, published_at, reason, delivery_count, reconsume_times, dead_lettered_at,"
@@ -128,6 +146,10 @@ def plant_second_dlq_row(s):
         " delivery_count, reconsume_times, dead_lettered_at, attempts, redrive_count"
         " FROM dlq_messages WHERE group_id = %s",
         ("%DLQ%billing", s.group_id("audit")),
+    )
+    s.sql(
+        "UPDATE subscriptions SET messages_taken = messages_taken + 1 WHERE group_id = %s",
+        (s.group_id("audit"),),
     )
 
 
@@ -197,8 +219,27 @@ def plant_misreported_tier_run(s):
     s.sql("UPDATE tier_runs SET summary = jsonb_set(summary, '{promoted}', '99') WHERE run_key = 't1'")
 
 
+def plant_committed_unseen(s):
+    """A message published outside the ledger, then billing's offset moved past it: COMMITTED for
+    billing, which never received it."""
+    [mid] = s.client.publish(TOPIC, [{"unseen": 1}], batch_id="unseen")
+    s.sql("UPDATE subscriptions SET consume_offset = %s WHERE group_id = %s", (mid, s.group_id("billing")))
+
+
+def plant_dropped_unfinished(s):
+    """The old batch's partition dropped (and forgotten) while neither group had received it."""
+    from psycopg import sql
+
+    [(name,)] = s.client.conn.execute(
+        "SELECT partition_name FROM log_partitions WHERE starts_at <= %s AND ends_at > %s",
+        (at(-2 * 86400),) * 2,
+    ).fetchall()
+    s.sql(sql.SQL("DROP TABLE {}").format(sql.Identifier("redelivery_log", name)))
+    s.sql("DELETE FROM log_partitions WHERE partition_name = %s", (name,))
+
+
 PLANTED = [
-    (plant_missing_delivery, inv.MISSING_DELIVERY),
+    (plant_in_two_places, inv.ONE_PLACE),
     (plant_foreign_delivery, inv.FOREIGN_DELIVERY),
     (plant_second_dlq_row, inv.DLQ_ROWS),
     (plant_wrong_batch_count, inv.BATCH_COUNT),
@@ -212,6 +253,8 @@ PLANTED = [
     (plant_decreasing_count, inv.INCREASING),
     (plant_stale_answer_that_changed, inv.STALE),
     (plant_misreported_tier_run, inv.REPORTED),
+    (plant_committed_unseen, inv.COMMITTED_HANDED),
+    (plant_dropped_unfinished, inv.RETAINED),
 ]
 
 
@@ -237,7 +280,7 @@ def test_every_invariant_has_its_planted_violation():
 
 
 def test_an_unfinished_message_after_draining_is_reported(client, database_url, tmp_path):
-    """The final check: nothing left but COMMITTED and DLQ, until one more message waits."""
+    """The final check: no delivery row and no message past an offset, until one more message waits."""
     client.create_topic(TOPIC)
     client.create_group("billing")
     client.subscribe("billing", TOPIC)

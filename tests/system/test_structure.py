@@ -20,7 +20,7 @@ ORDER = [
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
     "store.statements.housekeeping", "store.statements", "spark.tasks",
     "rules.policies", "messaging.codec", "messaging.producer",
-    "config", "store.embedded", "store.db",
+    "config", "store.embedded", "store.db", "store.log",
     "store.catalog", "tiers.window", "dead_letters",
     "messaging.admin", "messaging.publishing", "messaging.consuming", "client",
     "messaging.http_delivery", "redrive", "store.maintenance", "metrics",

@@ -145,9 +145,16 @@ def update_group(
 
 
 @app.command("subscribe")
-def subscribe(group: str, topic: str) -> None:
-    """Subscribe a consumer group to a topic."""
-    _client().subscribe(group, topic)
+def subscribe(
+    group: str,
+    topic: str,
+    start: Annotated[
+        str,
+        typer.Option(help="latest: messages published from now on; earliest: every message the log holds"),
+    ] = "latest",
+) -> None:
+    """Subscribe a consumer group to a topic (an existing subscription keeps its consume offset)."""
+    _client().subscribe(group, topic, start=start)
 
 
 @app.command("publish")
@@ -233,9 +240,11 @@ def metrics_command(
     ] = None,
 ) -> None:
     """The Prometheus metrics of the state store (text exposition format), read now."""
+    from redelivery.config import cached_config
     from redelivery.metrics import render, write_textfile
     from redelivery.store.db import connect
 
+    retention = cached_config().retention.seconds("messages")
     if textfile is not None and textfile.suffix != ".prom":
         raise RedeliveryError(
             f"--textfile {str(textfile)!r} must end in .prom (node-exporter reads only those)"
@@ -243,10 +252,10 @@ def metrics_command(
     _migrated()
     with connect() as conn:
         if textfile is None:
-            sys.stdout.write(render(conn).decode())
+            sys.stdout.write(render(conn, retention_seconds=retention).decode())
             return
         try:
-            write_textfile(conn, str(textfile))
+            write_textfile(conn, str(textfile), retention)
         except OSError as exc:
             raise RedeliveryError(f"cannot write {str(textfile)!r}: {exc.strerror or exc}") from None
 

@@ -97,27 +97,36 @@ class Administration:
             self._policies[key] = (policy, catalog.policy_table(self.conn, self.config, {key: policy}))
         return self._policies[key]
 
-    def subscribe(self, group: str, topic: str) -> None:
-        """Subscribe ``group`` to ``topic`` (idempotent). Messages published from now on are
-        delivered to the group. Raises ``UnknownGroupError`` / ``UnknownTopicError``, and
-        ``InvalidNameError`` when the pair's DLQ or retry name (by its policy) cannot name a table."""
+    def subscribe(self, group: str, topic: str, start: str = "latest") -> None:
+        """Subscribe ``group`` to ``topic`` (idempotent: an existing subscription keeps its
+        offset). ``start`` (Kafka's ``auto.offset.reset``): ``"latest"``, messages published from
+        now on are delivered to the group; ``"earliest"``, every message the topic's log still holds
+        too. Raises ``UnknownGroupError`` / ``UnknownTopicError``, ``ValueError`` (another
+        ``start``), and ``InvalidNameError`` when the pair's DLQ or retry name (by its policy)
+        cannot name a table."""
+        if start not in ("latest", "earliest"):
+            raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
         group_id, own_max = self._group(group)
         topic_id = self._topic(topic)
         try:
             self.config.policy_for(topic, group, own_max)
         except ConfigError as exc:
             raise InvalidNameError(f"cannot subscribe group {group!r} to topic {topic!r}: {exc}") from None
-        self.conn.execute(S.SUBSCRIBE, {"topic_id": topic_id, "group_id": group_id})
+        subscription = {"topic_id": topic_id, "group_id": group_id, "from_beginning": start == "earliest"}
+        self.conn.execute(S.SUBSCRIBE, subscription)
         self._policies.pop((topic_id, group_id), None)
         self._caps.pop(topic_id, None)
 
     def delete_topic(self, name: str) -> None:
         """Delete topic ``name`` with its messages, deliveries, subscriptions and dead letters, in one
-        transaction: it waits for the publishes and redrives writing to the topic, and a dead letter
-        written meanwhile goes with its delivery. Raises ``UnknownTopicError``."""
+        transaction: it waits for the publishes, receives and redrives writing to the topic, then
+        for the answers and tier runs holding its delivery rows, so a dead letter written meanwhile
+        goes too. Raises ``UnknownTopicError``."""
         topic_id = self._topic(name)
         with self.conn.transaction():
-            self.conn.execute(S.LOCK_TOPIC_FOR_DELETE, {"topic_id": topic_id})
+            for statement in (S.LOCK_TOPIC_FOR_DELETE, S.LOCK_SUBSCRIPTIONS_FOR_DELETE):
+                self.conn.execute(statement, {"topic_id": topic_id})
+            self.conn.execute(S.DELETE_TOPIC_DELIVERIES, {"topic_id": topic_id})
             self.conn.execute(S.DELETE_TOPIC, {"topic_id": topic_id})
         self._topics.pop(name, None)
         self._caps.pop(topic_id, None)
@@ -138,10 +147,8 @@ class Administration:
         """Counts per topic, group and state: ``{topic: {group: {"READY": n, "INFLIGHT": n,
         "WAITING_RETRY": n, "COMMITTED": n, "DLQ": n}}}`` for every subscription."""
         out: dict = {}
-        for topic, group in self.conn.execute(S.SUBSCRIPTION_NAMES):
-            out.setdefault(topic, {})[group] = dict.fromkeys(STATES, 0)
-        for topic, group, state, n in self.conn.execute(S.STATE_COUNTS):
-            out.setdefault(topic, {}).setdefault(group, dict.fromkeys(STATES, 0))[state] = n
+        for topic, group, *counts in self.conn.execute(S.SUBSCRIPTION_STATES):
+            out.setdefault(topic, {})[group] = dict(zip(STATES, counts, strict=True))
         return out
 
     def dlq_list(self, group: str, limit: int = 100) -> list[dict]:

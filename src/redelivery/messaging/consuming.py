@@ -290,6 +290,7 @@ class Consuming(Administration):
         params = {
             **table,
             "group_id": group_id,
+            "topic_id": table["p_topic"][0],
             "at": at,
             "dead_lettered_at": at,
             "outcome": UNDECODABLE_OUTCOME,
@@ -311,7 +312,7 @@ class Consuming(Administration):
         items = _receipts(group, messages)
         if not items:
             return 0
-        self._check_receipt_topics(items)
+        self._check_receipt_topics(group_id, items)
         return self._answer(group_id, acks=items, plans=[], failed=0)["acked"]
 
     def nack(
@@ -364,7 +365,7 @@ class Consuming(Administration):
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
         group_id, _ = self._group(group)
         items = _receipts(group, messages)
-        self._check_receipt_topics(items)
+        self._check_receipt_topics(group_id, items)
         plans = self._plan_failures(
             group_id, group, items, _errors(error, len(items)), at, mode, delay, level
         )
@@ -384,6 +385,7 @@ class Consuming(Administration):
             "group_id": group_id,
             "ids": [r.message_id for r in acks],
             "counts": [r.delivery_count for r in acks],
+            "topic_ids": [self._topic(r.topic) for r in acks],
             "count_stale": not plans and marker is None,
         }
         if ack_params["count_stale"]:
@@ -420,8 +422,10 @@ class Consuming(Administration):
             by_topic.setdefault(item.topic, []).append(index)
         plans = []
         for topic, indexes in by_topic.items():
-            policy, table = self._policy(self._topic(topic), group_id, topic, group)
-            params = {**table, "group_id": group_id, "at": at, "dead_lettered_at": at, "outcome": outcome}
+            topic_id = self._topic(topic)
+            policy, table = self._policy(topic_id, group_id, topic, group)
+            params = {**table, "group_id": group_id, "topic_id": topic_id, "at": at, "dead_lettered_at": at}
+            params["outcome"] = outcome
             params.update(reason=reason, force_dead_letter=forced, level=None, delay=None)
             params.update(
                 ids=[items[i].message_id for i in indexes],
@@ -512,23 +516,26 @@ class Consuming(Administration):
                     raise InvalidLevelError(f"message {receipt.message_id}: {exc}") from None
                 levels_ok.add((receipt.topic, level))
             failures.setdefault((mode, delay, level), []).append(item)
-        self._check_receipt_topics([item.receipt for item in items])
+        self._check_receipt_topics(group_id, [item.receipt for item in items])
         return acks, failures
 
-    def _check_receipt_topics(self, receipts: Sequence) -> None:
-        """``ForeignReceiptError`` unless each receipt names the topic of its message: an answer
-        on the wrong topic would otherwise be applied in part and counted stale in part."""
+    def _check_receipt_topics(self, group_id: int, receipts: Sequence) -> None:
+        """``ForeignReceiptError`` unless each receipt names the topic of its message (a delivery
+        row, a message in the topic's log or a dead letter of it): an answer on the wrong topic
+        would otherwise be applied in part and counted stale in part. A receipt so old that
+        retention dropped its message from the log is refused too."""
         if not receipts:
             return
         params = {
+            "group_id": group_id,
             "ids": [r.message_id for r in receipts],
             "topic_ids": [self._topic(r.topic) for r in receipts],
         }
         row = self.conn.execute(S.RECEIPT_OF_ANOTHER_TOPIC, params).fetchone()
         if row is not None:
             raise ForeignReceiptError(
-                f"message {row[0]} is a message of topic {row[1]!r}: a receipt naming another topic "
-                "cannot answer for it"
+                f"message {row[0]} is not a message of topic {row[1]!r} (another topic's, or dropped "
+                "from the log by retention): a receipt naming another topic cannot answer for it"
             )
 
     def _ensure_dlq_table(self, params: dict) -> None:

@@ -26,7 +26,7 @@ from redelivery.messaging.codec import (
 )
 from redelivery.messaging.producer import MIN_CONNECT_TIMEOUT, retrying
 from redelivery.rules.policies import EffectivePolicy
-from redelivery.store import catalog, db
+from redelivery.store import catalog, db, log
 from redelivery.store import statements as S
 
 #: Column types of a binary COPY into publish_staging (statements.COPY_STAGING).
@@ -42,7 +42,16 @@ def copy_cursor(conn: psycopg.Connection) -> psycopg.Cursor:
 
 
 #: Column types of a binary COPY into messages (statements.COPY_MESSAGES).
-MESSAGE_TYPES = ["int4", "text", "bytea", "text", "jsonb", "text", "timestamptz"]
+MESSAGE_TYPES = ["int4", "int8", "text", "bytea", "text", "jsonb", "text", "timestamptz"]
+
+
+class NeedPartition(Exception):
+    """No partition of the log holds publish time ``at``: the publishing transaction rolls back,
+    ``log.ensure_partition`` makes one, and the publish runs again."""
+
+    def __init__(self, at: datetime):
+        super().__init__(f"no partition of the log holds {at.isoformat()}")
+        self.at = at
 
 
 MAX_BATCH_ID_LENGTH = 200
@@ -122,25 +131,41 @@ class Publishing(Administration):
 
     def _publish_once(self, topic_id: int, rows: list, content: str, batch_id: str | None, at) -> list[int]:
         self._check_fits(topic_id, len(rows))  # not transient: the retry loop lets it through at once
-        batch_id = batch_id or f"auto-{uuid.uuid4()}"  # FAN_OUT finds the rows by their batch id
+        batch_id = batch_id or f"auto-{uuid.uuid4()}"  # PUBLISHED_IDS finds a repeat's rows by it
+        for _ in range(3):  # a partition made for the publish time, then the publish again
+            try:
+                return self._publish_transaction(topic_id, rows, content, batch_id, at)
+            except NeedPartition as need:  # rolled back: nothing was written
+                log.ensure_partition(self.conn, need.at, self.config.retention.seconds("partition"))
+        raise AssertionError("a partition of the log was made three times and is still missing")
+
+    def _publish_transaction(self, topic_id: int, rows: list, content: str, batch_id: str, at) -> list[int]:
+        """One try of a publish, in one transaction under the topic's publish lock: the batch
+        claimed, the ready-backlog cap checked, ids taken, the rows COPYed into the log. Raises
+        ``NeedPartition`` (rolled back) when no partition of the log holds the publish time."""
         with self.conn.transaction():
-            catalog.lock_topic(self.conn, topic_id)
-            claim = {"batch": batch_id, "topic_id": topic_id, "count": len(rows), "fingerprint": content}
+            catalog.lock_topic_for_publish(self.conn, topic_id)
+            claim = {
+                "batch": batch_id,
+                "topic_id": topic_id,
+                "count": len(rows),
+                "fingerprint": content,
+                "at": at,
+            }
             if self.conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
                 check_same_batch(self.conn, batch_id, topic_id, content)
                 return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
-            self.conn.execute(S.UNTAG_FORGOTTEN_BATCH, {"batch": batch_id})
+            if self.conn.execute(S.BATCH_TAGGED, {"batch": batch_id}).fetchone()[0]:
+                self.conn.execute(S.UNTAG_FORGOTTEN_BATCH, {"batch": batch_id})
             self._check_backlog(topic_id, len(rows))
-            [published_at] = self.conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            published_at, covered = self.conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            if not covered:
+                raise NeedPartition(published_at)
+            ids = [r[0] for r in self.conn.execute(S.NEW_MESSAGE_IDS, {"count": len(rows)})]
             with copy_cursor(self.conn).copy(S.COPY_MESSAGES) as copy:
                 copy.set_types(MESSAGE_TYPES)
-                for key, body, ctype, props in rows:
-                    copy.write_row((topic_id, key, body, ctype, props, batch_id, published_at))
-            ids = [r[0] for r in self.conn.execute(S.FAN_OUT, {"batch": batch_id}).fetchall()]
-            if len(ids) != len(rows):  # another writer of this batch id: impossible once claimed
-                raise AssertionError(
-                    f"batch {batch_id!r}: {len(rows)} rows copied, {len(ids)} messages found"
-                )
+                for message_id, (key, body, ctype, props) in zip(ids, rows, strict=True):
+                    copy.write_row((topic_id, message_id, key, body, ctype, props, batch_id, published_at))
         return ids
 
     def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import psycopg
 
+from redelivery.config import cached_config
 from redelivery.errors import MalformedMessageError, PublishError
 from redelivery.messaging.codec import (
     BINARY,
@@ -35,10 +36,17 @@ from redelivery.messaging.codec import (
     fingerprint,
     row_hash,
 )
-from redelivery.messaging.publishing import STAGING_TYPES, check_batch_id, check_same_batch, copy_cursor
+from redelivery.messaging.publishing import (
+    STAGING_TYPES,
+    NeedPartition,
+    check_batch_id,
+    check_same_batch,
+    copy_cursor,
+)
 from redelivery.spark.session import functions_for
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
+from redelivery.store.log import ensure_partition
 
 RESULT_SCHEMA = "part long, rows long, fingerprint string, staged boolean, error string"
 
@@ -203,29 +211,56 @@ def publish_staged(url: str, topic_id: int, batch_id: str, run_id: str, reports:
         raise MalformedMessageError(f"batch {batch_id!r}: {errors[0][1]} (this run published nothing)")
     rows = sum(r["rows"] for r in reports)
     content = add_fingerprints(r["fingerprint"] for r in reports)
+    span = cached_config().retention.seconds("partition")
     with db.connect(url, autocommit=True) as conn:
         try:
-            with conn.transaction():
-                catalog.lock_topic(conn, topic_id)
-                claim = {"batch": batch_id, "topic_id": topic_id, "count": rows, "fingerprint": content}
-                if conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
-                    check_same_batch(conn, batch_id, topic_id, content)
-                    count = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()[1]
-                else:
-                    _check_staged(conn, batch_id, run_id, len(reports), rows)
-                    conn.execute(S.UNTAG_FORGOTTEN_BATCH, {"batch": batch_id})
-                    [published_at] = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
-                    keys = {"topic_id": topic_id, "batch": batch_id, "stage_run": run_id, "at": published_at}
-                    conn.execute(S.STAGED_TO_MESSAGES, keys)
-                    count = len(conn.execute(S.FAN_OUT, {"batch": batch_id}).fetchall())
-                    if count != rows:
-                        raise PublishError(
-                            f"batch {batch_id!r}: {rows} rows staged but {count} messages published"
-                        )
-                conn.execute(S.DELETE_STAGED, {"staging": batch_id})  # every run's leftovers
+            for _ in range(3):  # a partition made for the publish time, then the publish again
+                try:
+                    count = _publish_transaction(
+                        conn, topic_id, batch_id, run_id, len(reports), rows, content, at
+                    )
+                    break
+                except NeedPartition as need:  # rolled back: nothing was written
+                    ensure_partition(conn, need.at, span)
+            else:
+                raise AssertionError("a partition of the log was made three times and is still missing")
         except BaseException:
             _discard(conn, batch_id, run_id)
             raise
+    return count
+
+
+def _publish_transaction(
+    conn: psycopg.Connection,
+    topic_id: int,
+    batch_id: str,
+    run_id: str,
+    parts: int,
+    rows: int,
+    content: str,
+    at,
+) -> int:
+    """One try of the driver's publish, in one transaction under the topic's publish lock: the
+    batch claimed (a repeat returns the first publish's count), the staged rows moved into the log.
+    Raises ``NeedPartition`` (rolled back) when no partition of the log holds the publish time."""
+    with conn.transaction():
+        catalog.lock_topic_for_publish(conn, topic_id)
+        claim = {"batch": batch_id, "topic_id": topic_id, "count": rows, "fingerprint": content, "at": at}
+        if conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
+            check_same_batch(conn, batch_id, topic_id, content)
+            count = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()[1]
+        else:
+            _check_staged(conn, batch_id, run_id, parts, rows)
+            if conn.execute(S.BATCH_TAGGED, {"batch": batch_id}).fetchone()[0]:
+                conn.execute(S.UNTAG_FORGOTTEN_BATCH, {"batch": batch_id})
+            published_at, covered = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            if not covered:
+                raise NeedPartition(published_at)
+            keys = {"topic_id": topic_id, "batch": batch_id, "stage_run": run_id, "at": published_at}
+            count = conn.execute(S.STAGED_TO_MESSAGES, keys).rowcount
+            if count != rows:
+                raise PublishError(f"batch {batch_id!r}: {rows} rows staged but {count} messages published")
+        conn.execute(S.DELETE_STAGED, {"staging": batch_id})  # every run's leftovers
     return count
 
 

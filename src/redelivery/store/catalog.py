@@ -28,12 +28,19 @@ def topic_id(conn: psycopg.Connection, name: str, what: str = "topic") -> int:
     return row[0]
 
 
-def lock_topic(conn: psycopg.Connection, topic_id: int) -> None:
-    """Hold topic ``topic_id`` until the transaction ends, as a writer of its messages (publish,
-    redrive to it): deleting the topic waits, and nothing is written to a deleted topic. Raises
-    ``UnknownTopicError`` when it is gone."""
-    if conn.execute(S.LOCK_TOPIC_SHARED, {"topic_id": topic_id}).fetchone() is None:
+def lock_topic_for_publish(conn: psycopg.Connection, topic_id: int) -> None:
+    """Hold topic ``topic_id`` until the transaction ends, as a writer of new messages of it
+    (publish, redrive to it): publishers of the topic take turns, so its message ids grow in commit
+    order (a consume offset never passes a message committed later); deleting the topic waits, and
+    nothing is written to a deleted topic. Raises ``UnknownTopicError`` when it is gone."""
+    if conn.execute(S.LOCK_TOPIC_FOR_PUBLISH, {"topic_id": topic_id}).fetchone() is None:
         raise UnknownTopicError(f"the topic (id {topic_id}) was deleted")
+
+
+def lock_topics_shared(conn: psycopg.Connection, topic_ids: list[int]) -> None:
+    """Hold topics ``topic_ids`` until the transaction ends, as a writer of delivery rows no
+    subscription lock covers (a redrive reviving dead letters): deleting them waits."""
+    conn.execute(S.LOCK_TOPICS_SHARED, {"topic_ids": sorted(topic_ids)})
 
 
 def group(conn: psycopg.Connection, name: str) -> tuple[int, int | None]:
@@ -62,7 +69,8 @@ def lock_backlog(conn: psycopg.Connection, topic: int) -> None:
 
 
 def ready_count(conn: psycopg.Connection, group_id: int, topic: int) -> int:
-    """READY messages of topic id ``topic`` for group id ``group_id``."""
+    """The messages group id ``group_id`` can receive now on topic id ``topic``: its READY rows and
+    the messages past its consume offset."""
     return conn.execute(S.READY_COUNT, {"group_id": group_id, "topic_id": topic}).fetchone()[0]
 
 

@@ -98,7 +98,9 @@ def check_schema(conn: psycopg.Connection) -> None:
     ``conn``'s database has no redelivery schema or one at an older migration than this version's
     head. It never migrates: a library does not change a production schema behind its caller's
     back (the CLI's commands migrate first, as the user asked them to). A revision this version
-    does not know (a newer one, during a rolling upgrade) is let through. One query."""
+    does not know (a newer one, during a rolling upgrade) is let through. Also raised when the
+    sequence of message ids hands out cached values (``CACHE`` above 1): consume offsets need a
+    topic's ids to grow in commit order. Two queries."""
     where = f"database {conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"
     how = (
         "run `redelivery db upgrade` with REDELIVERY_DATABASE_URL set to it "
@@ -116,6 +118,13 @@ def check_schema(conn: psycopg.Connection) -> None:
     if row[0] != head and row[0] in known:
         raise SchemaNotMigratedError(
             f"{where} has the redelivery schema at revision {row[0]}, but this version needs {head}: {how}"
+        )
+    cached = conn.execute(S.MESSAGE_ID_CACHE).fetchone()
+    if cached is not None and cached[0] > 1:
+        raise SchemaNotMigratedError(
+            f"{where}: the sequence redelivery.message_ids caches {cached[0]} values per session, so a "
+            "topic's message ids would not grow in commit order and consume offsets could pass a message: "
+            "run ALTER SEQUENCE redelivery.message_ids CACHE 1"
         )
 
 
@@ -187,12 +196,15 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
 
 
 def empty_state_store(conn: psycopg.Connection) -> None:
-    """Delete everything: every table of schema ``redelivery`` emptied (identities restarted), every
-    DLQ table dropped. For tests and benchmarks only; nothing in the product calls it."""
+    """Delete everything: every table of schema ``redelivery`` emptied (identities and message ids
+    restarted), every DLQ table and every partition of the log dropped. For tests and benchmarks
+    only; nothing in the product calls it."""
     from psycopg import sql
 
     for (name,) in conn.execute(S.DLQ_NAMES).fetchall():
         conn.execute(S.DROP_DLQ_TABLE.format(table=sql.Identifier("redelivery_dlq", name)))
+    for (name,) in conn.execute(S.LOG_TABLES).fetchall():  # attached or not, recorded or not
+        conn.execute(S.DROP_LOG_PARTITION.format(partition=sql.Identifier("redelivery_log", name)))
     tables = [sql.Identifier("redelivery", name) for (name,) in conn.execute(S.STATE_STORE_TABLES)]
     conn.execute(S.TRUNCATE_TABLES.format(tables=sql.SQL(", ").join(tables)))
 

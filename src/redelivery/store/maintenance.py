@@ -1,16 +1,22 @@
-"""Retention: delete the records that would otherwise grow forever (publish batch ids, staged rows
-of publishes that never finished, tier runs, settle markers, redrive runs with their audit), each
-older than its ``retention`` setting, a bounded number of rows per statement."""
+"""Retention: keep the log's partitions made ahead of need and drop those past
+``retention.messages`` that no group needs (``redelivery.store.log``), and delete the records that
+would otherwise grow forever (dead letters when ``retention.dead_letters`` is set, publish batch
+ids, staged rows of publishes that never finished, tier runs, settle markers, redrive runs with
+their audit), each older than its ``retention`` setting, a bounded number of rows per statement."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 import psycopg
 
 from redelivery.config import RedeliveryConfig
+from redelivery.store import log
 from redelivery.store import statements as S
 
 #: (record kind, statement, retention setting)
 CLEANUPS = (
+    ("dead_letters", S.CLEANUP_DEAD_LETTERS, "dead_letters"),
     ("publish_batches", S.CLEANUP_PUBLISH_BATCHES, "publish_batches"),
     ("publish_parts", S.CLEANUP_PUBLISH_PARTS, "publish_staging"),
     ("publish_staging", S.CLEANUP_PUBLISH_STAGING, "publish_staging"),
@@ -20,17 +26,38 @@ CLEANUPS = (
 )
 
 
-def cleanup(conn: psycopg.Connection, config: RedeliveryConfig, limit: int = 10_000) -> dict[str, int]:
-    """Delete every record older than its retention; return ``{kind: rows deleted}``. Each
-    statement deletes at most ``limit`` rows in its own transaction (``conn`` in autocommit), so a
-    long backlog never holds locks for long."""
-    deleted = {}
+def cleanup(
+    conn: psycopg.Connection, config: RedeliveryConfig, limit: int = 10_000, at: datetime | None = None
+) -> dict[str, int]:
+    """Apply every retention; return ``{kind: count}``: ``log_partitions_made`` (the current span's
+    and the next one's, when missing), ``log_partitions_dropped`` (past ``retention.messages``, no
+    group needing them; ``at`` replaces the database clock for that age), ``log_partitions_held``
+    (past it, kept for a group that still needs them: see ``redelivery.metrics``), then the rows
+    deleted of each record kind (``dead_letters`` only when ``retention.dead_letters`` is set).
+    ``conn`` in autocommit: each statement deletes at most ``limit`` rows in its own transaction,
+    so a long backlog never holds locks for long."""
+    retention = config.retention
+    made = log.ensure_partitions_ahead(conn, retention.seconds("partition"), at)
+    result = log.drop_expired_partitions(conn, retention.seconds("messages"), at)
+    done = {
+        "log_partitions_made": len(made),
+        "log_partitions_dropped": len(result.dropped),
+        "log_partitions_held": len({name for names in result.held.values() for name in names}),
+    }
     for kind, statement, setting in CLEANUPS:
-        params, total = {"seconds": config.retention.seconds(setting), "limit": limit}, 0
+        seconds = retention.seconds(setting)
+        if seconds is None:  # kept: retention.dead_letters unset
+            continue
+        params, total = {"seconds": seconds, "limit": limit}, 0
         while True:
-            count = conn.execute(statement, params).rowcount
+            count = _deleted(conn.execute(statement, params))
             total += count
             if count < limit:
                 break
-        deleted[kind] = total
-    return deleted
+        done[kind] = total
+    return done
+
+
+def _deleted(cursor: psycopg.Cursor) -> int:
+    """Rows a cleanup statement deleted (a DELETE's row count, or the count it returns)."""
+    return cursor.fetchone()[0] if cursor.description else cursor.rowcount

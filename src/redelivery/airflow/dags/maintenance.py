@@ -1,4 +1,5 @@
-"""The ``redelivery_maintenance`` DAG: once a day, delete records older than their retention
+"""The ``redelivery_maintenance`` DAG: every hour, keep the log's partitions made ahead, drop those
+past their retention that no group needs, and delete records older than their retention
 (``redelivery.store.maintenance``)."""
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from redelivery.store.maintenance import cleanup
 DOC = """
 ### Retention
 
-Deletes what would otherwise grow forever, each kind older than its `retention` setting in the
-config file: publish batch ids (a batch id publishes once within its retention), rows staged by
-publishes that never finished, tier run records, settle markers (`settle_markers`: the parts a
-Spark settle answered), and redrive runs with their per-message audit.
+Makes the log's partitions before publishers need them, and drops the partitions that ended more
+than `retention.messages` ago once no consumer group needs any of their messages (a group that lags
+holds them: the metric `redelivery_log_held_partitions` names it). Deletes what would otherwise grow
+forever, each kind older than its `retention` setting in the config file: dead letters (only when
+`retention.dead_letters` is set), publish batch ids (a batch id publishes once within its
+retention), rows staged by publishes that never finished, tier run records, settle markers
+(`settle_markers`: the parts a Spark settle answered), and redrive runs with their per-message
+audit.
 """
 
 
 def maintenance_dag() -> DAG:
     with DAG(
         dag_id="redelivery_maintenance",
-        schedule=timedelta(days=1),
+        schedule=timedelta(hours=1),  # the log's partitions (1 h by default)
         start_date=START,
         catchup=False,
         max_active_runs=1,
@@ -42,7 +47,7 @@ def maintenance_dag() -> DAG:
             with RedeliveryHook().get_conn() as conn:
                 conn.autocommit = True
                 deleted = cleanup(conn, cached_config())
-            print(f"deleted past their retention: {deleted}")
+            print(f"retention: {deleted}")
             return deleted
 
         run_cleanup()

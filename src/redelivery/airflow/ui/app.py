@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.airflow.params import conf_problems
 from redelivery.airflow.ui.page import REDRIVE_DAG, STYLE, PauseEvent, page_data, render, run_url, tier_dags
+from redelivery.config import cached_config
 from redelivery.dead_letters import summary
 from redelivery.metrics import CONTENT_TYPE
 from redelivery.metrics import render as render_metrics
@@ -448,5 +449,8 @@ def metrics(session: SessionDep) -> Response:
     """The Prometheus metrics, read from the state store now (text exposition format), and each
     tier's ``redelivery_tier_paused`` from Airflow's metadata database (``tier_pauses``)."""
     paused = tier_pauses(session)
+    retention = cached_config().retention.seconds("messages")
     with RedeliveryHook().get_conn() as conn:
-        return Response(render_metrics(conn, tier_paused=paused), media_type=CONTENT_TYPE)
+        return Response(
+            render_metrics(conn, tier_paused=paused, retention_seconds=retention), media_type=CONTENT_TYPE
+        )

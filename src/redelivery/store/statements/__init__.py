@@ -29,7 +29,7 @@ from redelivery.store.statements.topology import *  # noqa: F403
 
 # fmt: off
 #: The statements that move deliveries between states (docs/ARCHITECTURE.md, "State changes").
-STATE_CHANGES = ("FAN_OUT", "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",
+STATE_CHANGES = ("RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",
                  "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
                  "REDRIVE_MOVE_BATCH")
 #: Every statement by name (psycopg.sql compositions excepted): the EXPLAIN test runs them all.

@@ -36,15 +36,17 @@ NEXT_LEVEL = "(p.levels::int[])[least(d.reconsume_times + 1, cardinality(p.level
 NEXT_DELAY = """least((p.delays::float8[])[least(d.reconsume_times + 1, cardinality(p.delays::float8[]))]
                  * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000)"""
 
-# Acks and nacks find their rows through the primary key. Written as a text comparison so that the
-# planner cannot use the partial index of leases instead: that index keeps an entry for every row
-# that was ever in flight until VACUUM, and scanning it whole made each ack slower than the last.
+# Answers find their rows through the primary key (topic, group, message). Written as a text
+# comparison so that the planner cannot use the partial index of leases instead: that index keeps
+# an entry for every row that was ever in flight until VACUUM, and scanning it whole made each
+# answer slower than the last.
 _IS_INFLIGHT = "d.state::text = 'INFLIGHT'"
-#: The receipts of a call: message id, the delivery count it answers, and an error text.
+#: The receipts of a call on one topic (``topic_id``): message id, the delivery count it answers,
+#: and an error text.
 _RECEIPTS = """unnest(%(ids)s::bigint[], %(counts)s::int[], %(errors)s::text[])
                     AS i(message_id, delivery_count, error)"""
-_RECEIPT_MATCHES = f"""d.message_id = i.message_id AND d.group_id = %(group_id)s AND {_IS_INFLIGHT}
-                      AND d.delivery_count = i.delivery_count AND {POLICY_JOIN}"""
+_RECEIPT_MATCHES = f"""d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.message_id = i.message_id
+                      AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count AND {POLICY_JOIN}"""
 
 
 def _attempt(at: str, outcome: str, error: str) -> str:
@@ -53,22 +55,32 @@ def _attempt(at: str, outcome: str, error: str) -> str:
             f"'outcome', {outcome}, 'error', {error}))")
 
 
-# What an UPDATE that dead-letters returns, for _DLQ_COPY (the CTE must be called "moved").
-_MOVED_RETURNING = """RETURNING d.message_id, d.group_id, d.topic_id, p.dlq_id, d.delivery_count,
-              d.reconsume_times, d.first_failure_at, d.last_failure_at, d.last_error, d.attempts,
+def _moved(failed_at: str, error: str, attempts: str) -> str:
+    """What a DELETE of delivery rows that dead-letters returns, for _DLQ_COPY (the CTE must be
+    called "moved"): the failure that ends the delivery (at ``failed_at``, ``error``, the history
+    ``attempts``) goes into the dead letter, not into the row, which is gone."""
+    return f"""RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
+              d.reconsume_times, coalesce(d.first_failure_at, {failed_at}) AS first_failure_at,
+              {failed_at} AS last_failure_at, {error} AS last_error, {attempts} AS attempts,
               d.redrive_count"""
-# Copies the rows of the CTE "moved" into dlq_messages inside the database (payloads never leave it);
-# the statement returns (group_id, reason, count).
+
+
+# Copies the rows of the CTE "moved" into dlq_messages with their message from the log, inside the
+# database (payloads never leave it); the statement returns (group_id, reason, count). A message
+# missing from the log leaves the body NULL, which the DLQ table refuses: the transaction fails
+# instead of losing the dead letter.
 _DLQ_COPY = """inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
                               reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
                               redrive_count)
-    SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, m.id), m.key,
-           m.body, m.content_type, m.properties, m.published_at, %(reason)s::dlq_reason, mv.last_error,
+    SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, mv.message_id),
+           m.key, m.body, m.content_type, m.properties, mv.published_at, %(reason)s::dlq_reason,
+           mv.last_error,
            mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
            coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count
-    FROM moved mv JOIN messages m ON m.id = mv.message_id
+    FROM moved mv LEFT JOIN messages m
+      ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
     RETURNING group_id, reason)
 SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2"""
 

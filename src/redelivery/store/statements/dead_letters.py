@@ -105,13 +105,15 @@ RESERVE_REDRIVE_SLOT = _named("RESERVE_REDRIVE_SLOT", """
 #: copy a message into its own topic).
 DLQ_COUNT_FROM_TOPIC = _named("DLQ_COUNT_FROM_TOPIC", f"""
     SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER} AND q.topic_id = %(dest)s::int""")
-#: One batch of a redrive, in one transaction: up to ``n`` selected dead letters (in the id range
-#: [lo, hi) when given; never one this run moved already) leave the DLQ table; their deliveries go
-#: back to READY, or, with a destination topic ``dest``, are closed as COMMITTED while a copy is
-#: published to ``dest`` for its groups; every move is audited. The delivery count is kept (it never
-#: decreases: old receipts stay stale); ``reset`` restores the retry budget (reconsume times 0);
-#: the redrive count goes up. Returns (dead letters removed, deliveries revived): a difference
-#: means a DLQ row without a DLQ delivery, and the caller rolls back.
+#: One batch of a redrive, in one transaction: up to ``batch_size`` selected dead letters (in the id
+#: range [low, high) when given; never one this run moved already) leave their DLQ table. To their
+#: own topic: each becomes a READY delivery row again (the delivery count and history kept: the
+#: count never decreases, old receipts stay stale; ``reset`` restores the retry budget, reconsume
+#: times 0; the redrive count goes up), and a message retention dropped from the log goes back into
+#: it from the dead letter's copy, with its id and publish time (its partition made before:
+#: DEAD_LETTER_LOG_GAPS). To another topic ``dest``: a copy is published there (new ids, under the
+#: topic's publish lock, past every offset of its groups), and the dead letter ends (COMMITTED for
+#: its group). Every move is audited. Returns (dead letters removed, moves audited).
 REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
     WITH picked AS (
       SELECT q.dlq_id, q.group_id, q.message_id FROM dlq_messages q
@@ -123,37 +125,53 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
     removed AS (
       DELETE FROM dlq_messages q USING picked p
       WHERE q.dlq_id = p.dlq_id AND q.group_id = p.group_id AND q.message_id = p.message_id
-      RETURNING q.message_id, q.group_id, q.key, q.body, q.content_type, q.properties, q.origin_message_id),
+      RETURNING q.*),
+    logged_again AS (
+      INSERT INTO messages (topic_id, id, key, body, content_type, properties, origin_message_id,
+                            published_at)
+      SELECT r.topic_id, r.message_id, r.key, r.body, r.content_type, r.properties,
+             nullif(r.origin_message_id, r.message_id), r.published_at
+      FROM removed r
+      WHERE %(dest)s::int IS NULL AND NOT EXISTS (
+        SELECT 1 FROM messages m
+        WHERE m.topic_id = r.topic_id AND m.id = r.message_id AND m.published_at = r.published_at)),
     revived AS (
-      UPDATE deliveries d SET
-          state = CASE WHEN %(dest)s::int IS NULL THEN 'READY' ELSE 'COMMITTED' END::delivery_state,
-          reconsume_times = CASE WHEN %(dest)s::int IS NULL AND %(reset)s THEN 0 ELSE d.reconsume_times END,
-          redrive_count = d.redrive_count + 1,
-          delay_level = NULL, due_at = NULL, invisible_until = NULL,
-          ready_at = CASE WHEN %(dest)s::int IS NULL THEN now() ELSE d.ready_at END,
-          last_error = CASE WHEN %(dest)s::int IS NULL THEN d.last_error
-                            ELSE 'redriven to topic ' || %(dest_name)s::text END,
-          updated_at = now()
-      FROM removed r WHERE d.message_id = r.message_id AND d.group_id = r.group_id AND d.state = 'DLQ'
-      RETURNING d.message_id, d.group_id),
+      INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, delivery_count,
+                              reconsume_times, redrive_count, first_failure_at, last_failure_at, last_error,
+                              attempts, ready_at)
+      SELECT r.topic_id, r.group_id, r.message_id, r.published_at, 'READY', r.delivery_count,
+             CASE WHEN %(reset)s THEN 0 ELSE r.reconsume_times END, r.redrive_count + 1,
+             r.first_failure_at, r.last_failure_at, r.last_error, r.attempts, now()
+      FROM removed r WHERE %(dest)s::int IS NULL),
     copies AS (
-      INSERT INTO messages (topic_id, key, body, content_type, properties, origin_message_id)
-      SELECT %(dest)s::int, r.key, r.body, r.content_type, r.properties, r.origin_message_id
-      FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id RETURNING id, published_at),
-    fan AS (
-      INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)
-      SELECT c.id, s.group_id, %(dest)s::int, c.published_at, c.published_at, c.published_at
-      FROM copies c JOIN subscriptions s ON s.topic_id = %(dest)s::int),
+      INSERT INTO messages (topic_id, id, key, body, content_type, properties, origin_message_id)
+      SELECT %(dest)s::int, nextval('message_ids'), r.key, r.body, r.content_type, r.properties,
+             r.origin_message_id
+      FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id),
     logged AS (
       INSERT INTO redrive_moves (run_id, group_id, message_id)
-      SELECT %(run)s, group_id, message_id FROM revived RETURNING 1),
+      SELECT %(run)s, group_id, message_id FROM removed RETURNING 1),
     counted AS (
       UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s RETURNING 1),
-    -- the group's redriven total: its new value reads all of revived, so the row is locked last
+    -- the group's redriven total: its new value reads all of removed, so the row is locked last
     totals AS (
-      UPDATE consumer_groups SET redriven = redriven + (SELECT count(*) FROM revived)
-      WHERE id = %(group_id)s AND EXISTS (SELECT 1 FROM revived))
-    SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM revived) FROM counted""")
+      UPDATE consumer_groups SET redriven = redriven + (SELECT count(*) FROM removed)
+      WHERE id = %(group_id)s AND EXISTS (SELECT 1 FROM removed))
+    SELECT (SELECT count(*) FROM removed), (SELECT count(*) FROM logged) FROM counted""")
+#: The partitions of the log that moving the selected dead letters back to their topic needs and
+#: that no longer exist: the start of each span (``span`` seconds, aligned on the epoch) holding the
+#: publish time of a selected dead letter that no partition holds.
+DEAD_LETTER_LOG_GAPS = _named("DEAD_LETTER_LOG_GAPS", f"""
+    SELECT DISTINCT date_bin(make_interval(secs => %(span)s::float8), q.published_at, 'epoch'::timestamptz)
+    FROM dlq_messages q
+    WHERE {DLQ_FILTER} AND NOT EXISTS (
+      SELECT 1 FROM log_partitions l
+      WHERE coalesce(l.starts_at, '-infinity') <= q.published_at AND l.ends_at > q.published_at)
+    ORDER BY 1""")
+#: A redrive batch holds the topics it revives dead letters of FOR KEY SHARE (``topic_ids``, in
+#: id order): no topic is deleted under it.
+LOCK_TOPICS_SHARED = _named("LOCK_TOPICS_SHARED", """
+    SELECT id FROM topics WHERE id = ANY(%(topic_ids)s::int[]) ORDER BY id FOR KEY SHARE""")
 #: Close a redrive run: ``status`` and, when given, ``matched``, ``held_by_backlog_cap`` and ``sample``.
 REDRIVE_RUN_FINISH = _named("REDRIVE_RUN_FINISH", """
     UPDATE redrive_runs SET status = %(status)s, finished_at = now(),

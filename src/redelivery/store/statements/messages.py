@@ -1,11 +1,10 @@
-"""Publish (COPY, staging, fan-out) and consume (receive, ack, nack, reject, settle)."""
+"""Publish (ids, COPY, staging) and consume (receive, ack, nack, reject, settle)."""
 
 from __future__ import annotations
 
 from redelivery.store.statements._shared import (
     _DLQ_COPY,
     _IS_INFLIGHT,
-    _MOVED_RETURNING,
     _RECEIPT_MATCHES,
     _RECEIPTS,
     AT,
@@ -14,6 +13,7 @@ from redelivery.store.statements._shared import (
     NEXT_LEVEL,
     POLICIES_CTE,
     _attempt,
+    _moved,
     _named,
 )
 
@@ -22,36 +22,54 @@ from redelivery.store.statements._shared import (
 
 # ---- publish --------------------------------------------------------------------------------------
 
-#: The API publishes with a binary COPY straight into messages (every row tagged with its batch
-#: id); a Spark publish stages each partition in publish_staging first (PUBLISH_PART_CLAIM), and
-#: its driver moves the staged rows into messages in one transaction (STAGED_TO_MESSAGES). Either
-#: way FAN_OUT then adds a READY delivery per subscribed group. A row of publish_staging is
-#: (staging key, run, partition, seq).
+#: The API publishes with a binary COPY straight into the log (every row with its id, taken from
+#: ``message_ids`` under the topic's publish lock, and its batch id); a Spark publish stages each
+#: partition in publish_staging first (PUBLISH_PART_CLAIM), and its driver moves the staged rows
+#: into the log in one transaction (STAGED_TO_MESSAGES). A row of publish_staging is (staging key,
+#: run, partition, seq). One row per message, whatever the number of groups: each group's offset
+#: reaches it.
 COPY_MESSAGES = _named("COPY_MESSAGES", """
-    COPY messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
+    COPY messages (topic_id, id, key, body, content_type, properties, publish_batch, published_at)
     FROM STDIN (FORMAT BINARY)""")
 COPY_STAGING = _named("COPY_STAGING", """
     COPY publish_staging (batch_id, run_id, part, seq, key, body, content_type, properties)
     FROM STDIN (FORMAT BINARY)""")
-#: The publish time of this transaction's messages: ``at`` or the transaction's start.
-PUBLISH_TIME = _named("PUBLISH_TIME", f"SELECT {AT}")
+#: The publish time of this transaction's messages (``at`` or the transaction's start), and whether
+#: a partition of the log holds that time (if not, ``log.ensure_partition`` makes one first).
+PUBLISH_TIME = _named("PUBLISH_TIME", f"""
+    SELECT x.at, EXISTS (SELECT 1 FROM log_partitions l
+                         WHERE coalesce(l.starts_at, '-infinity') <= x.at AND l.ends_at > x.at)
+    FROM (SELECT {AT} AS at) x""")
+#: ``count`` new message ids, ascending. Taken under the topic's publish lock (LOCK_TOPIC_FOR_PUBLISH)
+#: and committed before the next publisher of the topic takes any: a topic's ids grow in commit
+#: order, so a consume offset never passes a message that commits later.
+NEW_MESSAGE_IDS = _named("NEW_MESSAGE_IDS", """
+    SELECT nextval('message_ids') FROM generate_series(1, %(count)s::int)""")
 #: Right after a claim: messages still tagged with the claimed batch id belong to an older publish
-#: of it whose record retention deleted; they lose the tag, so that FAN_OUT and PUBLISHED_IDS see
-#: this publish's messages only. (Nearly always changes nothing: one index lookup.)
+#: of it whose record retention deleted (BATCH_TAGGED finds them: nearly never, one index lookup
+#: per partition, read only); they lose the tag, so that PUBLISHED_IDS sees this publish's
+#: messages only.
+BATCH_TAGGED = _named("BATCH_TAGGED", """
+    SELECT EXISTS (SELECT 1 FROM messages WHERE publish_batch = %(batch)s)""")
 UNTAG_FORGOTTEN_BATCH = _named("UNTAG_FORGOTTEN_BATCH", """
     UPDATE messages SET publish_batch = NULL WHERE publish_batch = %(batch)s""")
-#: A writer of messages to a topic (publish, redrive to another topic) holds its topic row FOR KEY
-#: SHARE until it commits: the topic cannot be deleted under it. Nothing: the topic is gone. (Once
-#: per transaction, where a foreign key checked every row: migration 0008.)
+#: A writer of new messages of a topic (publish, redrive to another topic) holds its topic row FOR
+#: NO KEY UPDATE until it commits: publishers of one topic take turns (their ids grow in commit
+#: order), and the topic cannot be deleted under them. Nothing: the topic is gone.
+LOCK_TOPIC_FOR_PUBLISH = _named("LOCK_TOPIC_FOR_PUBLISH", """
+    SELECT 1 FROM topics WHERE id = %(topic_id)s FOR NO KEY UPDATE""")
+#: A writer of delivery rows that no subscription lock covers (a redrive reviving dead letters)
+#: holds its topic row FOR KEY SHARE: the topic cannot be deleted under it. Nothing: it is gone.
 LOCK_TOPIC_SHARED = _named("LOCK_TOPIC_SHARED", "SELECT 1 FROM topics WHERE id = %(topic_id)s FOR KEY SHARE")
 #: The record of a published batch: (topic id, message count, fingerprint).
 PUBLISHED_BATCH = _named("PUBLISHED_BATCH", """
     SELECT topic_id, message_count, fingerprint FROM publish_batches WHERE batch_id = %(batch)s""")
-#: Claim a batch id for this transaction's publish; nothing is returned when it was published
+#: Claim a batch id for this transaction's publish, published at its messages' publish time
+#: (``at`` or the transaction's start, as PUBLISH_TIME); nothing is returned when it was published
 #: before (or is being published: the insert waits for that transaction, then finds the row).
-CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", """
-    INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint)
-    VALUES (%(batch)s, %(topic_id)s, %(count)s, %(fingerprint)s)
+CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", f"""
+    INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint, published_at)
+    VALUES (%(batch)s, %(topic_id)s, %(count)s, %(fingerprint)s, {AT})
     ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id""")
 PUBLISHED_IDS = _named("PUBLISHED_IDS", "SELECT id FROM messages WHERE publish_batch = %(batch)s ORDER BY id")
 #: Claim partition ``part`` of publish job run ``run`` for staging. Nothing returned: an earlier
@@ -76,61 +94,97 @@ PUBLISH_STAGED = _named("PUBLISH_STAGED", """
 DELETE_STAGED_RUN = _named("DELETE_STAGED_RUN", """
     WITH parts AS (DELETE FROM publish_parts WHERE batch_id = %(batch)s AND run_id = %(stage_run)s)
     DELETE FROM publish_staging WHERE batch_id = %(batch)s AND run_id = %(stage_run)s""")
-#: A Spark publish run's staged rows -> messages of topic ``topic_id``, in staging order.
+#: A Spark publish run's staged rows -> the log of topic ``topic_id``, in staging order (ids are
+#: taken after the sort: PostgreSQL evaluates a volatile output column above the ORDER BY), under
+#: the topic's publish lock. Bodies are not parsed here: the API and the Spark tasks check JSON text
+#: as PostgreSQL's jsonb would (codec.check_json_text).
 STAGED_TO_MESSAGES = _named("STAGED_TO_MESSAGES", f"""
-    INSERT INTO messages (topic_id, key, body, content_type, properties, publish_batch, published_at)
-    SELECT %(topic_id)s, u.key, u.body, u.content_type, u.properties, %(batch)s, {AT}
+    INSERT INTO messages (topic_id, id, key, body, content_type, properties, publish_batch, published_at)
+    SELECT %(topic_id)s, nextval('message_ids'), u.key, u.body, u.content_type, u.properties, %(batch)s, {AT}
     FROM publish_staging u
     WHERE u.batch_id = %(batch)s AND u.run_id = %(stage_run)s
     ORDER BY u.part, u.seq""")
-#: A READY delivery per subscribed group for every message of batch ``batch`` (this transaction
-#: claimed it and wrote them: UNTAG_FORGOTTEN_BATCH); returns the messages' ids in order. Bodies
-#: are not parsed here: the API and the Spark tasks check JSON text as PostgreSQL's jsonb would
-#: (codec.check_json_text).
-FAN_OUT = _named("FAN_OUT", """
-    WITH new AS (SELECT id, topic_id, published_at FROM messages WHERE publish_batch = %(batch)s),
-    fan AS (
-      INSERT INTO deliveries (message_id, group_id, topic_id, ready_at, created_at, updated_at)
-      SELECT new.id, s.group_id, new.topic_id, new.published_at, new.published_at, new.published_at
-      FROM new JOIN subscriptions s ON s.topic_id = new.topic_id)
-    SELECT id FROM new ORDER BY id""")
 #: Every staged row of a batch (all partitionings): once it is published they are leftovers.
 DELETE_STAGED = _named("DELETE_STAGED", "DELETE FROM publish_staging WHERE batch_id = %(staging)s")
-#: A group's READY messages of a topic (flow control).
+#: The messages a group can receive now on a topic (flow control): its READY rows and the messages
+#: past its consume offset (an index-only count of the log's primary key).
 READY_COUNT = _named("READY_COUNT", """
-    SELECT count(*) FROM deliveries
-    WHERE group_id = %(group_id)s AND topic_id = %(topic_id)s AND state = 'READY'""")
+    SELECT (SELECT count(*) FROM deliveries
+            WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND state = 'READY')
+         + (SELECT count(*) FROM messages m
+            WHERE m.topic_id = %(topic_id)s
+              AND m.id > (SELECT consume_offset FROM subscriptions
+                          WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s))""")
 
 # ---- consume --------------------------------------------------------------------------------------
 
-# The claimed ids go to the UPDATE as an array: a primary-key lookup. Joined as a table, they were
-# matched by scanning every delivery of the group, slower as the table grew.
+#: The lease of a receive: ``at`` (or now) plus ``invisible_duration`` seconds.
+_LEASE_END = f"{AT} + make_interval(secs => %(invisible_duration)s)"
+#: Lease up to ``max_messages`` messages of a topic to a group, in one statement: first its READY
+#: rows (retries a tier run promoted, dead letters redriven: they waited already, and serving them
+#: first keeps the lateness the tiers promise), oldest id first, ``FOR UPDATE SKIP LOCKED``; then,
+#: for the rest of the batch, the messages past its consume offset: the subscription row locked
+#: ``FOR UPDATE`` (two consumers of a group take turns for this statement), an INFLIGHT row with
+#: delivery count 1 for each, and the offset moved past them. The claimed READY ids go to the UPDATE
+#: as an array: a primary-key lookup. A READY row whose message a retention run has just detached is
+#: left alone (it is attached again: ``log.drop_expired_partitions``).
 RECEIVE = _named("RECEIVE", f"""
-    WITH claimed AS (
-      SELECT message_id FROM deliveries
-      WHERE group_id = %(group_id)s AND topic_id = %(topic_id)s AND state = 'READY'
-      ORDER BY message_id LIMIT %(max_messages)s FOR UPDATE SKIP LOCKED),
-    leased AS (
+    WITH ready AS (
+      SELECT d.message_id FROM deliveries d
+      WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.state = 'READY'
+        AND EXISTS (SELECT 1 FROM messages m
+                    WHERE m.topic_id = d.topic_id AND m.id = d.message_id AND m.published_at = d.published_at)
+      ORDER BY d.message_id LIMIT %(max_messages)s FOR UPDATE SKIP LOCKED),
+    again AS (
       UPDATE deliveries d SET state = 'INFLIGHT', delivery_count = d.delivery_count + 1,
-          invisible_until = {AT} + make_interval(secs => %(invisible_duration)s), updated_at = now()
-      WHERE d.message_id = ANY(ARRAY(SELECT message_id FROM claimed)) AND d.group_id = %(group_id)s
-        RETURNING d.message_id, d.delivery_count, d.reconsume_times, d.delay_level, d.invisible_until,
-                d.last_error, d.redrive_count)
-    SELECT l.message_id, m.key, m.body, m.content_type, m.properties::text AS properties, m.published_at,
-           l.delivery_count, l.reconsume_times, l.delay_level, l.invisible_until,
-           coalesce(m.origin_message_id, m.id) AS origin_message_id, l.last_error, l.redrive_count
-    FROM leased l JOIN messages m ON m.id = l.message_id ORDER BY l.message_id""")
+          invisible_until = {_LEASE_END}, updated_at = now()
+      WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
+        AND d.message_id = ANY(ARRAY(SELECT message_id FROM ready))
+      RETURNING d.message_id, d.published_at, d.delivery_count, d.reconsume_times, d.delay_level,
+                d.invisible_until, d.last_error, d.redrive_count),
+    room AS (SELECT %(max_messages)s - count(*) AS n FROM again),
+    subscription AS (
+      SELECT s.consume_offset FROM subscriptions s
+      WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND (SELECT n FROM room) > 0
+      FOR UPDATE),
+    new AS (
+      SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
+      FROM messages m
+      WHERE m.topic_id = %(topic_id)s AND m.id > (SELECT consume_offset FROM subscription)
+      ORDER BY m.id LIMIT (SELECT n FROM room)),
+    taken AS (
+      INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, delivery_count,
+                              invisible_until, ready_at)
+      SELECT %(topic_id)s, %(group_id)s, n.id, n.published_at, 'INFLIGHT', 1, {_LEASE_END}, n.published_at
+      FROM new n
+      RETURNING message_id, invisible_until),
+    moved AS (
+      UPDATE subscriptions s SET consume_offset = (SELECT max(id) FROM new),
+          messages_taken = s.messages_taken + (SELECT count(*) FROM taken)
+      WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))
+    SELECT a.message_id, m.key, m.body, m.content_type, m.properties::text AS properties, m.published_at,
+           a.delivery_count, a.reconsume_times, a.delay_level, a.invisible_until,
+           coalesce(m.origin_message_id, m.id) AS origin_message_id, a.last_error, a.redrive_count
+    FROM again a JOIN messages m
+      ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
+    UNION ALL
+    SELECT n.id, n.key, n.body, n.content_type, n.properties::text, n.published_at,
+           1, 0, NULL::smallint, t.invisible_until, coalesce(n.origin_message_id, n.id), NULL::text, 0
+    FROM new n JOIN taken t ON t.message_id = n.id
+    ORDER BY 1""")
 
-#: Commit the deliveries the receipts answer; receipts that match nothing (late, repeated) are
-#: counted as stale on the group, in the same statement, when ``count_stale`` (``settle`` counts
-#: them itself, last, so that its group row is locked after every delivery row it changes).
-#: Returns how many were acknowledged.
+#: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
+#: ack deletes the delivery row, and the message, below its group's offset with no row, is
+#: COMMITTED. Receipts that match nothing (late, repeated) are counted as stale on the group, in
+#: the same statement, when ``count_stale`` (``settle`` counts them itself, last, so that its group
+#: row is locked after every delivery row it changes). Returns how many were acknowledged.
 ACK = _named("ACK", f"""
     WITH acked AS (
-      UPDATE deliveries d SET state = 'COMMITTED', invisible_until = NULL, updated_at = now()
-      FROM unnest(%(ids)s::bigint[], %(counts)s::int[]) AS i(message_id, delivery_count)
-      WHERE d.message_id = i.message_id AND d.group_id = %(group_id)s AND {_IS_INFLIGHT}
-        AND d.delivery_count = i.delivery_count
+      DELETE FROM deliveries d
+      USING unnest(%(ids)s::bigint[], %(counts)s::int[], %(topic_ids)s::int[])
+            AS i(message_id, delivery_count, topic_id)
+      WHERE d.topic_id = i.topic_id AND d.group_id = %(group_id)s AND d.message_id = i.message_id
+        AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
       RETURNING 1),
     n AS (SELECT count(*) AS acked FROM acked),
     stale AS (
@@ -139,13 +193,20 @@ ACK = _named("ACK", f"""
       FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.acked < cardinality(%(ids)s::bigint[])
       RETURNING 1)
     SELECT acked FROM n""")
-#: The first receipt whose message is not of the topic the receipt names: (message id, the
-#: message's topic). A message's topic never changes, so this read needs no lock.
+#: The first receipt of group ``group_id`` whose message is not a message of the topic the receipt
+#: names: (message id, the named topic). A receipt with a delivery row of that topic is the topic's;
+#: only the others (stale ones) are looked up in the topic's log and dead letters. A message's topic
+#: never changes, so this read needs no lock.
 RECEIPT_OF_ANOTHER_TOPIC = _named("RECEIPT_OF_ANOTHER_TOPIC", """
     SELECT i.message_id, t.name
     FROM unnest(%(ids)s::bigint[], %(topic_ids)s::int[]) AS i(message_id, topic_id)
-    JOIN messages m ON m.id = i.message_id JOIN topics t ON t.id = m.topic_id
-    WHERE m.topic_id <> i.topic_id
+    JOIN topics t ON t.id = i.topic_id
+    WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
+                              AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
+               WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
+               THEN false
+               ELSE NOT EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
+                                  AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) END
     LIMIT 1""")
 GROUP_STALE_RECEIPTS = _named("GROUP_STALE_RECEIPTS", """
     SELECT stale_receipts FROM consumer_groups WHERE id = %(group_id)s""")
@@ -195,16 +256,13 @@ FAIL_RETRY = _named("FAIL_RETRY", f"""
       WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {CAN_RETRY}
       RETURNING 1)
     SELECT count(*) FROM retried""")
-#: The failed deliveries FAIL_RETRY left (retries used up, or forced): to the DLQ with ``reason``.
+#: The failed deliveries FAIL_RETRY left (retries used up, or forced): the delivery row goes, and
+#: its dead letter, with the failure, the history and the message, goes to the DLQ with ``reason``.
 FAIL_DEAD_LETTER = _named("FAIL_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
-      UPDATE deliveries d SET state = 'DLQ', invisible_until = NULL, due_at = NULL,
-          last_error = i.error, last_failure_at = {AT},
-          first_failure_at = coalesce(d.first_failure_at, {AT}),
-          attempts = {_attempt(AT, "%(outcome)s::text", "i.error")}, updated_at = now()
-      FROM {_RECEIPTS}, policies p
+      DELETE FROM deliveries d USING {_RECEIPTS}, policies p
       WHERE {_RECEIPT_MATCHES} AND (%(force_dead_letter)s OR NOT {CAN_RETRY})
-      {_MOVED_RETURNING}),
+      {_moved(AT, "i.error", _attempt(AT, "%(outcome)s::text", "i.error"))}),
     {_DLQ_COPY}""")
 #: Whether FAIL_DEAD_LETTER would dead-letter any of these receipts (to make the DLQ table first).
 FAIL_WOULD_DEAD_LETTER = _named("FAIL_WOULD_DEAD_LETTER", f"""
@@ -214,8 +272,22 @@ FAIL_WOULD_DEAD_LETTER = _named("FAIL_WOULD_DEAD_LETTER", f"""
 
 # ---- views ----------------------------------------------------------------------------------------
 
-STATE_COUNTS = _named("STATE_COUNTS", """
-    SELECT t.name, g.name, c.state::text, c.n
-    FROM (SELECT topic_id, group_id, state, count(*) AS n FROM deliveries GROUP BY 1, 2, 3) c
-    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
+#: Per subscription (topic name, group name): READY (its READY rows and the messages past its
+#: offset), INFLIGHT, WAITING_RETRY, COMMITTED and DLQ. COMMITTED has no rows: it is what the
+#: subscription took past its offset, ever, less what is still unfinished (delivery rows), dead
+#: (DLQ rows) or dead and deleted by retention. One snapshot, so the five always add up.
+SUBSCRIPTION_STATES = _named("SUBSCRIPTION_STATES", """
+    WITH dead AS (SELECT topic_id, group_id, count(*) AS n FROM dlq_messages GROUP BY 1, 2)
+    SELECT t.name, g.name, r.ready + p.past, r.inflight, r.waiting,
+           s.messages_taken - r.unfinished - coalesce(q.n, 0) - s.dead_letters_expired, coalesce(q.n, 0)
+    FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
+    CROSS JOIN LATERAL (
+      SELECT count(*) FILTER (WHERE d.state = 'READY') AS ready,
+             count(*) FILTER (WHERE d.state = 'INFLIGHT') AS inflight,
+             count(*) FILTER (WHERE d.state = 'WAITING_RETRY') AS waiting, count(*) AS unfinished
+      FROM deliveries d WHERE d.topic_id = s.topic_id AND d.group_id = s.group_id) r
+    CROSS JOIN LATERAL (
+      SELECT count(*) AS past FROM messages m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset) p
+    LEFT JOIN dead q ON q.topic_id = s.topic_id AND q.group_id = s.group_id
+    ORDER BY 1, 2""")
 # fmt: on

@@ -9,27 +9,10 @@ from redelivery.store.statements._shared import AT, _named
 
 # ---- operator page --------------------------------------------------------------------------------
 # The "Dead letters" page (``redelivery.airflow.ui.app``), read on each page load. Like the metrics, each
-# costs what it counts (a live state through its partial index, dead letters through their narrow
-# index, a tier's latest runs through tier_runs_window): the deliveries' history (COMMITTED) is not read.
+# costs what it counts (a live state through its partial index, the messages past an offset through
+# the log's primary key, dead letters through their narrow index, a tier's latest runs through
+# tier_runs_window).
 
-#: Deliveries per group and live state, summed over the group's topics: READY, INFLIGHT,
-#: WAITING_RETRY, and DLQ counted as its dead-letter rows (the same, row for row: invariant 2).
-GROUP_STATE_COUNTS = _named("GROUP_STATE_COUNTS", """
-    SELECT g.name, c.state, c.n
-    FROM (SELECT group_id, 'READY' AS state, count(*) AS n FROM deliveries WHERE state = 'READY' GROUP BY 1
-          UNION ALL
-          SELECT group_id, 'INFLIGHT', count(*) FROM deliveries WHERE state = 'INFLIGHT' GROUP BY 1
-          UNION ALL
-          SELECT group_id, 'WAITING_RETRY', count(*) FROM deliveries WHERE state = 'WAITING_RETRY' GROUP BY 1
-          UNION ALL
-          SELECT group_id, 'DLQ', count(*) FROM dlq_messages GROUP BY 1) c
-    JOIN consumer_groups g ON g.id = c.group_id ORDER BY 1, 2""")
-#: Retries waiting (WAITING_RETRY) per group and delay level, summed over the group's topics.
-GROUP_WAITING_PER_LEVEL = _named("GROUP_WAITING_PER_LEVEL", """
-    SELECT g.name, c.delay_level, c.n
-    FROM (SELECT group_id, delay_level, count(*) AS n FROM deliveries
-          WHERE state = 'WAITING_RETRY' GROUP BY 1, 2) c
-    JOIN consumer_groups g ON g.id = c.group_id ORDER BY 1, 2""")
 #: The tiers that have runs, by a skip scan of tier_runs_window (one index descent per tier).
 _TIERS_WITH_RUNS = """WITH RECURSIVE tiers AS (
         SELECT min(tier) AS tier FROM tier_runs
@@ -50,10 +33,11 @@ RECENT_TIER_LATENESS = _named("RECENT_TIER_LATENESS", f"""
         ORDER BY window_end DESC LIMIT %(runs)s) r
     WHERE t.tier IS NOT NULL ORDER BY 1, 2""")
 #: The groups the page lists, at most ``limit``: each group whose name contains ``name`` (as text,
-#: case-insensitively; '' matches every group) and that has live deliveries (READY, INFLIGHT,
-#: WAITING_RETRY) or dead letters, most dead letters first, then by name. Per group: id, name, its
-#: counts per live state, its oldest and newest dead-lettering time, and how many groups matched in
-#: all (before the limit). The counts come from the partial indexes and dlq_messages_group.
+#: case-insensitively; '' matches every group) and that has live messages (READY: READY rows and
+#: messages past its offsets; INFLIGHT, WAITING_RETRY) or dead letters, most dead letters first, then
+#: by name. Per group: id, name, its counts per live state, its oldest and newest dead-lettering
+#: time, and how many groups matched in all (before the limit). The counts come from the partial
+#: indexes, the log's primary key and dlq_messages_browse.
 PAGE_GROUPS = _named("PAGE_GROUPS", """
     WITH chosen AS MATERIALIZED (
         SELECT id, name FROM consumer_groups WHERE strpos(lower(name), lower(%(name)s::text)) > 0),
@@ -61,6 +45,11 @@ PAGE_GROUPS = _named("PAGE_GROUPS", """
         SELECT group_id, count(*) AS ready, 0::bigint AS inflight, 0::bigint AS waiting, 0::bigint AS dead,
                NULL::timestamptz AS oldest, NULL::timestamptz AS newest
         FROM deliveries WHERE state = 'READY' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT s.group_id, p.n, 0, 0, 0, NULL, NULL
+        FROM subscriptions s CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM messages m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset) p
+        WHERE s.group_id IN (SELECT id FROM chosen) AND p.n > 0
         UNION ALL
         SELECT group_id, 0, count(*), 0, 0, NULL, NULL
         FROM deliveries WHERE state = 'INFLIGHT' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
@@ -128,17 +117,34 @@ PAGE_WAITING_AT_LEVELS = _named("PAGE_WAITING_AT_LEVELS", f"""
 
 # ---- metrics --------------------------------------------------------------------------------------
 # Read at scrape time (``redelivery.metrics``), together in one read-only snapshot. Each costs what
-# it counts: a live state's rows through its partial index, the dead letters through their narrow
-# index, the groups, the tiers; never the deliveries' history (COMMITTED is not counted).
+# it counts: a live state's rows through its partial index, the messages past an offset through the
+# log's primary key, the dead letters through their narrow index, the subscriptions, the groups, the
+# tiers.
 
-#: READY deliveries per subscription: how many, and the age in seconds (at ``at``, default the
-#: database clock) of the one READY the longest (ready_at: when it last became READY; rows made
-#: READY before migration 0003 have none). Both from the index deliveries_ready_at (0006) alone.
+#: READY messages per subscription (its READY rows and the messages past its consume offset): how
+#: many, and the age in seconds (at ``at``, default the database clock) of the one READY the
+#: longest (a READY row's ready_at: when it last became READY; a message past the offset: its
+#: publish time). From the index deliveries_ready and the log's primary key alone.
 METRICS_READY = _named("METRICS_READY", f"""
-    SELECT t.name, g.name, r.n, coalesce(greatest(extract(epoch FROM {AT} - r.oldest), 0), 0)::float8
-    FROM (SELECT group_id, topic_id, count(*) AS n, min(ready_at) AS oldest
-          FROM deliveries WHERE state = 'READY' GROUP BY 1, 2) r
-    JOIN topics t ON t.id = r.topic_id JOIN consumer_groups g ON g.id = r.group_id""")
+    SELECT t.name, g.name, r.n + p.n,
+           coalesce(greatest(extract(epoch FROM {AT} - least(r.oldest, p.oldest)), 0), 0)::float8
+    FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
+    CROSS JOIN LATERAL (
+      SELECT count(*) AS n, min(d.ready_at) AS oldest FROM deliveries d
+      WHERE d.topic_id = s.topic_id AND d.group_id = s.group_id AND d.state = 'READY') r
+    CROSS JOIN LATERAL (
+      SELECT count(*) AS n, min(m.published_at) AS oldest FROM messages m
+      WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset) p""")
+#: COMMITTED messages per subscription, a total that never decreases (``SUBSCRIPTION_STATES``: what
+#: it took past its offset less its delivery rows and its dead letters, deleted ones included).
+METRICS_COMMITTED = _named("METRICS_COMMITTED", """
+    WITH dead AS (SELECT topic_id, group_id, count(*) AS n FROM dlq_messages GROUP BY 1, 2),
+    unfinished AS (SELECT topic_id, group_id, count(*) AS n FROM deliveries GROUP BY 1, 2)
+    SELECT t.name, g.name,
+           s.messages_taken - coalesce(u.n, 0) - coalesce(q.n, 0) - s.dead_letters_expired
+    FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
+    LEFT JOIN unfinished u ON u.topic_id = s.topic_id AND u.group_id = s.group_id
+    LEFT JOIN dead q ON q.topic_id = s.topic_id AND q.group_id = s.group_id""")
 METRICS_INFLIGHT = _named("METRICS_INFLIGHT", """
     SELECT t.name, g.name, c.n
     FROM (SELECT topic_id, group_id, count(*) AS n FROM deliveries WHERE state = 'INFLIGHT' GROUP BY 1, 2) c

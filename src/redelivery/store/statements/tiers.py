@@ -9,13 +9,13 @@ from redelivery.store.statements._shared import (
     _HISTOGRAM_ADD,
     _IN_RANGE,
     _LEASE_FAILED,
-    _MOVED_RETURNING,
     _PROMOTED_COUNTS,
     CAN_RETRY,
     NEXT_DELAY,
     NEXT_LEVEL,
     POLICIES_CTE,
     POLICY_JOIN,
+    _moved,
     _named,
 )
 
@@ -52,15 +52,12 @@ EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
       WHERE {_IN_RANGE} AND {_EXPIRED} AND {CAN_RETRY}
       RETURNING d.group_id)
     SELECT group_id, count(*) FROM retried GROUP BY 1""")
+#: A lease that ended when no retry is left: the delivery row goes, its dead letter to the DLQ.
 EXPIRE_LEASES_DEAD_LETTER = _named("EXPIRE_LEASES_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
-      UPDATE deliveries d SET state = 'DLQ', last_error = %(lease_error)s,
-          last_failure_at = d.invisible_until,
-          first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
-          attempts = {_LEASE_FAILED}, invisible_until = NULL, due_at = NULL, updated_at = now()
-      FROM policies p
+      DELETE FROM deliveries d USING policies p
       WHERE {_IN_RANGE} AND {_EXPIRED} AND NOT {CAN_RETRY}
-      {_MOVED_RETURNING}),
+      {_moved("d.invisible_until", "%(lease_error)s::text", _LEASE_FAILED)}),
     {_DLQ_COPY}""")
 #: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others).
 PROMOTE = _named("PROMOTE", f"""
@@ -73,10 +70,9 @@ PROMOTE = _named("PROMOTE", f"""
 #: Due retries whose policy's max reconsume times was lowered below theirs while they waited.
 DEAD_LETTER_OVER_MAX = _named("DEAD_LETTER_OVER_MAX", f"""
     WITH {POLICIES_CTE}, moved AS (
-      UPDATE deliveries d SET state = 'DLQ', due_at = NULL, updated_at = now()
-      FROM policies p
+      DELETE FROM deliveries d USING policies p
       WHERE {_IN_RANGE} AND {_DUE} AND p.max_times <> -1 AND d.reconsume_times > p.max_times
-      {_MOVED_RETURNING}),
+      {_moved("d.last_failure_at", "d.last_error", "d.attempts")}),
     {_DLQ_COPY}""")
 #: Due retries of one capped subscription (topic_id, g), oldest due first, at most ``room``.
 PROMOTE_CAPPED = _named("PROMOTE_CAPPED", f"""
@@ -87,7 +83,8 @@ PROMOTE_CAPPED = _named("PROMOTE_CAPPED", f"""
     promoted AS (
       UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
       FROM policies p, chosen c
-      WHERE d.message_id = c.message_id AND d.group_id = %(group_id)s AND {POLICY_JOIN} AND {_DUE}
+      WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.message_id = c.message_id
+        AND {POLICY_JOIN} AND {_DUE}
         AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
       {_PROMOTED_COUNTS}""")
 DUE_COUNT = _named("DUE_COUNT", f"""

@@ -40,19 +40,29 @@ CREATE_GROUP = _named("CREATE_GROUP", """
 SET_GROUP_MAX = _named("SET_GROUP_MAX", """
     UPDATE consumer_groups SET max_reconsume_times = %(max_reconsume_times)s::int WHERE name = %(name)s
     RETURNING id""")
+#: Subscribe a group to a topic (nothing if it is): its consume offset starts at the log's end
+#: (``from_beginning`` false, Kafka's ``latest``: messages published from now on) or before the
+#: log's first message (``earliest``: every message the log still holds).
 SUBSCRIBE = _named("SUBSCRIBE", """
-    INSERT INTO subscriptions (topic_id, group_id) VALUES (%(topic_id)s, %(group_id)s)
+    INSERT INTO subscriptions (topic_id, group_id, consume_offset)
+    SELECT %(topic_id)s, %(group_id)s,
+           CASE WHEN %(from_beginning)s THEN 0
+                ELSE coalesce((SELECT max(id) FROM messages WHERE topic_id = %(topic_id)s), 0) END
     ON CONFLICT DO NOTHING""")
-#: Deleting a topic first waits for the writers holding its row (LOCK_TOPIC_SHARED) and keeps new
-#: ones out; DELETE_TOPIC, the next statement, then sees every message they committed.
+#: Deleting a topic first waits for the writers holding its row (LOCK_TOPIC_FOR_PUBLISH,
+#: LOCK_TOPIC_SHARED) and for the receives holding its subscriptions, and keeps new ones out; the
+#: next statements then see every row they committed.
 LOCK_TOPIC_FOR_DELETE = _named("LOCK_TOPIC_FOR_DELETE", """
     SELECT 1 FROM topics WHERE id = %(topic_id)s FOR UPDATE""")
-#: A topic with its deliveries, messages, subscriptions and dead letters. The dead letters go with
-#: their deliveries (a foreign key, row by row under row locks: one being written at the same moment
-#: goes too); subscriptions and publish records cascade from the topic.
+LOCK_SUBSCRIPTIONS_FOR_DELETE = _named("LOCK_SUBSCRIPTIONS_FOR_DELETE", """
+    SELECT 1 FROM subscriptions WHERE topic_id = %(topic_id)s ORDER BY group_id FOR UPDATE""")
+#: A topic's delivery rows (waiting for the tier runs and answers that hold them: a dead letter one
+#: of them writes is committed before DELETE_TOPIC starts).
+DELETE_TOPIC_DELIVERIES = _named("DELETE_TOPIC_DELIVERIES", """
+    DELETE FROM deliveries WHERE topic_id = %(topic_id)s""")
+#: A topic with its dead letters and its log; subscriptions and publish records cascade.
 DELETE_TOPIC = _named("DELETE_TOPIC", """
-    WITH deleted_deliveries AS (
-      DELETE FROM deliveries d USING messages m WHERE m.id = d.message_id AND m.topic_id = %(topic_id)s),
+    WITH deleted_dead_letters AS (DELETE FROM dlq_messages WHERE topic_id = %(topic_id)s),
     deleted_messages AS (DELETE FROM messages WHERE topic_id = %(topic_id)s)
     DELETE FROM topics WHERE id = %(topic_id)s""")
 #: Subscriptions with their names and the group's own max reconsume times: all (``all``) or the
@@ -69,6 +79,9 @@ SUBSCRIBED_TOPICS = _named("SUBSCRIBED_TOPICS", """
 SUBSCRIPTION_NAMES = _named("SUBSCRIPTION_NAMES", """
     SELECT t.name, g.name FROM subscriptions s JOIN topics t ON t.id = s.topic_id
     JOIN consumer_groups g ON g.id = s.group_id ORDER BY 1, 2""")
+#: How many values the sequence of message ids caches per session (nothing before migration 0012).
+MESSAGE_ID_CACHE = _named("MESSAGE_ID_CACHE", """
+    SELECT cache_size FROM pg_sequences WHERE schemaname = 'redelivery' AND sequencename = 'message_ids'""")
 #: The schema's Alembic revision (the table is missing before the first migration).
 SCHEMA_REVISION = _named("SCHEMA_REVISION", "SELECT version_num FROM redelivery.alembic_version")
 #: The embedded server's own checks (``embedded.ensure_running``).
@@ -106,8 +119,13 @@ STATE_STORE_TABLES = _named("STATE_STORE_TABLES", """
     SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery' AND tablename <> 'alembic_version'
     ORDER BY 1""")
 DLQ_NAMES = _named("DLQ_NAMES", "SELECT name FROM dead_letter_queues")
+#: Every table of the log's schema (tests and benchmarks empty the store by dropping them).
+LOG_TABLES = _named("LOG_TABLES", "SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_log'")
 DROP_DLQ_TABLE = sql.SQL("/* redelivery:DROP_DLQ_TABLE */ DROP TABLE IF EXISTS {table}")
 TRUNCATE_TABLES = sql.SQL("/* redelivery:TRUNCATE_TABLES */ TRUNCATE {tables} RESTART IDENTITY CASCADE")
 #: Transaction-scoped advisory locks: (namespace, key).
 ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(%(namespace)s, %(key)s)")
+#: Session-scoped ones, for work that cannot run inside a transaction (a concurrent detach).
+ADVISORY_LOCK = _named("ADVISORY_LOCK", "SELECT pg_advisory_lock(%(namespace)s, %(key)s)")
+ADVISORY_UNLOCK = _named("ADVISORY_UNLOCK", "SELECT pg_advisory_unlock(%(namespace)s, %(key)s)")
 # fmt: on

@@ -1,0 +1,221 @@
+"""The log (redelivery.store.log): partitions made when a publish needs one and ahead of need,
+without stopping publishers; retention that drops whole partitions only when no group needs them,
+holds them for a group that lags, and never loses an unfinished message; consume offsets that
+start at the log's end or its beginning."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from helpers import at, message_state, wait_for_session, waiting_for_a_lock
+from redelivery.client import Client, Message
+from redelivery.metrics import render
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.store import log, maintenance
+from redelivery.store import statements as S
+
+HOUR = 3600
+DAY = 86400
+
+
+def partitions(conn) -> list[tuple]:
+    """(name, starts_at, ends_at) of every partition, oldest first."""
+    return [(p.name, p.starts_at, p.ends_at) for p in log.partitions(conn)]
+
+
+def test_a_publish_makes_the_partition_of_its_time(client, topic_group):
+    assert partitions(client.conn) == []
+    client.publish("orders", [{"n": 1}], at=at(0))
+    client.publish("orders", [{"n": 2}], at=at(HOUR + 5))
+    client.publish("orders", [{"n": 3}], at=at(HOUR + 10))  # the same hour: no new partition
+    assert partitions(client.conn) == [
+        ("messages_20260301t120000", at(0), at(HOUR)),
+        ("messages_20260301t130000", at(HOUR), at(2 * HOUR)),
+    ]
+    got = client.receive("billing", "orders", 10, 30, at=at(2 * HOUR))
+    assert [m.body["n"] for m in got] == [1, 2, 3]
+
+
+def test_a_partition_fills_the_gap_its_neighbours_leave(client, topic_group):
+    """A span made with another partition length is cut where its neighbours already are."""
+    log.ensure_partition(client.conn, at(0), 60)  # 12:00-12:01
+    log.ensure_partition(client.conn, at(600), 60)  # 12:10-12:11
+    made = log.ensure_partition(client.conn, at(300), HOUR)
+    assert made == "messages_20260301t120100"
+    assert partitions(client.conn)[1][1:] == (at(60), at(600))
+    assert log.ensure_partition(client.conn, at(300), HOUR) is None  # once
+
+
+@pytest.mark.timeout(120)
+def test_making_a_partition_never_waits_for_a_publish_nor_stops_one(client, topic_group, clean_db):
+    """A partition is attached in SHARE UPDATE EXCLUSIVE mode: an open publish (its rows copied,
+    uncommitted) does not hold it up, and an open attach does not hold up a publish."""
+    client.publish("orders", [{"n": 0}], at=at(0))
+    with Client(clean_db) as publisher, psycopg.connect(clean_db, autocommit=True) as maker:
+        publisher.conn.execute("BEGIN")
+        publisher.publish("orders", [{"n": 1}], at=at(1), retry=False)  # holds its rows and the topic
+        maker.execute("SET search_path TO redelivery")
+        maker.execute("SET lock_timeout = '5s'")  # a wait would fail the test, not hang it
+        assert log.ensure_partition(maker, at(DAY), HOUR) == "messages_20260302t120000"
+        publisher.conn.execute("COMMIT")
+        with maker.transaction():  # an attach left open: a publish into another partition goes on
+            maker.execute(S.ADVISORY_XACT_LOCK, {"namespace": log.PARTITION_LOCK, "key": 1})
+            log_table = psycopg.sql.Identifier(log.LOG_SCHEMA, "messages_20260303t120000")
+            maker.execute(S.CREATE_LOG_PARTITION.format(partition=log_table))
+            maker.execute(
+                S.ATTACH_LOG_PARTITION.format(
+                    partition=log_table,
+                    starts_at=psycopg.sql.Literal(at(2 * DAY)),
+                    ends_at=psycopg.sql.Literal(at(2 * DAY + HOUR)),
+                )
+            )
+            record = {"partition_name": "messages_20260303t120000", "starts_at": at(2 * DAY)}
+            maker.execute(S.REGISTER_LOG_PARTITION, {**record, "ends_at": at(2 * DAY + HOUR)})
+            publisher.conn.execute("SET lock_timeout = '5s'")
+            assert len(publisher.publish("orders", [{"n": 2}], at=at(2), retry=False)) == 1
+            publisher.conn.execute("RESET lock_timeout")
+    assert [m.body["n"] for m in client.receive("billing", "orders", 10, 30, at=at(10))] == [0, 1, 2]
+
+
+def retention_at(conn, when, retention=DAY):
+    return log.drop_expired_partitions(conn, retention, at=when)
+
+
+def test_retention_drops_what_every_group_finished_and_a_lagging_group_holds_the_rest(client, topic_group):
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    old = client.publish("orders", [{"n": i} for i in range(3)], at=at(0))
+    client.publish("orders", [{"n": 9}], at=at(2 * DAY))
+    client.ack("billing", client.receive("billing", "orders", 3, 30, at=at(10)))
+    # audit has not read the first hour yet: it holds it, and says so
+    result = retention_at(client.conn, at(2 * DAY + 60))
+    assert (result.dropped, result.held) == ([], {("orders", "audit"): ["messages_20260301t120000"]})
+    scraped = render(client.conn, at=at(2 * DAY + 60), retention_seconds=DAY).decode()
+    assert 'redelivery_log_held_partitions{group="audit",topic="orders"} 1.0' in scraped
+    got = client.receive("audit", "orders", 3, 30, at=at(2 * DAY + 60))
+    client.nack("audit", got[:1], at=at(2 * DAY + 60))  # an unfinished delivery row holds it too
+    client.ack("audit", got[1:])
+    assert retention_at(client.conn, at(2 * DAY + 120)).held == {
+        ("orders", "audit"): ["messages_20260301t120000"]
+    }
+    [retry] = client.receive("audit", "orders", 1, 30, at=at(2 * DAY + 300))  # no tier run yet:
+    assert retry.body["n"] == 9  # the retry waits, the log's next message comes
+    client.ack("audit", [retry])
+    from redelivery.tiers.run import run_tier_window
+
+    run_tier_window(tier="seconds", window_end=at(2 * DAY + 400), run_key="t", url=client.url)
+    [again] = client.receive("audit", "orders", 1, 30, at=at(2 * DAY + 400))
+    assert again.message_id == old[0] and again.delivery_count == 2
+    client.ack("audit", [again])
+    result = retention_at(client.conn, at(2 * DAY + 500))
+    assert (result.dropped, result.held) == (["messages_20260301t120000"], {})
+    assert [p[0] for p in partitions(client.conn)] == ["messages_20260303t120000"]
+    stats = client.stats()["orders"]
+    assert stats["billing"]["COMMITTED"] == 3 and stats["billing"]["READY"] == 1
+    assert stats["audit"]["COMMITTED"] == 4
+
+
+def test_a_partition_left_detached_is_dropped_or_attached_again(client, topic_group, database_url):
+    """A retention run cut off after its detach leaves a detached, recorded partition: the next
+    run checks it again: a group that needs it gets it back, else it is dropped."""
+    client.publish("orders", [{"n": 1}], at=at(0))
+    client.publish("orders", [{"n": 2}], at=at(2 * DAY))
+    [first] = client.receive("billing", "orders", 1, 30, at=at(10))
+    client.conn.execute("ALTER TABLE messages DETACH PARTITION redelivery_log.messages_20260301t120000")
+    result = retention_at(client.conn, at(2 * DAY + 60))  # the in-flight delivery needs it
+    assert result.reattached == ["messages_20260301t120000"] and result.dropped == []
+    assert client.ack("billing", first) == 1
+    client.conn.execute("ALTER TABLE messages DETACH PARTITION redelivery_log.messages_20260301t120000")
+    assert retention_at(client.conn, at(2 * DAY + 60)).dropped == ["messages_20260301t120000"]
+    assert client.conn.execute(
+        "SELECT to_regclass('redelivery_log.messages_20260301t120000')"
+    ).fetchone() == (None,)
+
+
+def test_a_dead_letter_redriven_after_retention_goes_back_into_the_log(client, topic_group, database_url):
+    [mid] = client.publish("orders", [Message({"n": 1, "big": "x" * 100}, key="k")], at=at(0))
+    client.publish("orders", [{"n": 2}], at=at(2 * DAY))
+    [got] = client.receive("billing", "orders", 1, 30, at=at(10))
+    client.reject("billing", got, error="bad", at=at(11))
+    assert retention_at(client.conn, at(2 * DAY + 60)).dropped == ["messages_20260301t120000"]
+    assert message_state(client.conn, mid) is None  # the log no longer holds it; its dead letter does
+    result = redrive(RedriveRequest(group="billing", dry_run=False, rate_limit=None), run_key="late",
+                     url=database_url, log=lambda *_: None)  # fmt: skip
+    assert result["moved"] == 1
+    assert partitions(client.conn)[0][0] == "messages_20260301t120000"  # made again for it
+    again = client.receive("billing", "orders", 10, 30, at=at(2 * DAY + 100))
+    assert [(m.message_id, m.key, m.body["n"], m.delivery_count, m.redrive_count) for m in again] == [
+        (mid, "k", 1, 2, 1),  # the same message, id and time, from its dead letter's copy
+        (again[1].message_id, None, 2, 1, 0),
+    ]
+    assert again[0].published_at == at(0)
+    client.ack("billing", again)
+    assert retention_at(client.conn, at(2 * DAY + 200)).dropped == ["messages_20260301t120000"]
+
+
+def test_a_subscription_starts_at_the_end_of_the_log_or_at_its_beginning(client, topic_group):
+    client.publish("orders", [{"n": 1}, {"n": 2}], at=at(0))
+    client.create_group("late")
+    client.subscribe("late", "orders")
+    client.create_group("replay")
+    client.subscribe("replay", "orders", start="earliest")
+    with pytest.raises(ValueError, match="latest.*earliest"):
+        client.subscribe("late", "orders", start="newest")
+    client.subscribe("late", "orders", start="earliest")  # an existing subscription keeps its offset
+    client.publish("orders", [{"n": 3}], at=at(1))
+    assert [m.body["n"] for m in client.receive("late", "orders", 10, 30)] == [3]
+    assert [m.body["n"] for m in client.receive("replay", "orders", 10, 30)] == [1, 2, 3]
+    assert client.stats()["orders"]["late"]["READY"] == 0
+
+
+def test_dead_letters_past_their_retention_are_deleted_and_committed_stays(client, topic_group):
+    from redelivery.config import RedeliveryConfig
+
+    client.publish("orders", [{"n": i} for i in range(3)], at=at(0))
+    got = client.receive("billing", "orders", 3, 30, at=at(0))
+    client.reject("billing", got[:2], error="bad", at=at(0))
+    client.ack("billing", got[2:])
+    client.conn.execute(
+        "UPDATE dlq_messages SET dead_lettered_at = now()"
+        " - CASE WHEN message_id = %s THEN interval '31 days' ELSE interval '1 day' END",
+        (got[0].message_id,),
+    )
+    kept = RedeliveryConfig()
+    assert maintenance.cleanup(client.conn, kept).get("dead_letters") is None  # kept by default
+    config = RedeliveryConfig.model_validate({"retention": {"dead_letters": "30d"}})
+    assert maintenance.cleanup(client.conn, config)["dead_letters"] == 1
+    assert client.stats()["orders"]["billing"] == {
+        "READY": 0, "INFLIGHT": 0, "WAITING_RETRY": 0, "COMMITTED": 1, "DLQ": 1,
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_deleting_a_topic_waits_for_a_receive_and_leaves_no_row(client, topic_group, clean_db):
+    """A receive holds its subscription while it inserts its delivery rows: the delete waits for it,
+    then deletes them with the rest."""
+    client.publish("orders", [{"n": i} for i in range(5)])
+    with Client(clean_db) as consumer:
+        consumer.conn.execute("BEGIN")
+        assert len(consumer.receive("billing", "orders", 5, 30)) == 5  # uncommitted
+        deleting = threading.Thread(target=lambda: client.delete_topic("orders"))
+        deleting.start()
+        wait_for_session(clean_db, waiting_for_a_lock("LOCK_SUBSCRIPTIONS_FOR_DELETE"), "the delete waiting")
+        consumer.conn.execute("COMMIT")
+        deleting.join(30)
+    for table in ("messages", "deliveries", "subscriptions", "dlq_messages"):
+        assert client.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
+
+
+def test_the_maintenance_makes_the_next_partition_ahead(client, topic_group):
+    from redelivery.config import RedeliveryConfig
+
+    now = client.conn.execute("SELECT now()").fetchone()[0]
+    done = maintenance.cleanup(client.conn, RedeliveryConfig())
+    assert done["log_partitions_made"] == 2
+    starts = [p[1] for p in partitions(client.conn)]
+    assert starts[0] <= now < starts[1] and starts[1] - starts[0] == timedelta(hours=1)
+    assert maintenance.cleanup(client.conn, RedeliveryConfig())["log_partitions_made"] == 0
