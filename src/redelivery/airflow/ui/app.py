@@ -59,9 +59,9 @@ _may_trigger = requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=RED
 class Refused(HTTPException):
     """A refused POST of the form, answered with the refusal page (``_refused``)."""
 
-    def __init__(self, status_code: int, problems: list[str]):
+    def __init__(self, status_code: int, problems: list[str], dry_run: bool = True):
         super().__init__(status_code, "; ".join(problems))
-        self.problems = problems
+        self.problems, self.dry_run = problems, dry_run
 
 
 async def require_read_access(request: Request, user: GetUserDep) -> None:
@@ -101,7 +101,7 @@ async def _refuse_post(request: Request, user, refusal: str) -> None:
         fields = {key: str(form.get(key) or "")[:limit] for key, limit in FORM_FIELDS.items()}
         conf_ = redrive_conf(**fields)
     await run_in_threadpool(_audit_now, user, conf_, [refusal], request.url.path)
-    raise Refused(403, [refusal])
+    raise Refused(403, [refusal], dry_run=conf_.get("dry_run", True) is not False)
 
 
 def _endpoint(request: Request) -> str:
@@ -345,7 +345,7 @@ def redrive_conf(group: str, reason: str, error_contains: str) -> dict:
 
 @app.exception_handler(Refused)
 async def refusal_page(request: Request, exc: Refused) -> HTMLResponse:
-    return _refused(request, exc.status_code, exc.problems)
+    return _refused(request, exc.status_code, exc.problems, exc.dry_run)
 
 
 @app.post("/dlq/redrive", dependencies=[Depends(require_trigger_access)], response_model=None)

@@ -286,8 +286,10 @@ def actions(request: DlqFilter, base: str, refusal: str | None, selected: Sequen
     off = " disabled" if refusal else ""
     note = f"<p class='muted refusal'>{escape(refusal)}: the buttons are off.</p>" if refusal else ""
     which = (
-        "<label><input type='radio' name='selection' value='selected' checked> the ticked messages</label>"
-        "<label><input type='radio' name='selection' value='all'> all matching the filter</label>"
+        "this message<input type='hidden' name='selection' value='selected'>"
+        if selected
+        else "<label><input type='radio' name='selection' value='selected' checked> the ticked messages"
+        "</label><label><input type='radio' name='selection' value='all'> all matching the filter</label>"
     )
     return (
         f'<div class="actions">{hidden}<b>Act on</b> {which}<br><b>dlq_redrive</b> '
