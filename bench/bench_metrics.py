@@ -1,21 +1,22 @@
 """Benchmark: the cost of a Prometheus scrape (redelivery.metrics) on a state store of 10 million
-deliveries, against a plain count of them measured in the same run.
+deliveries (messages x groups), against a plain count of the log measured in the same run.
 
     .venv/bin/python bench/bench_metrics.py                      # 10,000,000 deliveries
     .venv/bin/python bench/bench_metrics.py --deliveries 1000000 --live 0.10
 
 Fills a database of its own (redelivery_bench_metrics; REDELIVERY_BENCH_METRICS_DATABASE_URL
-replaces it) with INSERT ... SELECT over generate_series: topics x groups subscriptions, each
-message fanned out to every group, and the deliveries spread over the states by a hash of their
-key: ``--live`` of them (default 5 %) in READY 40 : INFLIGHT 10 : WAITING_RETRY 30 (levels 1-16)
-: DLQ 20 (a dead-letter row each, four reasons), the rest COMMITTED. Each statement is measured
+replaces it) with INSERT ... SELECT over generate_series: topics x groups subscriptions, every
+subscription's offset past its topic's last message, and each (message, group) given a state by a
+hash of the pair: ``--live`` of them (default 5 %) in READY 40 : INFLIGHT 10 : WAITING_RETRY 30
+(levels 1-16), delivery rows, : DLQ 20 (a dead letter each, four reasons), the rest COMMITTED (no
+row: the log layout keeps none). Each statement is measured
 ``--rounds`` times after a warm-up, twice: right after the load (ANALYZE only: no page is
 all-visible, so an index-only scan still reads the heap, as for rows changed since the last
 vacuum) and after VACUUM (the steady state autovacuum keeps). Printed, in milliseconds (median)
 and as a multiple of the baseline of the same phase:
 
-  baseline       SELECT count(*) FROM deliveries (every delivery, the floor of any full count)
-  STATE_COUNTS   per topic, group and state, COMMITTED included (what ``redelivery stats`` runs)
+  baseline            SELECT count(*) FROM messages (every message of the log)
+  SUBSCRIPTION_STATES per topic, group and state, COMMITTED included (what ``redelivery stats`` runs)
   each statement of a scrape, with the scan nodes of its plan
   scrape         render(): every statement of a scrape in one snapshot, and the exposition text
 
@@ -28,8 +29,9 @@ import argparse
 import os
 import statistics
 import time
+from datetime import timedelta
 
-GAUGES = ("METRICS_READY", "METRICS_INFLIGHT", "METRICS_WAITING", "METRICS_DEAD_LETTERS")
+GAUGES = ("METRICS_READY", "METRICS_INFLIGHT", "METRICS_WAITING", "METRICS_DEAD_LETTERS", "METRICS_COMMITTED")
 OTHER = ("SUBSCRIPTION_NAMES", "METRICS_GROUP_TOTALS", "METRICS_HISTOGRAMS")
 REASONS = ["MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL"]
 
@@ -45,7 +47,7 @@ def database() -> str:
 
 def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> dict:
     """Build the state store; returns {step: seconds}."""
-    from redelivery.store import catalog, db
+    from redelivery.store import catalog, db, log
 
     messages = deliveries // groups
     permille = round(live * 1000)
@@ -56,8 +58,14 @@ def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> di
     with db.connect(url, autocommit=True) as conn:
         db.migrate(url)
         db.empty_state_store(conn)
-        for table in ("messages", "deliveries"):  # the first measurements are of a table not vacuumed
-            conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+        first = conn.execute("SELECT now() - interval '1 day'").fetchone()[0]
+        for hour in range(int(messages / 3_600_000) + 2):  # the log's partitions of the messages' times
+            log.ensure_partition(conn, first + timedelta(hours=hour), 3600)
+        for (table,) in conn.execute(  # the first measurements are of tables not vacuumed
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_log'"
+        ).fetchall():
+            conn.execute(f"ALTER TABLE redelivery_log.{table} SET (autovacuum_enabled = off)")
+        conn.execute("ALTER TABLE deliveries SET (autovacuum_enabled = off)")
         conn.execute(
             "INSERT INTO topics (name) SELECT 'bench-' || i FROM generate_series(1, %s) i", (topics,)
         )
@@ -83,38 +91,43 @@ def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> di
         )
         steps["messages"] = time.perf_counter() - start
         start = time.perf_counter()
-        conn.execute(
-            """INSERT INTO deliveries (message_id, group_id, topic_id, state, delivery_count, reconsume_times,
-                                       delay_level, due_at, invisible_until, ready_at, created_at, updated_at)
-               SELECT m.id, g.id, m.topic_id, s.state::delivery_state,
-                      CASE WHEN s.state = 'READY' THEN 0 ELSE 1 + s.h %% 16 END,
-                      CASE WHEN s.state IN ('WAITING_RETRY', 'DLQ') THEN 1 + s.h %% 16 ELSE 0 END,
-                      CASE WHEN s.state = 'WAITING_RETRY' THEN 1 + s.h %% 16 END,
-                      CASE WHEN s.state = 'WAITING_RETRY' THEN now() + (s.h %% 600) * interval '1 s' END,
-                      CASE WHEN s.state = 'INFLIGHT' THEN now() + interval '1 hour' END,
-                      m.published_at + (s.h %% 60) * interval '1 s', m.published_at, m.published_at
+        states = """SELECT m.id, m.topic_id, m.published_at, g.id AS group_id, g.name, s.h, s.state
                FROM messages m CROSS JOIN consumer_groups g,
                     LATERAL (SELECT h, CASE WHEN h < %(c)s THEN 'COMMITTED' WHEN h < %(r)s THEN 'READY'
                                             WHEN h < %(i)s THEN 'INFLIGHT' WHEN h < %(w)s THEN 'WAITING_RETRY'
                                             ELSE 'DLQ' END AS state
-                             FROM (SELECT ((m.id * 7919 + g.id * 104729) %% 1000)::int AS h) x) s""",
-            {"c": committed, "r": ready, "i": inflight, "w": waiting},
+                             FROM (SELECT ((m.id * 7919 + g.id * 104729) %% 1000)::int AS h) x) s"""
+        cuts = {"c": committed, "r": ready, "i": inflight, "w": waiting}
+        conn.execute(
+            f"""INSERT INTO deliveries (message_id, group_id, topic_id, published_at, state, delivery_count,
+                                        reconsume_times, delay_level, due_at, invisible_until, ready_at)
+               SELECT x.id, x.group_id, x.topic_id, x.published_at, x.state::delivery_state,
+                      1 + x.h %% 16,
+                      CASE WHEN x.state = 'INFLIGHT' THEN 0 ELSE 1 + x.h %% 16 END,
+                      CASE WHEN x.state = 'WAITING_RETRY' THEN 1 + x.h %% 16 END,
+                      CASE WHEN x.state = 'WAITING_RETRY' THEN now() + (x.h %% 600) * interval '1 s' END,
+                      CASE WHEN x.state = 'INFLIGHT' THEN now() + interval '1 hour' END,
+                      x.published_at + (x.h %% 60) * interval '1 s'
+               FROM ({states}) x WHERE x.state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')""",
+            cuts,
         )
         steps["deliveries"] = time.perf_counter() - start
         start = time.perf_counter()
         conn.execute(
-            """INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body,
+            f"""INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body,
                                          content_type, properties, published_at, reason, last_error,
                                          delivery_count, reconsume_times)
-               SELECT q.id, d.group_id, d.message_id, d.topic_id, m.id, m.body, m.content_type, m.properties,
-                      m.published_at, (%(reasons)s::dlq_reason[])[1 + d.message_id %% 4], 'boom',
-                      d.delivery_count, d.reconsume_times
-               FROM deliveries d JOIN messages m ON m.id = d.message_id
-               JOIN consumer_groups g ON g.id = d.group_id
-               JOIN dead_letter_queues q ON q.name = '%%DLQ%%' || g.name
-               WHERE d.state = 'DLQ'""",
-            {"reasons": REASONS},
+               SELECT q.id, x.group_id, x.id, x.topic_id, x.id, m.body, m.content_type, m.properties,
+                      x.published_at, (%(reasons)s::dlq_reason[])[1 + x.id %% 4], 'boom', 1 + x.h %% 16,
+                      1 + x.h %% 16
+               FROM ({states}) x JOIN messages m ON m.topic_id = x.topic_id AND m.id = x.id
+               JOIN dead_letter_queues q ON q.name = '%%DLQ%%' || x.name
+               WHERE x.state = 'DLQ'""",
+            {**cuts, "reasons": REASONS},
         )
+        conn.execute("""UPDATE subscriptions s SET consume_offset = m.last, messages_taken = m.n
+                        FROM (SELECT topic_id, max(id) AS last, count(*) AS n FROM messages GROUP BY 1) m
+                        WHERE m.topic_id = s.topic_id""")
         steps["dead letters"] = time.perf_counter() - start
         start = time.perf_counter()
         for table in ("messages", "deliveries", "dlq_messages"):
@@ -143,26 +156,26 @@ def scan_nodes(conn, text: str, params: dict) -> str:
 
 
 def measurements(conn, rounds: int) -> list[tuple[str, float, str]]:
-    """(label, median ms, plan scans) of the baseline, STATE_COUNTS, each scrape statement, render()."""
+    """(label, median ms, plan scans): the baseline, SUBSCRIPTION_STATES, each scrape statement, render()."""
     from redelivery.metrics import render
     from redelivery.store import statements as S
 
     def query(text, params=None):
         return lambda: conn.execute(text, params).fetchall()
 
-    baseline = "SELECT count(*) FROM deliveries"
+    baseline = "SELECT count(*) FROM messages"
     rows = [
-        ("baseline: SELECT count(*) FROM deliveries", query(baseline), scan_nodes(conn, baseline, None)),
+        ("baseline: SELECT count(*) FROM messages", query(baseline), scan_nodes(conn, baseline, None)),
         (
-            "STATE_COUNTS (every state, COMMITTED too)",
-            query(S.STATE_COUNTS),
-            scan_nodes(conn, S.STATE_COUNTS, None),
+            "SUBSCRIPTION_STATES (every state, COMMITTED too)",
+            query(S.SUBSCRIPTION_STATES),
+            scan_nodes(conn, S.SUBSCRIPTION_STATES, None),
         ),
     ]
     for name in GAUGES + OTHER:
         params = {"at": None} if "%(at)s" in S.ALL[name] else None
         rows.append((name, query(S.ALL[name], params), scan_nodes(conn, S.ALL[name], params)))
-    rows.append(("scrape: render(), every statement but STATE_COUNTS", lambda: render(conn), ""))
+    rows.append(("scrape: render(), every statement but SUBSCRIPTION_STATES", lambda: render(conn), ""))
     return [(label, timed(call, rounds), plan) for label, call, plan in rows]
 
 
@@ -182,12 +195,12 @@ def main() -> None:
     url = database()
     steps = fill(url, args.deliveries, args.topics, args.groups, args.live)
     with db.connect(url, autocommit=True) as conn:
-        total, live = conn.execute(
-            "SELECT count(*), count(*) FILTER (WHERE state <> 'COMMITTED') FROM deliveries"
-        ).fetchone()
-        size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('deliveries'))").fetchone()[0]
+        total = conn.execute("SELECT count(*) FROM messages").fetchone()[0] * args.groups
+        live = conn.execute("SELECT (SELECT count(*) FROM deliveries) + (SELECT count(*) FROM dlq_messages)")
+        live = live.fetchone()[0]
+        size = conn.execute("SELECT pg_size_pretty(pg_database_size(current_database()))").fetchone()[0]
         print(
-            f"{total:,} deliveries ({size} with indexes), {live:,} not COMMITTED, "
+            f"{total:,} deliveries (database {size}), {live:,} not COMMITTED, "
             f"{args.topics * args.groups} subscriptions; filled in "
             + ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()),
             flush=True,
@@ -197,8 +210,6 @@ def main() -> None:
         for table in ("messages", "deliveries", "dlq_messages"):
             conn.execute(f"VACUUM {table}")
         print(f"VACUUM {time.perf_counter() - start:.1f} s", flush=True)
-        for table in ("messages", "deliveries"):
-            conn.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
         after = measurements(conn, args.rounds)
         print("median ms of each statement: right after the load (ANALYZE only) and after VACUUM; x baseline")
         print(

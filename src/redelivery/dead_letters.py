@@ -5,6 +5,8 @@ read through here."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Literal, get_args
@@ -12,7 +14,9 @@ from typing import Annotated, Literal, get_args
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from redelivery.messaging.codec import decode
+from redelivery.config import RedeliveryConfig, cached_config
+from redelivery.errors import ConfigError
+from redelivery.messaging.codec import BINARY, JSON, decode, retry_properties
 from redelivery.rules.names import check_name
 from redelivery.store import statements as S
 from redelivery.store.catalog import group, topic_id
@@ -110,23 +114,43 @@ def select(
     rows into JSON-ready values."""
     cur = conn.execute(S.DLQ_SELECT, {**filter_params(conn, request), "limit": limit})
     names = [c.name for c in cur.description]
-    rows = []
-    for values in cur.fetchall():
-        row = dict(zip(names, values, strict=True))
-        body, content_type = row.pop("body"), row.pop("content_type")
-        if with_body:
-            try:
-                row["body"] = decode(body, content_type)
-            except (ValueError, RecursionError) as exc:
-                raw = bytes(body)
-                row["body"], row["body_error"] = (
-                    _as_text(raw),
-                    f"not decodable as {content_type}: {exc}"[:500],
-                )
-        else:
-            del row["properties"], row["attempts"]
-        rows.append(row)
-    return rows
+    return [_selected(dict(zip(names, values, strict=True)), with_body) for values in cur.fetchall()]
+
+
+def export(conn: psycopg.Connection, request: DlqFilter, limit: int) -> Iterator[dict]:
+    """``jsonable(select(conn, request, limit, with_body=True))`` row by row, read through a
+    server-side cursor ``EXPORT_BATCH`` rows at a time: a download of many dead letters never holds
+    them all in memory. Runs in a transaction of its own on ``conn`` (which must not be in one);
+    raises UnknownGroupError / UnknownTopicError before the first row."""
+    params = {**filter_params(conn, request), "limit": limit}
+    with conn.transaction(), conn.cursor(name="redelivery_export") as cur:
+        cur.itersize = EXPORT_BATCH
+        cur.execute(S.DLQ_SELECT, params)
+        names = None
+        for values in cur:
+            names = names or [c.name for c in cur.description]
+            yield jsonable([_selected(dict(zip(names, values, strict=True)), True)])[0]
+
+
+#: Rows a server-side cursor of ``export`` fetches at a time.
+EXPORT_BATCH = 500
+
+
+def _selected(row: dict, with_body: bool) -> dict:
+    """A ``DLQ_SELECT`` row as ``select`` gives it."""
+    body, content_type = row.pop("body"), row.pop("content_type")
+    if with_body:
+        try:
+            row["body"] = decode(body, content_type)
+        except (ValueError, RecursionError) as exc:
+            raw = bytes(body)
+            row["body"], row["body_error"] = (
+                _as_text(raw),
+                f"not decodable as {content_type}: {exc}"[:500],
+            )
+    else:
+        del row["properties"], row["attempts"]
+    return row
 
 
 def _as_text(raw: bytes) -> str | bytes:
@@ -233,14 +257,22 @@ def browse(
     return rows[:limit], Cursor(last["dead_lettered_at"], last["message_id"])
 
 
-def message(conn: psycopg.Connection, group_name: str, message_id: int) -> dict | None:
+def message(
+    conn: psycopg.Connection, group_name: str, message_id: int, config: RedeliveryConfig | None = None
+) -> dict | None:
     """One dead letter of ``group_name`` in full for its page, or None when the group has no such
     dead letter (never dead-lettered, or redriven since). Its fields as in the DLQ table, the body
-    as ``body_text`` (JSON pretty-printed; text as text; None for a binary body), ``body_hex`` (a
-    binary body's first ``HEX_PREVIEW_BYTES`` bytes), ``body_size`` (bytes) and ``body_shown``
-    (bytes of it read, at most ``BODY_PREVIEW_BYTES``); ``properties`` (dict), ``attempts`` (each
-    failed delivery: at, delivery, outcome, error) and ``redrives`` (each earlier redrive of it in
-    this group: run key, triggered by, moved at, destination topic). Raises UnknownGroupError."""
+    as ``body_text`` (JSON pretty-printed, every number as written; text as text; None for a binary
+    body), ``body_hex`` (a binary body's first ``HEX_PREVIEW_BYTES`` bytes), ``body_size`` (bytes)
+    and ``body_shown`` (bytes of it read, at most ``BODY_PREVIEW_BYTES``); ``properties`` (dict: the
+    user's own and, once it was retried, REAL_TOPIC, ORIGIN_MESSAGE_ID, RETRY_TOPIC and
+    RECONSUMETIMES, as its last delivery carried them; the retry topic named by ``config``'s policy,
+    default the process's config), ``attempts`` (each failed delivery: at, delivery, outcome, error)
+    and ``redrives`` (each earlier redrive of it in this group: run key, triggered by, moved at,
+    destination topic). Raises UnknownGroupError, or ValueError for a message id that is no
+    bigint."""
+    if not 1 <= message_id <= MAX_MESSAGE_ID:
+        raise ValueError(f"message id {message_id} is out of range (1 to {MAX_MESSAGE_ID})")
     group_id = group(conn, check_name("group", group_name))[0]
     params = {"group_id": group_id, "message_id": message_id, "body_bytes": BODY_PREVIEW_BYTES}
     cur = conn.execute(S.DLQ_MESSAGE, params)
@@ -249,23 +281,66 @@ def message(conn: psycopg.Connection, group_name: str, message_id: int) -> dict 
         return None
     row = dict(zip([c.name for c in cur.description], values, strict=True))
     row |= _body_preview(bytes(row.pop("body")), row["content_type"], row["body_size"])
+    row["properties"] = _delivered_properties(row, group_name, config or cached_config())
     redrives = conn.execute(S.MESSAGE_REDRIVES, params)
     names = [c.name for c in redrives.description]
     row["redrives"] = [dict(zip(names, r, strict=True)) for r in redrives.fetchall()]
     return row
 
 
+def _delivered_properties(row: dict, group_name: str, config: RedeliveryConfig) -> dict:
+    """A dead letter's properties as its last delivery carried them (``codec.retry_properties``)."""
+    try:
+        retry_topic = config.policy_for(row["topic"], group_name).retry_name
+    except ConfigError:  # a name the policy cannot make any more: the consumer saw it, we cannot
+        retry_topic = "(unknown: the policy names none)"
+    return retry_properties(
+        row["properties"],
+        topic=row["topic"],
+        origin_message_id=row["origin_message_id"],
+        retry_topic=retry_topic,
+        reconsume_times=row["reconsume_times"],
+    )
+
+
 def _body_preview(shown: bytes, content_type: str, size: int) -> dict:
     """``body_text`` / ``body_hex`` of a body's first bytes ``shown`` (see ``message``)."""
     preview = {"body_size": size, "body_shown": len(shown), "body_text": None, "body_hex": None}
-    if content_type == "application/octet-stream":
+    if content_type == BINARY:
         preview["body_hex"] = shown[:HEX_PREVIEW_BYTES].hex(" ")
         return preview
     text = shown.decode("utf-8", errors="replace")  # a cut may split a character
-    if len(shown) == size and content_type == "application/json":  # JSON cannot be parsed from a part
-        try:
-            text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-        except (ValueError, RecursionError):
-            pass  # shown as stored (an UNDECODABLE dead letter)
+    if len(shown) == size and content_type == JSON:  # JSON cannot be parsed from a part
+        text = pretty_json(text)
     preview["body_text"] = text
     return preview
+
+
+#: A number's place in ``pretty_json``'s output: a string of NUL and its index (jsonb text holds no
+#: NUL, so no string of the body can look like one).
+_NUMBER = re.compile(r'"\\u0000(\d+)"')
+
+
+def pretty_json(text: str) -> str:
+    """JSON ``text`` indented by two spaces, every number written as in ``text`` (Python's float
+    would show 10.10 as 10.1, 1e400 as Infinity and -0 as 0) and every key kept (a repeated key,
+    which jsonb and Python keep once, leaves the text as it is). Text that does not parse (an
+    UNDECODABLE body), or that holds a ``\\u0000`` escape, is returned as it is."""
+    if "\\u0000" in text.lower():
+        return text
+    numbers: list[str] = []
+
+    def number(raw: str) -> str:
+        numbers.append(raw)
+        return f"\x00{len(numbers) - 1}"
+
+    def unique_keys(pairs: list[tuple]) -> dict:
+        if len({key for key, _ in pairs}) < len(pairs):
+            raise ValueError("a key is repeated")
+        return dict(pairs)
+
+    try:
+        value = json.loads(text, parse_float=number, parse_int=number, object_pairs_hook=unique_keys)
+    except (ValueError, RecursionError):
+        return text
+    return _NUMBER.sub(lambda m: numbers[int(m[1])], json.dumps(value, indent=2, ensure_ascii=False))

@@ -333,6 +333,57 @@ def test_a_statement_timeout_of_the_user_does_not_cancel_a_build(fresh_url):
     assert revision(fresh_url) == db.head_revision()
 
 
+def _dlq_indexes(url: str) -> dict:
+    """``{DLQ table: sorted (columns, valid, attached to dlq_messages' index) of its indexes}``,
+    and the validity of dlq_messages' own indexes under ``"dlq_messages"``."""
+    with db.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, regexp_replace(pg_get_indexdef(i.indexrelid), '^.* USING btree ', ''),"
+            "       i.indisvalid, EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
+            " WHERE c.relnamespace = 'redelivery_dlq'::regnamespace"
+            "    OR c.oid = 'redelivery.dlq_messages'::regclass"
+        ).fetchall()
+    found: dict = {}
+    for table, columns, valid, attached in rows:
+        found.setdefault(table, []).append((columns, valid, attached))
+    return {table: sorted(indexes) for table, indexes in found.items()}
+
+
+def test_0011_indexes_every_dead_letter_table_even_with_long_names(fresh_url):
+    """Migration 0011 builds the browse and key indexes on each DLQ table made before it, one by
+    one, and attaches them: two tables whose names agree in their first 56 characters (a name
+    of 63 cannot take a suffix) each get their own, and the parent's indexes end valid."""
+    db.migrate(fresh_url, "0010")
+    long = "g" * 52  # %DLQ%<52 g>-a / -b: 59 characters, alike in the first 57
+    with db.connect(fresh_url, autocommit=True) as conn:
+        for n, name in enumerate([f"%DLQ%{long}-a", f"%DLQ%{long}-b", "%DLQ%short"], start=1):
+            conn.execute("INSERT INTO dead_letter_queues (name) OVERRIDING SYSTEM VALUE VALUES (%s)", (name,))
+            conn.execute(
+                sql.SQL("CREATE TABLE {} PARTITION OF redelivery.dlq_messages FOR VALUES IN ({})").format(
+                    sql.Identifier("redelivery_dlq", name), sql.Literal(n)
+                )
+            )
+    db.migrate(fresh_url, "0011")  # 0012 (the log) has no way down
+    browse = ("(group_id, dead_lettered_at, message_id)", True, True)
+    key = ("(group_id, key, dead_lettered_at, message_id)", True, True)
+    delivery = ("(message_id, group_id)", True, True)
+    indexes = _dlq_indexes(fresh_url)
+    for name in (f"%DLQ%{long}-a", f"%DLQ%{long}-b", "%DLQ%short"):
+        assert browse in indexes[name] and key in indexes[name], (name, indexes[name])
+        assert all(valid and attached for _, valid, attached in indexes[name]), indexes[name]
+        assert ("(group_id, dead_lettered_at)", True, True) not in indexes[name]  # dlq_messages_group
+    assert {i for i in indexes["dlq_messages"] if i[0] != "(dlq_id, group_id, message_id)"} >= {
+        (browse[0], True, False),
+        (key[0], True, False),
+        (delivery[0], True, False),
+    }
+    assert all(valid for _, valid, _ in indexes["dlq_messages"]), indexes["dlq_messages"]
+    db.migrate(fresh_url, "0010")  # down and up again: the same indexes
+    db.migrate(fresh_url, "0011")
+    assert _dlq_indexes(fresh_url) == indexes
+
+
 # ---- migration 0012: today's layout of then, upgraded to the log -----------------------------------
 
 #: A populated store of the layout before 0012 (a delivery row per message and group, COMMITTED and

@@ -29,7 +29,8 @@ ORDER = [
     "airflow.env", "airflow.hooks", "airflow.assets", "airflow.triggers", "airflow.queues",
     "airflow.provider", "airflow.params", "airflow.ui.trigger_check", "airflow.engine",
     "airflow.operators", "airflow.dags.tiers", "airflow.dags.consumer", "airflow.dags.redrive",
-    "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.page", "airflow.ui.app", "airflow.plugin",
+    "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.page", "airflow.ui.dead_letter_pages",
+    "airflow.ui.app", "airflow.plugin",
     "cli.common", "cli.dead_letters", "cli.app", "__main__",
     "spark.jobs.cds_warmup", "spark.jobs.tier_window", "spark.jobs.dlq_redrive",
 ]  # fmt: skip

@@ -19,15 +19,28 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
-from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi import Depends, FastAPI, Form, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.airflow.params import conf_problems
+from redelivery.airflow.ui.dead_letter_pages import (
+    DOWNLOAD_ROWS,
+    SELECTION_FIELDS,
+    BadQuery,
+    list_page,
+    message_page,
+    parse_query,
+    posted_conf,
+    problems_page,
+    selection_filter,
+)
+from redelivery.airflow.ui.dead_letter_pages import redrive_conf as selection_conf
 from redelivery.airflow.ui.page import REDRIVE_DAG, STYLE, PauseEvent, page_data, render, run_url, tier_dags
 from redelivery.config import cached_config
-from redelivery.dead_letters import summary
+from redelivery.dead_letters import MAX_MESSAGE_ID, browse, export, message, summary
+from redelivery.errors import UnknownGroupError, UnknownTopicError
 from redelivery.metrics import CONTENT_TYPE
 from redelivery.metrics import render as render_metrics
 
@@ -47,9 +60,9 @@ _may_trigger = requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=RED
 class Refused(HTTPException):
     """A refused POST of the form, answered with the refusal page (``_refused``)."""
 
-    def __init__(self, status_code: int, problems: list[str]):
+    def __init__(self, status_code: int, problems: list[str], dry_run: bool = True):
         super().__init__(status_code, "; ".join(problems))
-        self.problems = problems
+        self.problems, self.dry_run = problems, dry_run
 
 
 async def require_read_access(request: Request, user: GetUserDep) -> None:
@@ -83,9 +96,18 @@ async def _refuse_post(request: Request, user, refusal: str) -> None:
     conf it posted, each field cut at its longest, and ``refusal``), committed now in a session of
     its own (the request's rolls back), then raise ``Refused`` (403)."""
     form = await request.form()  # parsed once: the route's fields read the same
-    fields = {key: str(form.get(key) or "")[:limit] for key, limit in FORM_FIELDS.items()}
-    await run_in_threadpool(_audit_now, user, redrive_conf(**fields), [refusal])
-    raise Refused(403, [refusal])
+    if _endpoint(request) == "redrive_selection":
+        conf_ = posted_conf((k, str(v)) for k, v in form.multi_items())
+    else:
+        fields = {key: str(form.get(key) or "")[:limit] for key, limit in FORM_FIELDS.items()}
+        conf_ = redrive_conf(**fields)
+    await run_in_threadpool(_audit_now, user, conf_, [refusal], request.url.path)
+    raise Refused(403, [refusal], dry_run=conf_.get("dry_run", True) is not False)
+
+
+def _endpoint(request: Request) -> str:
+    """The name of the route function a request was routed to ('' before routing)."""
+    return getattr(request.scope.get("endpoint"), "__name__", "")
 
 
 app = FastAPI(
@@ -293,13 +315,14 @@ def _small_page(title: str, body: str, status: int = 200) -> HTMLResponse:
     )
 
 
-def _refused(request: Request, status: int, problems: list[str]) -> HTMLResponse:
+def _refused(request: Request, status: int, problems: list[str], dry_run: bool = True) -> HTMLResponse:
     """The answer to a refused post: every problem on a line of its own."""
     back = escape(request.url_for("dead_letters_page").path)  # in the UI's frame when posted from it
     lines = "".join(f"<li>{escape(problem)}</li>" for problem in problems)
+    which = "dry run" if dry_run else "real run"
     return _small_page(
         "Redrive refused",
-        f"<p>The dry run of {REDRIVE_DAG} was refused:</p><ul class='refused'>{lines}</ul>"
+        f"<p>The {which} of {REDRIVE_DAG} was refused:</p><ul class='refused'>{lines}</ul>"
         "<p class='muted'>Nothing was triggered.</p>"
         f"<p><a href='{back}'>Back to Dead letters</a></p>",
         status,
@@ -323,7 +346,7 @@ def redrive_conf(group: str, reason: str, error_contains: str) -> dict:
 
 @app.exception_handler(Refused)
 async def refusal_page(request: Request, exc: Refused) -> HTMLResponse:
-    return _refused(request, exc.status_code, exc.problems)
+    return _refused(request, exc.status_code, exc.problems, exc.dry_run)
 
 
 @app.post("/dlq/redrive", dependencies=[Depends(require_trigger_access)], response_model=None)
@@ -337,7 +360,14 @@ def dry_run_redrive(
 ) -> Response:
     """Trigger a dry run of dlq_redrive for ``group`` (see the module docstring); 303 to the run,
     or the refusal page (400) listing every value refused."""
-    conf_ = redrive_conf(group, reason, error_contains)
+    return trigger_redrive(request, user, session, redrive_conf(group, reason, error_contains))
+
+
+def trigger_redrive(request: Request, user, session, conf_: dict) -> Response:
+    """Trigger dlq_redrive with ``conf_`` for ``user`` (whose origin and permission were checked):
+    the conf checked against the DAG's Params first, every refused value a line (400, nothing
+    triggered), then Airflow's own REST trigger function; audited either way (``_audit``). 303 to
+    the run's page for a top-level page, else to ``triggered``."""
     # Airflow's REST trigger endpoint itself (Params validated by their JSON schema, run created in
     # this request's session, triggered by this user), imported here: plugins load in every
     # Airflow process, the REST routes matter in the api-server only.
@@ -347,7 +377,7 @@ def dry_run_redrive(
 
     if getattr(app.state, "dag_bag", None) is None:  # the api-server's own is on its root app
         app.state.dag_bag = create_dag_bag()
-    status, run_id = 400, None
+    status, run_id, via = 400, None, request.url.path
     try:
         # every refused value at once, one line each (Airflow's trigger stops at the first)
         dag = get_latest_version_of_dag(app.state.dag_bag, REDRIVE_DAG, session)
@@ -359,12 +389,13 @@ def dry_run_redrive(
         status, problems = exc.status_code, [one_line(exc.detail)]
     if problems:
         session.rollback()  # nothing of a refused run may be committed by the session's teardown
-        _audit(session, user, conf_, refused=problems)
-        return _refused(request, status, problems)
-    _audit(session, user, conf_, run_id=run_id)
+        _audit(session, user, conf_, refused=problems, via=via)
+        return _refused(request, status, problems, dry_run=conf_.get("dry_run", True))
+    _audit(session, user, conf_, run_id=run_id, via=via)
     if request.headers.get("sec-fetch-dest") == "document":  # a top-level page: straight to the run
         return RedirectResponse(run_page(run_id), status_code=303)
-    return RedirectResponse(request.url_for("triggered", run_id=quote(run_id, safe="")).path, status_code=303)
+    after = request.url_for("triggered", run_id=quote(run_id, safe="")).path
+    return RedirectResponse(after + ("" if conf_.get("dry_run", True) else "?real=true"), status_code=303)
 
 
 def _name(user) -> str:
@@ -382,22 +413,24 @@ def _log(session, user, event: str, extra: dict, run_id: str | None = None) -> N
     session.add(log)
 
 
-def _audit(session, user, conf_: dict, run_id: str | None = None, refused: list[str] | None = None) -> None:
+def _audit(
+    session, user, conf_: dict, run_id: str | None = None, refused: list[str] | None = None, via: str = ""
+) -> None:
     """The audit-log entry of a trigger from the page, as Airflow's own REST trigger writes one
-    (event ``trigger_dag_run``, the user as owner): committed with the run by the request's
-    session, or alone for a refused one."""
-    extra = {"conf": conf_, "method": "POST", "via": "/redelivery/dlq/redrive"}
+    (event ``trigger_dag_run``, the user as owner; ``via``: the path posted to): committed with the
+    run by the request's session, or alone for a refused one."""
+    extra = {"conf": conf_, "method": "POST", "via": via}
     if refused:
         extra["refused"] = refused
     _log(session, user, "trigger_dag_run", extra, run_id)
 
 
-def _audit_now(user, conf_: dict, refused: list[str]) -> None:
+def _audit_now(user, conf_: dict, refused: list[str], via: str) -> None:
     """``_audit`` of a refused trigger, committed now in a session of its own."""
     from airflow.utils.session import create_session
 
     with create_session(scoped=False) as session:
-        _audit(session, user, conf_, refused=refused)
+        _audit(session, user, conf_, refused=refused, via=via)
 
 
 def _audit_read_now(user, request: Request, refused: list[str]) -> None:
@@ -433,13 +466,15 @@ GO_TO_RUN = """<script>(function () {
 
 
 @app.get("/dlq/runs/{run_id}", response_class=HTMLResponse, name="triggered")
-def triggered(run_id: str) -> HTMLResponse:
-    """The page after the form: the run's id and a link to its page; a script goes there."""
+def triggered(run_id: str, real: bool = False) -> HTMLResponse:
+    """The page after a form: the run's id and a link to its page; a script goes there.
+    ``real``: the run moves (else a dry run)."""
     url = run_page(run_id)
     script = GO_TO_RUN % json.dumps(url).replace("<", "\\u003c")  # JSON inside <script>: no "</" possible
+    kind = "a real run: it moves the dead letters back" if real else "a dry run: nothing moves"
     return _small_page(
-        "Dry run triggered",
-        f"<p class='triggered'>dlq_redrive run <b>{escape(run_id)}</b> (a dry run: nothing moves).</p>"
+        "Redrive triggered" if real else "Dry run triggered",
+        f"<p class='triggered'>dlq_redrive run <b>{escape(run_id)}</b> ({kind}).</p>"
         f"<p>Open <a id='run' href='{escape(url)}' target='_top'>its page in the Airflow UI</a>.</p>{script}",
     )
 
@@ -454,3 +489,95 @@ def metrics(session: SessionDep) -> Response:
         return Response(
             render_metrics(conn, tier_paused=paused, retention_seconds=retention), media_type=CONTENT_TYPE
         )
+
+
+# ---- the dead letters themselves (HTML: redelivery.airflow.ui.dead_letter_pages) ------------------
+
+
+def _bad(title: str, problems: list[str], status: int = 400) -> HTMLResponse:
+    return HTMLResponse(problems_page(title, problems), status_code=status)
+
+
+@app.get("/dlq/messages", response_class=HTMLResponse, name="dead_letter_list")
+def dead_letter_list(request: Request, user: GetUserDep) -> HTMLResponse:
+    """A page of a group's dead letters, newest first, under the filter in the address
+    (``dead_letter_pages``); 400 listing every refused name or value."""
+    try:
+        query = parse_query(request.query_params.multi_items(), ("after",))
+        with _conn() as conn:
+            rows, after = browse(conn, query.filter, after=query.after)
+    except BadQuery as exc:
+        return _bad("Dead letters: refused", exc.problems)
+    except (UnknownGroupError, UnknownTopicError) as exc:
+        return _bad("Dead letters: refused", [str(exc)])
+    base, overview = request.url_for("dead_letter_list").path, request.url_for("dead_letters_page").path
+    return HTMLResponse(list_page(query, rows, after, base, overview, trigger_refusal(request, user)))
+
+
+@app.get("/dlq/messages.jsonl", name="dead_letter_download", response_model=None)
+def dead_letter_download(request: Request) -> Response:
+    """The selection (the ticked ids, or all matching the filter) as JSON Lines: the rows
+    ``redelivery dlq list --json`` prints, oldest first, at most ``DOWNLOAD_ROWS``, streamed."""
+    try:
+        chosen = selection_filter(parse_query(request.query_params.multi_items(), SELECTION_FIELDS))
+    except BadQuery as exc:
+        return _bad("Download refused", exc.problems)
+    conn = _conn()
+    rows = export(conn, chosen, DOWNLOAD_ROWS)
+    try:
+        first = next(rows, None)  # an unknown group or topic is refused before any byte is sent
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, UnknownGroupError | UnknownTopicError):
+            return _bad("Download refused", [str(exc)])
+        raise
+
+    def lines():
+        with conn:
+            for row in [first] if first is not None else []:
+                yield json.dumps(row, default=str) + "\n"
+            for row in rows:
+                yield json.dumps(row, default=str) + "\n"
+
+    name = f"dead-letters-{chosen.group}.jsonl".replace("%", "_")
+    return StreamingResponse(
+        lines(),
+        media_type="application/x-ndjson",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
+
+
+@app.get("/dlq/messages/{message_id}", response_class=HTMLResponse, name="dead_letter_message")
+def dead_letter_message(
+    request: Request, user: GetUserDep, message_id: Annotated[int, Path(ge=1, le=MAX_MESSAGE_ID)]
+) -> HTMLResponse:
+    """One dead letter of the address's group in full; 404 when the group has no such dead letter."""
+    try:
+        query = parse_query(request.query_params.multi_items())
+        with _conn() as conn:
+            letter = message(conn, query.filter.group, message_id)
+    except BadQuery as exc:
+        return _bad("Dead letter: refused", exc.problems)
+    except UnknownGroupError as exc:
+        return _bad("Dead letter: refused", [str(exc)])
+    if letter is None:
+        problem = f"group {query.filter.group!r} has no dead letter {message_id} (never, or redriven since)"
+        return _bad("No such dead letter", [problem], 404)
+    base = request.url_for("dead_letter_list").path
+    return HTMLResponse(message_page(letter, query, base, _ui_root(), trigger_refusal(request, user)))
+
+
+@app.post("/dlq/messages/redrive", dependencies=[Depends(require_trigger_access)], response_model=None)
+async def redrive_selection(request: Request, user: GetUserDep, session: SessionDep) -> Response:
+    """Trigger dlq_redrive for the list's selection (``dead_letter_pages.redrive_conf``: the ticked
+    ids or the filter, dry run or real), with the origin and permission checks, the Params check
+    and the audit of ``dry_run_redrive``; a selection the filter refuses: 400, audited, nothing
+    triggered."""
+    form = await request.form()
+    try:
+        conf_ = selection_conf(parse_query([(k, str(v)) for k, v in form.multi_items()], SELECTION_FIELDS))
+    except BadQuery as exc:
+        conf_ = posted_conf((k, str(v)) for k, v in form.multi_items())
+        await run_in_threadpool(_audit_now, user, conf_, exc.problems, request.url.path)
+        return _refused(request, 400, exc.problems, dry_run=conf_.get("dry_run", True) is not False)
+    return await run_in_threadpool(trigger_redrive, request, user, session, conf_)

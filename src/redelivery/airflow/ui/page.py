@@ -396,6 +396,9 @@ def group_section(group: dict) -> str:
             + table(["top last errors", "messages"], [list(e) for e in group["errors"]])
             + "</div>"
         )
+        browse = f"dlq/messages?group={quote(name, safe='')}"
+        parts.append(f'<p><a class="browse" href="{escape(browse)}">Browse, inspect, redrive or download its '
+                     f"{_plural(dead, 'dead letter', 'dead letters')} →</a></p>")  # fmt: skip
         parts.append(redrive_form(name, group["reasons"]))
     return "".join(parts) + "</section>"
 

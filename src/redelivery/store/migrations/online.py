@@ -10,6 +10,7 @@ that needs an exclusive lock gives up quickly, lets the writers through and is t
 
 from __future__ import annotations
 
+import hashlib
 import re
 from contextlib import contextmanager
 
@@ -112,7 +113,7 @@ def build_partitioned_index(name: str, table: str, columns: str) -> None:
         {"parent": f"{SCHEMA}.{table}"},
     ).fetchall()
     for schema, partition in partitions:
-        child = f"{partition[: 62 - len(suffix)]}_{suffix}"
+        child = _child_index_name(partition, suffix)
         state = bind.execute(
             text(
                 "SELECT i.indisvalid, EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)"
@@ -129,5 +130,17 @@ def build_partitioned_index(name: str, table: str, columns: str) -> None:
                 op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {qualified}")
                 state = None
             if state is None:
-                op.execute(f'CREATE INDEX CONCURRENTLY {child} ON "{schema}"."{partition}" ({columns})')
+                op.execute(f'CREATE INDEX CONCURRENTLY "{child}" ON "{schema}"."{partition}" ({columns})')
         op.execute(f"ALTER INDEX {SCHEMA}.{name} ATTACH PARTITION {qualified}")
+
+
+def _child_index_name(partition: str, suffix: str) -> str:
+    """The name of ``partition``'s index ``suffix``: ``<partition>_<suffix>``, or, when that is
+    longer than PostgreSQL's 63 bytes, the partition's name cut short with 8 hex digits of its
+    hash, so that two DLQ tables whose names agree in their first 56 characters never share one
+    (a DLQ table's name has up to 63 characters; names are ASCII, rules.names)."""
+    name = f"{partition}_{suffix}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(partition.encode()).hexdigest()[:8]
+    return f"{partition[: 63 - len(suffix) - 10]}_{digest}_{suffix}"
