@@ -62,6 +62,13 @@ def _receipts(group: str, messages: ReceivedMessage | Iterable[ReceivedMessage])
     return sorted(items, key=lambda m: (m.message_id, m.delivery_count))
 
 
+def int_array(values: Iterable[int]) -> str:
+    """Integers as PostgreSQL's array text (``{1,2,3}``), for a ``%(x)s::bigint[]`` parameter: the
+    server parses it in C, where psycopg would dump a Python list element by element (about a
+    third of an ack's client time for 500 receipts)."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 def _check_error(error: object) -> str | None:
     """An error text as PostgreSQL can store it (``ValueError`` otherwise)."""
     if error is not None and (not isinstance(error, str) or "\x00" in error):
@@ -297,7 +304,7 @@ class Consuming(Administration):
         }
         params.update(reason="UNDECODABLE", force_dead_letter=True, level=None, delay=None)
         params.update(ids=[b[0] for b in bad], counts=[b[1] for b in bad], errors=[b[2] for b in bad])
-        dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
+        dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
         catalog.add_group_totals(self.conn, dead_lettered={group_id: dead})
 
     def ack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> int:
@@ -312,7 +319,6 @@ class Consuming(Administration):
         items = _receipts(group, messages)
         if not items:
             return 0
-        self._check_receipt_topics(group_id, items)
         return self._answer(group_id, acks=items, plans=[], failed=0)["acked"]
 
     def nack(
@@ -377,19 +383,31 @@ class Consuming(Administration):
         of ``ack``, ``nack`` / ``reconsume_later``, ``reject`` and ``settle``. ``acks``: receipts to
         commit; ``plans``: ``_plan_failures`` of ``failed`` receipts; ``marker``: ``settle``'s
         (job run, part). All in one transaction, the group's totals last (lock order); acks alone
-        are one statement that counts their stale receipts itself. Returns ``{"acked",
-        "retried", "dead_lettered", "stale"}``."""
+        are one statement that counts their stale receipts itself, and only when some receipt
+        matched nothing are the receipts' topics checked (ack's ``ForeignReceiptError`` then rolls
+        the acks back: a refused call changes nothing). Returns ``{"acked",
+        "retried", "dead_lettered", "stale"}``. The answering statements are planned for their
+        arrays each time (``prepare=False``): a plan cached without them joins the receipts by
+        scanning them once per delivery row."""
         if not acks and not plans and marker is None:  # nothing to answer: no statement
             return {"acked": 0, "retried": 0, "dead_lettered": 0, "stale": 0}
         ack_params = {
             "group_id": group_id,
-            "ids": [r.message_id for r in acks],
-            "counts": [r.delivery_count for r in acks],
-            "topic_ids": [self._topic(r.topic) for r in acks],
+            "ids": int_array(r.message_id for r in acks),
+            "counts": int_array(r.delivery_count for r in acks),
+            "topic_ids": int_array(self._topic(r.topic) for r in acks),
             "count_stale": not plans and marker is None,
         }
         if ack_params["count_stale"]:
-            acked = db.retry_lock_conflicts(lambda: self.conn.execute(S.ACK, ack_params).fetchone()[0])
+
+            def ack_only() -> int:
+                with self.conn.transaction():
+                    acked = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()[0]
+                    if acked < len(acks):  # a receipt matched no delivery: is it of the topic it names?
+                        self._check_receipt_topics(group_id, acks)  # if not, raises: all rolled back
+                return acked
+
+            acked = db.retry_lock_conflicts(ack_only)
             return {"acked": acked, "retried": 0, "dead_lettered": 0, "stale": len(acks) - acked}
 
         def apply() -> dict:
@@ -399,7 +417,7 @@ class Consuming(Administration):
                     if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
                         done = self.conn.execute(S.SETTLE_PART, keys).fetchone()
                         return dict(zip(("acked", "retried", "dead_lettered", "stale"), done, strict=True))
-                acked = self.conn.execute(S.ACK, ack_params).fetchone()[0] if acks else 0
+                acked = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()[0] if acks else 0
                 retried, dead = self._apply_failures(plans)
                 stale = len(acks) - acked + failed - retried - dead
                 catalog.add_group_totals(self.conn, dead_lettered={group_id: dead}, stale={group_id: stale})
@@ -428,8 +446,8 @@ class Consuming(Administration):
             params["outcome"] = outcome
             params.update(reason=reason, force_dead_letter=forced, level=None, delay=None)
             params.update(
-                ids=[items[i].message_id for i in indexes],
-                counts=[items[i].delivery_count for i in indexes],
+                ids=int_array(items[i].message_id for i in indexes),
+                counts=int_array(items[i].delivery_count for i in indexes),
                 errors=[errors[i] for i in indexes],
             )
             if mode == "level":
@@ -446,8 +464,8 @@ class Consuming(Administration):
         """(retried, dead-lettered) by ``plans``, in the caller's transaction."""
         retried = dead = 0
         for params in plans:
-            retried += self.conn.execute(S.FAIL_RETRY, params).fetchone()[0]
-            dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params))
+            retried += self.conn.execute(S.FAIL_RETRY, params, prepare=False).fetchone()[0]
+            dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
         return retried, dead
 
     def settle(

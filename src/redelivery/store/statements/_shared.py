@@ -45,7 +45,9 @@ _IS_INFLIGHT = "d.state::text = 'INFLIGHT'"
 #: and an error text.
 _RECEIPTS = """unnest(%(ids)s::bigint[], %(counts)s::int[], %(errors)s::text[])
                     AS i(message_id, delivery_count, error)"""
-_RECEIPT_MATCHES = f"""d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.message_id = i.message_id
+# The ids again as an array: the rows are found by their primary key, not by a scan of the group's.
+_RECEIPT_MATCHES = f"""d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
+                      AND d.message_id = ANY(%(ids)s::bigint[]) AND d.message_id = i.message_id
                       AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count AND {POLICY_JOIN}"""
 
 

@@ -156,11 +156,10 @@ RECEIVE = _named("RECEIVE", f"""
       INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, delivery_count,
                               invisible_until, ready_at)
       SELECT %(topic_id)s, %(group_id)s, n.id, n.published_at, 'INFLIGHT', 1, {_LEASE_END}, n.published_at
-      FROM new n
-      RETURNING message_id, invisible_until),
+      FROM new n),
     moved AS (
       UPDATE subscriptions s SET consume_offset = (SELECT max(id) FROM new),
-          messages_taken = s.messages_taken + (SELECT count(*) FROM taken)
+          messages_taken = s.messages_taken + (SELECT count(*) FROM new)
       WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))
     SELECT a.message_id, m.key, m.body, m.content_type, m.properties::text AS properties, m.published_at,
            a.delivery_count, a.reconsume_times, a.delay_level, a.invisible_until,
@@ -168,9 +167,11 @@ RECEIVE = _named("RECEIVE", f"""
     FROM again a JOIN messages m
       ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
     UNION ALL
+    -- the rows taken (every one of new: taken inserts them all, or the statement fails), their
+    -- lease the same expression: now() is the transaction's start
     SELECT n.id, n.key, n.body, n.content_type, n.properties::text, n.published_at,
-           1, 0, NULL::smallint, t.invisible_until, coalesce(n.origin_message_id, n.id), NULL::text, 0
-    FROM new n JOIN taken t ON t.message_id = n.id
+           1, 0, NULL::smallint, {_LEASE_END}, coalesce(n.origin_message_id, n.id), NULL::text, 0
+    FROM new n
     ORDER BY 1""")
 
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
@@ -183,7 +184,9 @@ ACK = _named("ACK", f"""
       DELETE FROM deliveries d
       USING unnest(%(ids)s::bigint[], %(counts)s::int[], %(topic_ids)s::int[])
             AS i(message_id, delivery_count, topic_id)
-      WHERE d.topic_id = i.topic_id AND d.group_id = %(group_id)s AND d.message_id = i.message_id
+      WHERE d.topic_id = ANY(%(topic_ids)s::int[]) AND d.group_id = %(group_id)s
+        AND d.message_id = ANY(%(ids)s::bigint[])  -- the rows by their primary key, not the group's scan
+        AND d.topic_id = i.topic_id AND d.message_id = i.message_id
         AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
       RETURNING 1),
     n AS (SELECT count(*) AS acked FROM acked),
