@@ -93,6 +93,14 @@ class LedgeredClient:
         asked = {"verb": verb, "group": group, "receipts": receipts(messages)}
         return self.ledger.record("answer", asked, call, lambda n: {"applied": n})
 
+    def extend(self, group: str, messages: list, invisible_duration: float) -> int:
+        """``extend_lease`` of ``messages``; the ledger keeps how many leases the API extended."""
+        asked = {"group": group, "receipts": receipts(messages), "seconds": invisible_duration}
+        return self.ledger.record(
+            "extend", asked, lambda: self.client.extend_lease(group, messages, invisible_duration),
+            lambda n: {"extended": n},
+        )  # fmt: skip
+
     def close(self) -> None:
         self.client.close()
         self.ledger.close()

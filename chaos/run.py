@@ -59,6 +59,7 @@ KINDS = (
     "Spark tier job: a task killed inside its range",
     "Spark consumer: a task killed after its receive committed",
     "receive: waiting to move its consume offset",
+    "consumer: inside a lease extension",
     "log: a partition made and attached, before its record commits",
     "retention: inside a partition's concurrent detach",
     "retention: a partition detached, inside its drop",
@@ -434,7 +435,9 @@ class Controller:
                 worker, "consumer: after its receive committed, before the handler", "%chaos.gates%"
             )
 
-    def consumer_inside_answer(self) -> None:
+    def consumer_inside_answer(self, extend: bool = False) -> None:
+        """A consumer frozen inside its answer (the rows it answers held here), or, with
+        ``extend``, inside the lease extension it makes first."""
         self.top_up()
         group = self.rng.choice(["g1", "g2"])
         with self.gate() as (name, gate_conn):
@@ -450,6 +453,7 @@ class Controller:
                 name,
                 "--gate-at",
                 "after",
+                *(["--extend"] if extend else []),
             )
             if not self.wait_until(lambda: self.waiting(worker.tag, "%chaos.gates%")):
                 worker.kill()
@@ -461,9 +465,14 @@ class Controller:
                 (group, ids),
             ):
                 gate_conn.rollback()  # open the gate: the answer now waits on our row locks
-                self.freeze_and_kill(
-                    worker, "consumer: after the handler, inside its ack/nack/reject", "%redelivery:%"
-                )
+                if extend:
+                    self.freeze_and_kill(
+                        worker, "consumer: inside a lease extension", "%redelivery:EXTEND_LEASE%"
+                    )
+                else:
+                    self.freeze_and_kill(
+                        worker, "consumer: after the handler, inside its ack/nack/reject", "%redelivery:%"
+                    )
 
     def tier_inside_range(self) -> None:
         self.make_due_retries()
@@ -769,6 +778,7 @@ class Controller:
     SCENARIOS = {  # name: weight
         "consumer_after_receive": 14,
         "consumer_inside_answer": 14,
+        "consumer_inside_answer:extend": 4,
         "tier_inside_range": 12,
         "tier_before_its_record": 8,
         "redrive_inside_batch": 8,

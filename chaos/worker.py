@@ -3,6 +3,7 @@ through the public API exactly as a pipeline would, and killed by the controller
 
     python chaos/worker.py publish --batch B --count N [--first K]
     python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
+                                   [--extend]
     python chaos/worker.py tier --run-key K
     python chaos/worker.py redrive --group G --run-key K [--rate R]
     python chaos/worker.py partition --hours-ahead H   (make the log's partition of that time)
@@ -97,6 +98,8 @@ def consume(args) -> None:
                     (args.gate, [m.message_id for m in batch]),
                 )
             wait_at_gate(url, args.gate)
+        if args.extend:  # long work: the lease extended first (killed inside it by the controller)
+            client.extend(args.group, batch, 60)
         answered = 0
         for verb, messages in plan.items():
             if messages:
@@ -290,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gate")
     p.add_argument("--gate-at", choices=["before", "after"], default="before")
     p.add_argument("--loop", action="store_true")
+    p.add_argument("--extend", action="store_true", help="extend the batch's lease before answering")
     p = roles.add_parser("tier")
     p.add_argument("--run-key", required=True)
     p.add_argument("--partitions", type=int, default=2)

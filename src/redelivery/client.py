@@ -2,15 +2,17 @@
 
 Semantics (RocketMQ 5 PushConsumer state machine, seeds/001):
 
-- ``publish`` stores each message once and gives every group subscribed to its topic its own
-  delivery row in READY. A batch id publishes one batch once.
-- ``receive`` claims READY rows (``FOR UPDATE SKIP LOCKED``), sets them INFLIGHT with a lease of
-  ``invisible_duration`` seconds and increments the delivery count; the transaction commits before
-  any message is returned (Artemis ``persist-delivery-count-before-delivery``, seeds/004), so a
-  crash can never under-count a delivery. The delivery count never decreases.
-- ``ack`` commits; ``nack`` / ``reconsume_later`` schedule a retry (WAITING_RETRY, reconsume times
-  + 1) or, once the group's max reconsume times are used up, dead-letter the message; ``reject``
-  dead-letters it at once. A consumer that goes silent past its lease is handled by the tier job.
+- ``publish`` appends each message once to the topic's log (one row, whatever the number of groups;
+  each group's consume offset reaches it). A batch id publishes one batch once.
+- ``receive`` takes the group's READY rows (retries, redriven messages; ``FOR UPDATE SKIP LOCKED``),
+  then the messages past its consume offset (an INFLIGHT delivery row each, the offset moved), with
+  a lease of ``invisible_duration`` seconds and the delivery count incremented; the transaction
+  commits before any message is returned (Artemis ``persist-delivery-count-before-delivery``,
+  seeds/004), so a crash can never under-count a delivery. The delivery count never decreases.
+- ``ack`` commits (the delivery row goes); ``nack`` / ``reconsume_later`` schedule a retry
+  (WAITING_RETRY, reconsume times + 1) or, once the group's max reconsume times are used up,
+  dead-letter the message; ``reject`` dead-letters it at once; ``extend_lease`` keeps it invisible
+  longer. A consumer that goes silent past its lease is handled by the tier job.
 - A receipt, (group, message id, delivery count), answers exactly one delivery: a late or repeated
   answer changes nothing and is counted as stale; an answer for another group is refused.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import time
 
 from redelivery.config import RedeliveryConfig, cached_config
-from redelivery.messaging.codec import Message, ReceivedMessage
+from redelivery.messaging.codec import Message, Receipt, ReceivedMessage
 from redelivery.messaging.consuming import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS, Consuming, Outcome
 from redelivery.messaging.publishing import Publishing
 from redelivery.rules.policies import EffectivePolicy
@@ -74,6 +76,7 @@ __all__ = [
     "Client",
     "Message",
     "ReceivedMessage",
+    "Receipt",
     "Outcome",
     "MIN_INVISIBLE_SECONDS",
     "MAX_INVISIBLE_SECONDS",

@@ -1,6 +1,7 @@
 """Consume and settle as DataFrames, on both Spark paths: lease commits the delivery counts first
 and never leases twice; settle applies each receipt once, however often a task runs."""
 
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -8,9 +9,9 @@ import pytest
 
 from helpers import configured, snapshot
 from redelivery.client import Message, Outcome
-from redelivery.errors import ForeignReceiptError
+from redelivery.errors import ForeignReceiptError, MalformedMessageError
 from redelivery.messaging.codec import Receipt
-from redelivery.spark.dataframes import _settle_partition, lease, settle
+from redelivery.spark.dataframes import _settle_partition, extend_lease, lease, settle
 
 
 def test_lease_then_plain_spark_then_settle(client, topic_group, database_url, any_spark):
@@ -50,6 +51,25 @@ def test_lease_then_plain_spark_then_settle(client, topic_group, database_url, a
     assert lease(any_spark, "billing", "orders", url=database_url).count() == 0  # nothing READY: empty
     # settling the same outcomes again (another job run): every receipt is stale now
     assert settle(outcomes, "billing", "orders", url=database_url)["stale"] == 41
+
+
+def test_leased_rows_still_worked_on_get_a_longer_lease(client, topic_group, database_url, any_spark):
+    """A job that needs more time extends the lease of the rows it still works on: those stay in
+    flight past their first lease end, with the same delivery count; the others expire."""
+    from redelivery.tiers.run import run_tier_window
+
+    client.publish("orders", [{"n": i} for i in range(6)])
+    leased = lease(any_spark, "billing", "orders", max_messages=10, invisible_duration=5, url=database_url)
+    slow = leased.filter("get_json_object(body, '$.n') >= 3")
+    assert extend_lease(slow, "billing", "orders", 3600, url=database_url) == 3
+    now = client.conn.execute("SELECT now()").fetchone()[0]
+    run_tier_window(tier="seconds", window_end=now + timedelta(seconds=60), run_key="e", url=database_url)
+    states = client.conn.execute(
+        "SELECT state::text, delivery_count, count(*) FROM deliveries GROUP BY 1, 2 ORDER BY 1"
+    ).fetchall()
+    assert states == [("INFLIGHT", 1, 3), ("WAITING_RETRY", 1, 3)]
+    with pytest.raises(MalformedMessageError, match="delivery_count"):
+        extend_lease(slow.select("message_id"), "billing", "orders", 60, url=database_url)
 
 
 def test_a_retried_settle_task_applies_its_partition_once(client, topic_group, database_url, monkeypatch):

@@ -6,24 +6,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from psycopg.rows import namedtuple_row
 
-from redelivery.errors import (
-    ForeignReceiptError,
-    InvalidLevelError,
-)
+from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging.admin import Administration
 from redelivery.messaging.codec import (
     BINARY,
+    Receipt,
     ReceivedMessage,
     decode,
     retry_properties,
 )
-from redelivery.rules.levels import check_delay
+from redelivery.messaging.receipts import (
+    Outcome,
+    error_texts,
+    int_array,
+    plan_outcome,
+    receipts_of,
+    retry_mode,
+)
 from redelivery.rules.policies import MAX_INT
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
@@ -33,98 +36,6 @@ MIN_INVISIBLE_SECONDS, MAX_INVISIBLE_SECONDS = 1, 43_200
 
 
 UNDECODABLE_OUTCOME = "undecodable"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How to answer one receipt in ``Client.settle``: ``"ack"``, ``"retry"`` (``delay`` in
-    seconds or ``level``, else the next level) or ``"reject"``, with an optional error text."""
-
-    receipt: Any
-    outcome: str
-    error: str | None = None
-    delay: int | None = None
-    level: int | None = None
-
-
-def _receipts(group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> list[ReceivedMessage]:
-    """The receipts, checked (``TypeError``, ``ForeignReceiptError``) and in message-id order: every
-    statement then locks rows in the order the tier job's range scans do."""
-    items = [messages] if isinstance(messages, ReceivedMessage) else list(messages)
-    for item in items:
-        if not isinstance(item, ReceivedMessage):
-            raise TypeError(f"expected ReceivedMessage objects (from receive), got {type(item).__name__}")
-        if item.group != group:
-            raise ForeignReceiptError(
-                f"message {item.message_id} was received by group {item.group!r}: "
-                f"group {group!r} cannot answer for it"
-            )
-    return sorted(items, key=lambda m: (m.message_id, m.delivery_count))
-
-
-def int_array(values: Iterable[int]) -> str:
-    """Integers as PostgreSQL's array text (``{1,2,3}``), for a ``%(x)s::bigint[]`` parameter: the
-    server parses it in C, where psycopg would dump a Python list element by element (about a
-    third of an ack's client time for 500 receipts)."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-def _check_error(error: object) -> str | None:
-    """An error text as PostgreSQL can store it (``ValueError`` otherwise)."""
-    if error is not None and (not isinstance(error, str) or "\x00" in error):
-        raise ValueError(
-            f"an error text must be a str without a NUL character (PostgreSQL cannot store it), got {error!r}"
-        )
-    return error
-
-
-def _errors(error: str | Sequence[str] | None, count: int) -> list[str | None]:
-    if error is None or isinstance(error, str):
-        return [_check_error(error)] * count
-    errors = [_check_error(e) for e in error]
-    if len(errors) != count:
-        raise ValueError(f"got {len(errors)} errors for {count} messages")
-    return errors
-
-
-def retry_mode(delay: object = None, level: object = None) -> tuple[str, int, int]:
-    """``(mode, delay seconds, level)`` of a retry after ``delay`` whole seconds or at delay
-    ``level`` (Pulsar ``reconsumeLater`` / RocketMQ delay levels, seeds/000, seeds/003): mode
-    ``"delay"``, ``"level"`` (n >= 1), ``"negative"`` (a negative level: dead-letter at once) or
-    ``"next"`` (neither, or level 0: the policy's wait for the next retry). The one rule of
-    ``reconsume_later`` and of a ``settle`` retry. Raises ``ValueError`` (both given),
-    ``InvalidDelayError`` (not 1..864000 whole seconds), ``InvalidLevelError`` (not an int)."""
-    if delay is not None and level is not None:
-        raise ValueError("give a delay or a level, not both")
-    if delay is not None:
-        return ("delay", check_delay(delay), 0)
-    if level is None:
-        return ("next", 0, 0)
-    if not isinstance(level, int) or isinstance(level, bool):
-        raise InvalidLevelError(f"delay level {level!r} is not an integer")
-    if level < 0:
-        return ("negative", 0, 0)
-    return ("level", 0, level) if level > 0 else ("next", 0, 0)
-
-
-def plan_outcome(item: Outcome) -> tuple[str, int, int]:
-    """``(mode, delay seconds, level)`` of one ``settle`` outcome, mode being ``"ack"`` or a failure
-    mode of ``Client._fail`` (``"reject"``, ``"delay"``, ``"level"``, ``"negative"``, ``"next"``).
-    Raises ``ValueError`` (an unknown outcome, both a delay and a level, a bad error text),
-    ``InvalidDelayError`` (not 1..864000 whole seconds, Pulsar reconsumeLater, seeds/000),
-    ``InvalidLevelError`` (not an int), each naming the message."""
-    where = f"message {getattr(item.receipt, 'message_id', '?')}"
-    try:
-        _check_error(item.error)
-        if item.outcome == "ack":
-            return ("ack", 0, 0)
-        if item.outcome == "reject":
-            return ("reject", 0, 0)
-        if item.outcome != "retry":
-            raise ValueError(f"unknown outcome {item.outcome!r}: use 'ack', 'retry' or 'reject'")
-        return retry_mode(item.delay, item.level)
-    except ValueError as exc:  # the same error, naming the message
-        raise type(exc)(f"{where}: {exc}") from None
 
 
 def _retry_properties(row, topic: str, retry_topic: str) -> dict:
@@ -316,10 +227,50 @@ class Consuming(Administration):
         group received or a receipt naming another topic than its message's, ``TypeError`` for
         anything but a ``ReceivedMessage``, before anything changes."""
         group_id, _ = self._group(group)
-        items = _receipts(group, messages)
+        items = receipts_of(group, messages)
         if not items:
             return 0
         return self._answer(group_id, acks=items, plans=[], failed=0)["acked"]
+
+    def extend_lease(
+        self,
+        group: str,
+        messages: ReceivedMessage | Receipt | Iterable[ReceivedMessage | Receipt],
+        invisible_duration: float,
+        at: datetime | None = None,
+    ) -> int:
+        """Keep received messages invisible for ``invisible_duration`` seconds from now (or
+        ``at``), for work longer than the lease (SQS ``ChangeMessageVisibility``, Kafka KIP-1222's
+        ``RENEW``): each delivery still INFLIGHT under its receipt gets its new end; its delivery
+        count does not change. A late or repeated receipt (the lease ended and a tier run moved the
+        message on, or it was answered) changes nothing and is counted as a stale receipt.
+        ``messages``: ``ReceivedMessage`` objects or ``Receipt`` tuples (message id, delivery
+        count, topic, group). Returns how many leases were extended. Raises, before anything
+        changes, ``ValueError`` (``invisible_duration`` outside 1..43200 seconds, the lease's
+        bounds), ``TypeError`` (not a receipt), ``ForeignReceiptError`` (a receipt of another
+        group, or naming another topic than its message's)."""
+        self._check_lease(1, invisible_duration)
+        group_id, _ = self._group(group)
+        items = receipts_of(group, messages, also=Receipt)
+        if not items:
+            return 0
+        params = {
+            "group_id": group_id,
+            "ids": int_array(r.message_id for r in items),
+            "counts": int_array(r.delivery_count for r in items),
+            "topic_ids": int_array(self._topic(r.topic) for r in items),
+            "invisible_duration": float(invisible_duration),
+            "at": at,
+        }
+
+        def extend() -> int:
+            with self.conn.transaction():
+                extended = self.conn.execute(S.EXTEND_LEASE, params, prepare=False).fetchone()[0]
+                if extended < len(items):  # a receipt matched nothing: is it of the topic it names?
+                    self._check_receipt_topics(group_id, items)  # if not, raises: rolled back
+            return extended
+
+        return db.retry_lock_conflicts(extend)
 
     def nack(
         self,
@@ -370,10 +321,10 @@ class Consuming(Administration):
 
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
         group_id, _ = self._group(group)
-        items = _receipts(group, messages)
+        items = receipts_of(group, messages)
         self._check_receipt_topics(group_id, items)
         plans = self._plan_failures(
-            group_id, group, items, _errors(error, len(items)), at, mode, delay, level
+            group_id, group, items, error_texts(error, len(items)), at, mode, delay, level
         )
         counts = self._answer(group_id, acks=[], plans=plans, failed=len(items))
         return counts["retried"] + counts["dead_lettered"]

@@ -9,7 +9,8 @@ join, a UDF, a validation, a write).
 
 ``lease`` claims the messages with one statement on the driver (the delivery counts are
 committed before the DataFrame exists) and puts them in the DataFrame's plan as data, so that
-evaluating the DataFrame again never leases again. ``settle`` applies each Spark partition's
+evaluating the DataFrame again never leases again; ``extend_lease`` keeps leased rows invisible
+longer for long work. ``settle`` applies each Spark partition's
 receipts in one transaction (``Client.settle``) with a marker per job run and partition: a task
 that Spark runs twice (a retry, a speculative copy) settles its partition once. Both work on
 classic and Spark Connect sessions.
@@ -30,7 +31,7 @@ from redelivery.spark.publishing import publish_dataframe
 from redelivery.spark.session import functions_for
 from redelivery.store import db
 
-__all__ = ["lease", "settle", "publish_dataframe"]
+__all__ = ["lease", "settle", "extend_lease", "publish_dataframe"]
 
 #: The columns of a leased DataFrame (Spark DDL).
 LEASE_SCHEMA = (
@@ -140,6 +141,32 @@ def settle(
     task = _settle_partition(url, group, topic, uuid.uuid4().hex, config, at)
     reports = outcomes.drop("group").mapInArrow(task, SETTLED_SCHEMA).collect()
     return {key: sum(r[key] for r in reports) for key in ("acked", "retried", "dead_lettered", "stale")}
+
+
+def extend_lease(
+    df,
+    group: str,
+    topic: str,
+    invisible_duration: float,
+    *,
+    url: str | None = None,
+    at: datetime | None = None,
+) -> int:
+    """Keep leased rows invisible for ``invisible_duration`` seconds (1..43200) from now, for work
+    longer than their lease: ``df`` holds the receipts (``message_id``, ``delivery_count``: a
+    leased DataFrame, or the rows of it still being worked on); each delivery still INFLIGHT under
+    its receipt gets the new end, its delivery count unchanged (``Client.extend_lease``); a stale
+    receipt changes nothing and is counted. The receipts (two numbers a row) are collected and
+    applied in one statement. Returns how many leases were extended. Raises
+    ``MalformedMessageError`` for a missing column, and what ``Client.extend_lease`` raises,
+    before anything changes."""
+    missing = {"message_id", "delivery_count"} - set(df.columns)
+    if missing:
+        raise MalformedMessageError(f"the receipts DataFrame has no {sorted(missing)} column(s)")
+    rows = df.select("message_id", "delivery_count").collect()
+    receipts = [Receipt(r["message_id"], r["delivery_count"], topic, group) for r in rows]
+    with Client(url or db.database_url()) as client:
+        return client.extend_lease(group, receipts, invisible_duration, at=at)
 
 
 #: What a check task reports: the first bad row of its partition, if any.

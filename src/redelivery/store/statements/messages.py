@@ -196,6 +196,28 @@ ACK = _named("ACK", f"""
       FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.acked < cardinality(%(ids)s::bigint[])
       RETURNING 1)
     SELECT acked FROM n""")
+#: Keep deliveries invisible longer (SQS ChangeMessageVisibility, Kafka KIP-1222's RENEW): each one
+#: still INFLIGHT under its receipt (message id, delivery count, topic) gets ``invisible_until`` =
+#: ``at`` (or now) + ``invisible_duration`` seconds; its delivery count does not change. Receipts
+#: that match nothing are counted as stale on the group, as ACK counts them. Returns how many
+#: leases were extended.
+EXTEND_LEASE = _named("EXTEND_LEASE", f"""
+    WITH extended AS (
+      UPDATE deliveries d SET invisible_until = {_LEASE_END}, updated_at = now()
+      FROM unnest(%(ids)s::bigint[], %(counts)s::int[], %(topic_ids)s::int[])
+            AS i(message_id, delivery_count, topic_id)
+      WHERE d.topic_id = ANY(%(topic_ids)s::int[]) AND d.group_id = %(group_id)s
+        AND d.message_id = ANY(%(ids)s::bigint[])
+        AND d.topic_id = i.topic_id AND d.message_id = i.message_id
+        AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
+      RETURNING 1),
+    n AS (SELECT count(*) AS extended FROM extended),
+    stale AS (
+      UPDATE consumer_groups g
+      SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.extended
+      FROM n WHERE g.id = %(group_id)s AND n.extended < cardinality(%(ids)s::bigint[])
+      RETURNING 1)
+    SELECT extended FROM n""")
 #: The first receipt of group ``group_id`` whose message is not a message of the topic the receipt
 #: names: (message id, the named topic). A receipt with a delivery row of that topic is the topic's;
 #: only the others (stale ones) are looked up in the topic's log and dead letters. A message's topic
