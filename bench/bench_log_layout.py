@@ -36,7 +36,7 @@ import argparse
 import statistics
 
 import orjson
-from bench_receive import BATCH, PLAIN_DELETE, PLAIN_READ, build_plain, rate
+from bench_receive import BATCH, build_plain, plain_consumer, rate
 from bench_tier import build, database
 
 OFFSETS = """
@@ -141,19 +141,6 @@ def layout_consumer(receive: str, ack: str, retry: str, fraction: float):
                     done += len(picked)
 
     return drain
-
-
-def plain_consumer(url: str) -> int:
-    from redelivery.store import db
-
-    done = 0
-    with db.connect(url, autocommit=True) as conn:
-        while True:
-            rows = conn.execute(PLAIN_READ, {"n": BATCH}).fetchall()
-            if not rows:
-                return done
-            assert len([orjson.loads(r[4]) for r in rows]) == len(rows)
-            done += len(conn.execute(PLAIN_DELETE, {"ids": [r[0] for r in rows]}).fetchall())
 
 
 def fill_log(url: str, n: int) -> None:

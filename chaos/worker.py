@@ -250,12 +250,7 @@ class SparkHandler:
             {**base, "t": time.time(), "phase": "ok", "handed": handed},
         ]
         path = os.path.join(self.ledger_dir, f"{worker}.jsonl")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            for line in lines:
-                os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+        _append(path, lines)
         if self.gate:
             wait_at_gate(os.environ["REDELIVERY_DATABASE_URL"], self.gate)
         answers: dict[str, list] = {}
@@ -269,14 +264,19 @@ class SparkHandler:
              "verb": verb, "group": self.group, "receipts": receipts}
             for verb, receipts in answers.items()
         ]  # fmt: skip
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            for line in lines:
-                os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+        _append(path, lines)
         verbs = {"ack": "ack", "nack": "retry", "reject": "reject"}  # the consumer job's outcomes
         return [(verbs[outcome(m.message_id, m.delivery_count)], "spark says no") for m in messages]
+
+
+def _append(path: str, lines: list[dict]) -> None:
+    """Ledger lines appended to ``path``, one write each (a kill loses none said before it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for line in lines:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> None:

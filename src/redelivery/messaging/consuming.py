@@ -261,6 +261,7 @@ class Consuming(Administration):
             "topic_ids": int_array(self._topic(r.topic) for r in items),
             "invisible_duration": float(invisible_duration),
             "at": at,
+            "count_stale": True,
         }
 
         def extend() -> int:

@@ -118,6 +118,13 @@ READY_COUNT = _named("READY_COUNT", """
 
 # ---- consume --------------------------------------------------------------------------------------
 
+#: Counts the receipts of a call that matched nothing (``n.answered`` of ``ids`` did) as stale on
+#: the group, when ``count_stale``.
+_COUNT_STALE = """stale AS (
+      UPDATE consumer_groups g
+      SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.answered
+      FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.answered < cardinality(%(ids)s::bigint[])
+      RETURNING 1)"""
 #: The lease of a receive: ``at`` (or now) plus ``invisible_duration`` seconds.
 _LEASE_END = f"{AT} + make_interval(secs => %(invisible_duration)s)"
 #: Lease up to ``max_messages`` messages of a topic to a group, in one statement: first its READY
@@ -189,13 +196,9 @@ ACK = _named("ACK", f"""
         AND d.topic_id = i.topic_id AND d.message_id = i.message_id
         AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
       RETURNING 1),
-    n AS (SELECT count(*) AS acked FROM acked),
-    stale AS (
-      UPDATE consumer_groups g
-      SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.acked
-      FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.acked < cardinality(%(ids)s::bigint[])
-      RETURNING 1)
-    SELECT acked FROM n""")
+    n AS (SELECT count(*) AS answered FROM acked),
+    {_COUNT_STALE}
+    SELECT answered FROM n""")
 #: Keep deliveries invisible longer (SQS ChangeMessageVisibility, Kafka KIP-1222's RENEW): each one
 #: still INFLIGHT under its receipt (message id, delivery count, topic) gets ``invisible_until`` =
 #: ``at`` (or now) + ``invisible_duration`` seconds; its delivery count does not change. Receipts
@@ -211,13 +214,9 @@ EXTEND_LEASE = _named("EXTEND_LEASE", f"""
         AND d.topic_id = i.topic_id AND d.message_id = i.message_id
         AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
       RETURNING 1),
-    n AS (SELECT count(*) AS extended FROM extended),
-    stale AS (
-      UPDATE consumer_groups g
-      SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.extended
-      FROM n WHERE g.id = %(group_id)s AND n.extended < cardinality(%(ids)s::bigint[])
-      RETURNING 1)
-    SELECT extended FROM n""")
+    n AS (SELECT count(*) AS answered FROM extended),
+    {_COUNT_STALE}
+    SELECT answered FROM n""")
 #: The first receipt of group ``group_id`` whose message is not a message of the topic the receipt
 #: names: (message id, the named topic). A receipt with a delivery row of that topic is the topic's;
 #: only the others (stale ones) are looked up in the topic's log and dead letters. A message's topic
