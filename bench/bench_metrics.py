@@ -90,45 +90,7 @@ def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> di
             {"topics": topics, "messages": messages},
         )
         steps["messages"] = time.perf_counter() - start
-        start = time.perf_counter()
-        states = """SELECT m.id, m.topic_id, m.published_at, g.id AS group_id, g.name, s.h, s.state
-               FROM messages m CROSS JOIN consumer_groups g,
-                    LATERAL (SELECT h, CASE WHEN h < %(c)s THEN 'COMMITTED' WHEN h < %(r)s THEN 'READY'
-                                            WHEN h < %(i)s THEN 'INFLIGHT' WHEN h < %(w)s THEN 'WAITING_RETRY'
-                                            ELSE 'DLQ' END AS state
-                             FROM (SELECT ((m.id * 7919 + g.id * 104729) %% 1000)::int AS h) x) s"""
-        cuts = {"c": committed, "r": ready, "i": inflight, "w": waiting}
-        conn.execute(
-            f"""INSERT INTO deliveries (message_id, group_id, topic_id, published_at, state, delivery_count,
-                                        reconsume_times, delay_level, due_at, invisible_until, ready_at)
-               SELECT x.id, x.group_id, x.topic_id, x.published_at, x.state::delivery_state,
-                      1 + x.h %% 16,
-                      CASE WHEN x.state = 'INFLIGHT' THEN 0 ELSE 1 + x.h %% 16 END,
-                      CASE WHEN x.state = 'WAITING_RETRY' THEN 1 + x.h %% 16 END,
-                      CASE WHEN x.state = 'WAITING_RETRY' THEN now() + (x.h %% 600) * interval '1 s' END,
-                      CASE WHEN x.state = 'INFLIGHT' THEN now() + interval '1 hour' END,
-                      x.published_at + (x.h %% 60) * interval '1 s'
-               FROM ({states}) x WHERE x.state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')""",
-            cuts,
-        )
-        steps["deliveries"] = time.perf_counter() - start
-        start = time.perf_counter()
-        conn.execute(
-            f"""INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body,
-                                         content_type, properties, published_at, reason, last_error,
-                                         delivery_count, reconsume_times)
-               SELECT q.id, x.group_id, x.id, x.topic_id, x.id, m.body, m.content_type, m.properties,
-                      x.published_at, (%(reasons)s::dlq_reason[])[1 + x.id %% 4], 'boom', 1 + x.h %% 16,
-                      1 + x.h %% 16
-               FROM ({states}) x JOIN messages m ON m.topic_id = x.topic_id AND m.id = x.id
-               JOIN dead_letter_queues q ON q.name = '%%DLQ%%' || x.name
-               WHERE x.state = 'DLQ'""",
-            {**cuts, "reasons": REASONS},
-        )
-        conn.execute("""UPDATE subscriptions s SET consume_offset = m.last, messages_taken = m.n
-                        FROM (SELECT topic_id, max(id) AS last, count(*) AS n FROM messages GROUP BY 1) m
-                        WHERE m.topic_id = s.topic_id""")
-        steps["dead letters"] = time.perf_counter() - start
+        fill_states(conn, cuts={"c": committed, "r": ready, "i": inflight, "w": waiting}, steps=steps)
         start = time.perf_counter()
         for table in ("messages", "deliveries", "dlq_messages"):
             conn.execute(f"ANALYZE {table}")
@@ -137,6 +99,50 @@ def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> di
             "UPDATE consumer_groups SET promoted = id * 1000, dead_lettered = id * 100, redriven = id * 10"
         )
     return steps
+
+
+def fill_states(conn, cuts: dict, steps: dict) -> None:
+    """Each (message, group) a state by a hash of the pair (``cuts``: the hash's bounds of COMMITTED,
+    READY, INFLIGHT, WAITING_RETRY, the rest DLQ): the live ones a delivery row, the dead ones a
+    dead letter, COMMITTED nothing; every offset past its topic's last message."""
+    start = time.perf_counter()
+    states = """SELECT m.id, m.topic_id, m.published_at, g.id AS group_id, g.name, s.h, s.state
+           FROM messages m CROSS JOIN consumer_groups g,
+                LATERAL (SELECT h, CASE WHEN h < %(c)s THEN 'COMMITTED' WHEN h < %(r)s THEN 'READY'
+                                        WHEN h < %(i)s THEN 'INFLIGHT' WHEN h < %(w)s THEN 'WAITING_RETRY'
+                                        ELSE 'DLQ' END AS state
+                         FROM (SELECT ((m.id * 7919 + g.id * 104729) %% 1000)::int AS h) x) s"""
+    conn.execute(
+        f"""INSERT INTO deliveries (message_id, group_id, topic_id, published_at, state, delivery_count,
+                                    reconsume_times, delay_level, due_at, invisible_until, ready_at)
+           SELECT x.id, x.group_id, x.topic_id, x.published_at, x.state::delivery_state,
+                  1 + x.h %% 16,
+                  CASE WHEN x.state = 'INFLIGHT' THEN 0 ELSE 1 + x.h %% 16 END,
+                  CASE WHEN x.state = 'WAITING_RETRY' THEN 1 + x.h %% 16 END,
+                  CASE WHEN x.state = 'WAITING_RETRY' THEN now() + (x.h %% 600) * interval '1 s' END,
+                  CASE WHEN x.state = 'INFLIGHT' THEN now() + interval '1 hour' END,
+                  x.published_at + (x.h %% 60) * interval '1 s'
+           FROM ({states}) x WHERE x.state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')""",
+        cuts,
+    )
+    steps["deliveries"] = time.perf_counter() - start
+    start = time.perf_counter()
+    conn.execute(
+        f"""INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body,
+                                     content_type, properties, published_at, reason, last_error,
+                                     delivery_count, reconsume_times)
+           SELECT q.id, x.group_id, x.id, x.topic_id, x.id, m.body, m.content_type, m.properties,
+                  x.published_at, (%(reasons)s::dlq_reason[])[1 + x.id %% 4], 'boom', 1 + x.h %% 16,
+                  1 + x.h %% 16
+           FROM ({states}) x JOIN messages m ON m.topic_id = x.topic_id AND m.id = x.id
+           JOIN dead_letter_queues q ON q.name = '%%DLQ%%' || x.name
+           WHERE x.state = 'DLQ'""",
+        {**cuts, "reasons": REASONS},
+    )
+    conn.execute("""UPDATE subscriptions s SET consume_offset = m.last, messages_taken = m.n
+                    FROM (SELECT topic_id, max(id) AS last, count(*) AS n FROM messages GROUP BY 1) m
+                    WHERE m.topic_id = s.topic_id""")
+    steps["dead letters"] = time.perf_counter() - start
 
 
 def timed(call, rounds: int) -> float:

@@ -74,7 +74,8 @@ def main() -> None:
     url = fresh(embedded.url("postgres"), "redelivery_bench_upgrade")
     db.migrate(url, "0011")
     with db.connect(url, autocommit=True) as conn:
-        conn.execute(OLD_STORE, {"messages": args.messages, "dead": args.dead})
+        for statement in OLD_STORE.split(";")[:-1]:  # with parameters: one statement at a time
+            conn.execute(statement, {"messages": args.messages, "dead": args.dead})
         conn.execute(
             sql.SQL("CREATE TABLE {} PARTITION OF dlq_messages FOR VALUES IN (1)").format(
                 sql.Identifier("redelivery_dlq", "%DLQ%flights-http")

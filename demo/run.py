@@ -162,16 +162,119 @@ def deliver_flights(spark, receiver_url: str, tasks: int, clock: datetime, lease
         counts["retried"] += settled["retried"] + settled["dead_lettered"]
 
 
+def consumer_pass(spark, receiver_url: str, consumers: int, clock: datetime) -> None:
+    """Both groups consume what is theirs at ``clock``: the HTTP group as DataFrames (lease,
+    deliver in Spark tasks, settle), the statistics group with a handler per batch in Spark tasks."""
+    from demo.handlers import validate_flight
+    from redelivery.spark.consuming import consume
+
+    for group in (HTTP_GROUP, STATS_GROUP):
+        started = time.perf_counter()
+        if group == HTTP_GROUP:
+            counts = deliver_flights(spark, receiver_url, consumers, clock)
+        else:
+            with progress(f"{group} consuming"):
+                counts = consume(
+                    spark, group=group, topic=TOPIC, handler=validate_flight, consumers=consumers, at=clock
+                )
+        if counts["received"]:
+            print(
+                f"  {clock:%H:%M:%S} {group:<14} received {counts['received']:>7,}  "
+                f"acked {counts['acked']:>7,}  retried {counts['retried']:>6,}  "
+                f"rejected {counts['rejected']:>3,}  ({time.perf_counter() - started:.1f} s)"
+            )
+
+
+def run_due_tiers(client, config, dags: dict, ends: dict, clock: datetime) -> list[dict]:
+    """The Airflow DAG run (``dag.test``) of every tier whose next window ends at ``clock``; their
+    summaries from ``tier_runs``."""
+    from redelivery.airflow.dags.tiers import dag_id
+
+    summaries = []
+    for tier in [t for t in config.tiers if ends.get(t.name) == clock]:
+        started = time.perf_counter()
+        with progress(f"{dag_id(tier)} running"):
+            run = dags[dag_id(tier)].test(logical_date=clock)
+        if str(run.state) not in ("success", "DagRunState.SUCCESS"):
+            raise RuntimeError(f"{dag_id(tier)} run for window ending {clock} ended {run.state}")
+        summary = client.conn.execute(
+            "SELECT summary FROM tier_runs WHERE tier = %s AND window_end = %s "
+            "AND status = 'success' ORDER BY finished_at DESC LIMIT 1",
+            (tier.name, clock),
+        ).fetchone()[0]
+        summaries.append(summary)
+        print(
+            f"  {clock:%H:%M:%S} tier {tier.name:<10} promoted {summary['promoted']:>6,}  "
+            f"dead-lettered {summary['dead_lettered']:>5,}  "
+            f"lateness p99 {summary['lateness_seconds']['p99']} s  "
+            f"(DAG run {time.perf_counter() - started:.1f} s)"
+        )
+    return summaries
+
+
+def finish(
+    client, args, receiver, cancelled_keys: list, total: int, timeline: list, runs: list, started
+) -> int:
+    """The end of the demo: the table, the storage, the checks, the chart and summary.json; 0 when
+    every flight ended exactly once per group, else 1."""
+    from demo.report import check, storage, summary_table, write_chart
+
+    cancelled, clock = len(cancelled_keys), timeline[-1][0]
+    stats = client.stats()[TOPIC]
+    print()
+    print(summary_table(stats))
+    sizes = storage(client.conn)
+    print(
+        "storage: database {database}, the log {log}, delivery rows {deliveries}, dead letters "
+        "{dead_letters}".format(**{k: f"{v / 2**20:,.1f} MB" for k, v in sizes.items()})
+    )
+    failures = check(
+        client,
+        stats,
+        total=total,
+        cancelled_keys=cancelled_keys,
+        receiver=receiver,
+        http_group=HTTP_GROUP,
+        stats_group=STATS_GROUP,
+        max_reconsume_times=args.max_reconsume_times,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    chart = write_chart(args.out / "redelivery-demo.png", timeline, runs, [HTTP_GROUP, STATS_GROUP])
+    (args.out / "summary.json").write_text(
+        json.dumps(
+            {
+                "flights": total,
+                "cancelled": cancelled,
+                "stats": stats,
+                "dead_lettered_after_transient_failures_only": stats[HTTP_GROUP]["DLQ"] - cancelled,
+                "tier_runs": len(runs),
+                "simulated_seconds": (clock - timeline[0][0]).total_seconds(),
+                "wall_seconds": round(time.perf_counter() - started, 1),
+                "storage_bytes": sizes,
+                "failures": failures,
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    print(
+        f"\nsimulated {clock - timeline[0][0]} in {len(runs)} tier DAG runs; wall time "
+        f"{time.perf_counter() - started:.0f} s; chart: {chart}"
+    )
+    if failures:
+        print("FAILED checks:\n  " + "\n  ".join(failures))
+        return 1
+    print("every flight ended exactly once per group: OK")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # the demo prints its own progress
-    from demo.handlers import validate_flight
     from demo.receiver import FlightReceiver
-    from demo.report import check, storage, summary_table, write_chart
-    from redelivery.airflow.dags.tiers import START, dag_id, tier_dags
+    from redelivery.airflow.dags.tiers import START, tier_dags
     from redelivery.client import Client
     from redelivery.config import cached_config
-    from redelivery.spark.consuming import consume
     from redelivery.spark.publishing import publish_dataframe
     from redelivery.spark.session import get_spark
     from redelivery.store.db import migrate
@@ -212,95 +315,14 @@ def main(argv=None) -> int:
         print(f"  published in {time.perf_counter() - t0:.1f} s")
         timeline, runs = [(clock, client.stats()[TOPIC])], []
         while True:
-            for group in (HTTP_GROUP, STATS_GROUP):
-                t1 = time.perf_counter()
-                if group == HTTP_GROUP:  # DataFrames: lease, deliver in Spark tasks, settle
-                    counts = deliver_flights(spark, receiver.url, args.consumers, clock)
-                else:  # a handler per batch, in Spark tasks
-                    with progress(f"{group} consuming"):
-                        counts = consume(
-                            spark,
-                            group=group,
-                            topic=TOPIC,
-                            handler=validate_flight,
-                            consumers=args.consumers,
-                            at=clock,
-                        )
-                if counts["received"]:
-                    print(
-                        f"  {clock:%H:%M:%S} {group:<14} received {counts['received']:>7,}  "
-                        f"acked {counts['acked']:>7,}  retried {counts['retried']:>6,}  "
-                        f"rejected {counts['rejected']:>3,}  ({time.perf_counter() - t1:.1f} s)"
-                    )
+            consumer_pass(spark, receiver.url, args.consumers, clock)
             timeline.append((clock, client.stats()[TOPIC]))
             ends = next_windows(client.conn, config, START, topic_id)
             if not ends:
                 break
             clock = min(ends.values())
-            for tier in [t for t in config.tiers if ends.get(t.name) == clock]:
-                t1 = time.perf_counter()
-                with progress(f"{dag_id(tier)} running"):
-                    run = dags[dag_id(tier)].test(logical_date=clock)
-                if str(run.state) not in ("success", "DagRunState.SUCCESS"):
-                    raise RuntimeError(f"{dag_id(tier)} run for window ending {clock} ended {run.state}")
-                summary = client.conn.execute(
-                    "SELECT summary FROM tier_runs WHERE tier = %s AND window_end = %s "
-                    "AND status = 'success' ORDER BY finished_at DESC LIMIT 1",
-                    (tier.name, clock),
-                ).fetchone()[0]
-                runs.append(summary)
-                print(
-                    f"  {clock:%H:%M:%S} tier {tier.name:<10} promoted {summary['promoted']:>6,}  "
-                    f"dead-lettered {summary['dead_lettered']:>5,}  "
-                    f"lateness p99 {summary['lateness_seconds']['p99']} s  "
-                    f"(DAG run {time.perf_counter() - t1:.1f} s)"
-                )
-        stats = client.stats()[TOPIC]
-        print()
-        print(summary_table(stats))
-        sizes = storage(client.conn)
-        print(
-            "storage: database {database}, the log {log}, delivery rows {deliveries}, dead letters "
-            "{dead_letters}".format(**{k: f"{v / 2**20:,.1f} MB" for k, v in sizes.items()})
-        )
-        failures = check(
-            client,
-            stats,
-            total=total,
-            cancelled_keys=cancelled_keys,
-            receiver=receiver,
-            http_group=HTTP_GROUP,
-            stats_group=STATS_GROUP,
-            max_reconsume_times=args.max_reconsume_times,
-        )
-        args.out.mkdir(parents=True, exist_ok=True)
-        chart = write_chart(args.out / "redelivery-demo.png", timeline, runs, [HTTP_GROUP, STATS_GROUP])
-        (args.out / "summary.json").write_text(
-            json.dumps(
-                {
-                    "flights": total,
-                    "cancelled": cancelled,
-                    "stats": stats,
-                    "dead_lettered_after_transient_failures_only": stats[HTTP_GROUP]["DLQ"] - cancelled,
-                    "tier_runs": len(runs),
-                    "simulated_seconds": (clock - timeline[0][0]).total_seconds(),
-                    "wall_seconds": round(time.perf_counter() - started, 1),
-                    "storage_bytes": sizes,
-                    "failures": failures,
-                },
-                indent=2,
-                default=str,
-            )
-        )
-        print(
-            f"\nsimulated {clock - timeline[0][0]} in {len(runs)} tier DAG runs; wall time "
-            f"{time.perf_counter() - started:.0f} s; chart: {chart}"
-        )
-        if failures:
-            print("FAILED checks:\n  " + "\n  ".join(failures))
-            return 1
-        print("every flight ended exactly once per group: OK")
-        return 0
+            runs += run_due_tiers(client, config, dags, ends, clock)
+        return finish(client, args, receiver, cancelled_keys, total, timeline, runs, started)
     finally:
         receiver.stop()
         spark.stop()

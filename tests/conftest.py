@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from helpers import REPO_ROOT, reset
+from helpers import REPO_ROOT, at, reset
 
 # the checkout's state folder and config, as the Makefile sets them (before any settings are read)
 os.environ.setdefault("REDELIVERY_HOME", str(REPO_ROOT / ".redelivery"))
@@ -116,3 +116,27 @@ def spark_connect():
 def any_spark(request):
     """Each Spark test once with each path: a classic session and Spark Connect."""
     return request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")
+
+
+@pytest.fixture()
+def dead(client, topic_group):
+    """40 dead letters of group billing: 30 rejected ('schema ...'), 10 'timeout' at 2 reconsume times."""
+    client.create_topic("refunds")
+    client.subscribe("billing", "refunds")
+    client.publish("orders", [{"n": i} for i in range(30)], at=at(0))
+    client.reject(
+        "billing",
+        client.receive("billing", "orders", 30, 30, at=at(0)),
+        error="schema v2 missing field",
+        at=at(1),
+    )
+    client.create_group("billing", max_reconsume_times=0)
+    client.publish("refunds", [{"r": i} for i in range(10)], at=at(0))
+    client.nack(
+        "billing",
+        client.receive("billing", "refunds", 10, 30, at=at(0)),
+        error="Timeout calling ERP",
+        at=at(100),
+    )
+    client.create_group("billing", max_reconsume_times=None)
+    return client

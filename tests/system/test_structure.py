@@ -176,16 +176,25 @@ def test_the_head_revision_read_from_the_files_is_alembics():
 
 
 def test_files_and_functions_stay_small():
-    """No module over 600 lines, no function over 80 (migrations aside: each is one change)."""
+    """No Python file of the checkout over 600 lines, no function over 80 (migrations aside: each is
+    one change): the package, the DAG files, the tests, the crash suite, the benchmarks, the demo."""
     long_files, long_functions = [], []
-    for path in package_modules():
+    folders = ("src", "dags", "tests", "chaos", "bench", "demo", "harness")
+    paths = [
+        p
+        for folder in folders
+        for p in sorted((REPO_ROOT / folder).rglob("*.py"))
+        if "migrations" not in p.parts
+    ]
+    for path in paths:
         text = path.read_text()
+        where = path.relative_to(REPO_ROOT)
         if len(text.splitlines()) > 600:
-            long_files.append(str(path.relative_to(PACKAGE)))
+            long_files.append(str(where))
         for node in ast.walk(ast.parse(text)):
             if (
                 isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
                 and node.end_lineno - node.lineno >= 80
             ):
-                long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
-    assert (long_files, long_functions) == ([], [])
+                long_functions.append(f"{where}:{node.lineno} {node.name}")
+    assert len(paths) > 100 and (long_files, long_functions) == ([], [])

@@ -7,167 +7,29 @@ operator is ``admin`` (role Admin), and the last section checks what restricted 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
-from html import escape, unescape
-from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote
 
 import pytest
-import requests
 
-from helpers import REPO_ROOT, at, page_state, run_cli, snapshot
-from redelivery.client import Message
+from airflow_browser import (
+    ARTIFACTS,
+    BROWSER_MARKS,
+    api,
+    audited,
+    dlq_state,
+    last_event_id,
+    open_page,
+    post_form,
+    runs,
+    settle_tier_runs,
+    trigger_logs,
+    wait_for_run,
+)
+from helpers import at
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-pytestmark = [
-    pytest.mark.airflow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-        reason="Debian's chromium is not installed (make test installs it)",
-    ),
-]
-
-
-#: FAB roles of the restricted users, as an operator team would be given them (issue 18).
-ROLES = {
-    # reads dlq_redrive, its runs and the plugin's page; may not trigger it
-    "DlqReader": [
-        ("can_read", "Website"),
-        ("can_read", "Plugins"),
-        ("can_read", "DAG:dlq_redrive"),
-        ("can_read", "DAG Run:dlq_redrive"),
-    ],
-    # reads and triggers the seconds tier: another DAG's rights, none on dlq_redrive
-    "TierOperator": [
-        ("can_read", "Website"),
-        ("can_read", "Plugins"),
-        ("can_read", "DAG:redelivery_tier_seconds"),
-        ("can_edit", "DAG:redelivery_tier_seconds"),
-        ("can_create", "DAG Run:redelivery_tier_seconds"),
-    ],
-}
-#: The users besides ``admin`` (which LocalAirflow makes, role Admin), and their roles.
-USERS = {"reader": "DlqReader", "outsider": "TierOperator"}
-#: The admin's calls to the API (signed in by the ``local_airflow`` fixture).
-api = requests.Session()
-
-
-@pytest.fixture(scope="module")
-def local_airflow(database_url, tmp_path_factory):
-    """A running Airflow with its own metadata database (named after the test database) and
-    AIRFLOW_HOME, the FAB auth manager, ``USERS`` and ``admin``; ``api`` calls it as the admin."""
-    from harness.local_airflow import LocalAirflow
-
-    env = {
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "REDELIVERY_DATABASE_URL": database_url,
-    }
-    metadata_db = "airflow_e2e_" + urlsplit(database_url).path.strip("/")
-    home = tmp_path_factory.mktemp("airflow-home")
-    with LocalAirflow(home, metadata_db, env, users=USERS, roles=ROLES) as running:
-        api.headers.update(running.session().headers)
-        running.unpause("dlq_redrive")  # runs triggered through the API run (the form unpauses by itself)
-        # The tier DAGs are active from the start, and their runs would move these tests' state
-        # (its times are in the past): paused here, as an operator would, which the page and the
-        # metrics then show (test_a_paused_tier_is_shown_at_the_top_and_measured).
-        pause_tier_dags(running.url)
-        yield running
-    api.headers.pop("Authorization", None)
-
-
-@pytest.fixture(scope="module")
-def airflow(local_airflow) -> str:
-    """The running Airflow's base URL."""
-    return local_airflow.url
-
-
-def tier_dag_ids() -> list[str]:
-    from redelivery.airflow.dags.tiers import dag_id
-    from redelivery.config import cached_config
-
-    return [dag_id(t) for t in cached_config().tiers]
-
-
-def pause_tier_dags(base: str) -> None:
-    """Every tier DAG paused at once (Airflow's bulk PATCH, audit event ``patch_dags``), then the
-    seconds tier again on its own (``patch_dag``: it was paused already); returns once no tier run
-    is running."""
-    deadline = time.monotonic() + 120
-    while not all(api.get(f"{base}/api/v2/dags/{d}", timeout=30).ok for d in tier_dag_ids()):
-        assert time.monotonic() < deadline, "the tier DAGs were never registered"
-        time.sleep(2)
-    bulk = api.patch(
-        f"{base}/api/v2/dags",
-        params={"dag_id_pattern": "redelivery_tier_"},
-        json={"is_paused": True},
-        timeout=30,
-    )
-    assert bulk.status_code == 200 and bulk.json()["total_entries"] == len(tier_dag_ids()), bulk.text
-    time.sleep(1.1)  # the audit log's times: a second apart
-    single = api.patch(f"{base}/api/v2/dags/redelivery_tier_seconds", json={"is_paused": True}, timeout=30)
-    assert single.status_code == 200, single.text
-    settle_tier_runs(base)
-
-
-def settle_tier_runs(base: str, timeout: float = 180) -> None:
-    """Until no run of a tier DAG is running (a queued one of a paused DAG never starts)."""
-    deadline, quiet = time.monotonic() + timeout, 0
-    while quiet < 2:
-        running = [
-            r
-            for d in tier_dag_ids()
-            for r in api.get(
-                f"{base}/api/v2/dags/{d}/dagRuns", params={"state": "running"}, timeout=30
-            ).json()["dag_runs"]
-        ]
-        quiet = 0 if running else quiet + 1
-        assert time.monotonic() < deadline, f"tier runs still running: {running}"
-        time.sleep(2)
-
-
-@pytest.fixture()
-def chromium():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield launched
-        launched.close()
-
-
-def signed_in(chromium, base: str, user: str):
-    """A new page of ``chromium`` signed in to Airflow as ``user`` on the FAB login page."""
-    from harness.local_airflow import password
-
-    page = chromium.new_page(viewport={"width": 1400, "height": 1400})
-    page.goto(f"{base}/auth/login/")
-    page.locator('input[name="username"]').fill(user)
-    page.locator('input[name="password"]').fill(password(user))
-    page.locator('input[type="submit"]').click()
-    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
-    assert "_token" in {c["name"] for c in page.context.cookies()}, f"{user} is not signed in: {page.url}"
-    return page
-
-
-@pytest.fixture()
-def browser(chromium, airflow):
-    """A page signed in as the admin."""
-    return signed_in(chromium, airflow, "admin")
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture()
@@ -177,22 +39,6 @@ def dead_letters(client, topic_group):
         "billing", client.receive("billing", "orders", 30, 30, at=at(0)), error="schema violation", at=at(1)
     )
     return client
-
-
-def runs(base: str) -> list[dict]:
-    return api.get(
-        f"{base}/api/v2/dags/dlq_redrive/dagRuns", params={"order_by": "-run_after"}, timeout=60
-    ).json()["dag_runs"]
-
-
-def wait_for_run(base: str, known: set[str], timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for run in runs(base):
-            if run["dag_run_id"] not in known and run["state"] in ("success", "failed"):
-                return run
-        time.sleep(2)
-    raise AssertionError(f"no new dlq_redrive run finished in {timeout} s: {runs(base)}")
 
 
 def trigger_from_form(page, base: str, group: str, dry_run: bool = True, extra: dict | None = None) -> None:
@@ -207,10 +53,6 @@ def trigger_from_form(page, base: str, group: str, dry_run: bool = True, extra: 
         dry.locator("xpath=..").click()  # the switch's visible control
     assert dry.is_checked() == dry_run
     dialog.get_by_role("button", name="Trigger").click()
-
-
-def dlq_state(client) -> dict:
-    return client.stats()["orders"]["billing"]
 
 
 def test_redrive_from_the_trigger_form_dry_run_then_real(airflow, browser, dead_letters, tmp_path):
@@ -403,16 +245,6 @@ def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, de
 # ---- the Dead letters page: its charts, its dry-run redrive form, and what that form refuses ------
 
 #: Screenshots kept after the run as test artifacts (repository root; ignored by git).
-ARTIFACTS = REPO_ROOT / "test-artifacts"
-
-
-@pytest.fixture()
-def charted(client, topic_group, database_url):
-    """helpers.page_state: billing has 10 dead letters (REJECTED, "schema violation"), retries at
-    levels 1 (6) and 3 (4), 5 READY and 7 in flight; audit 4 READY; the seconds tier's runs were
-    2 s and 5 s late."""
-    page_state(client, database_url)
-    return client
 
 
 def drawn(frame, chart: str, key: str, value: str) -> dict:
@@ -425,13 +257,6 @@ def drawn(frame, chart: str, key: str, value: str) -> dict:
             " title: e.querySelector('title').textContent}))"
         )
     }
-
-
-def open_page(page, base: str):
-    page.goto(f"{base}/plugin/dead-letters", wait_until="networkidle")
-    frame = page.frame_locator("iframe").first
-    frame.get_by_text("Group billing: 10 dead letters").wait_for(timeout=20_000)
-    return frame
 
 
 def test_the_page_charts_the_state_in_the_airflow_ui(airflow, browser, charted):
@@ -506,22 +331,6 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
     after = api.get(f"{airflow}/redelivery/dlq/runs/{quote(second['dag_run_id'], safe='')}", timeout=30)
     assert after.status_code == 200 and second["dag_run_id"] in after.text
     assert dlq_state(charted)["DLQ"] == 10
-
-
-def trigger_logs(base: str, run_id: str | None = None) -> list[dict]:
-    """Airflow's audit-log entries of dlq_redrive triggers (``run_id`` None: the refused ones)."""
-    entries = api.get(
-        f"{base}/api/v2/eventLogs",
-        params={"dag_id": "dlq_redrive", "event": "trigger_dag_run", "limit": 100},
-        timeout=30,
-    ).json()["event_logs"]
-    return [e for e in entries if e["run_id"] == run_id]
-
-
-def post_form(base: str, data: dict, caller: requests.Session = api, **headers) -> requests.Response:
-    return caller.post(
-        f"{base}/redelivery/dlq/redrive", data=data, headers=headers, allow_redirects=False, timeout=30
-    )
 
 
 def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airflow, browser, charted):
@@ -671,387 +480,3 @@ def test_a_paused_tier_is_shown_at_the_top_and_measured(airflow, browser, charte
     paused_again = event_time(airflow, "patch_dag", "redelivery_tier_hours")
     page = api.get(f"{airflow}/redelivery/dlq", timeout=30).text
     assert f"paused since {paused_again} by " in page.split('data-tier="hours"')[1].split("</div>")[0]
-
-
-# ---- issue 18: restricted users (FAB roles): who gets the page, and who may trigger its form -----
-
-#: Every route of the page (a run's "dry run triggered" page too) and the audit-log event of its
-#: refusal.
-PAGE_ROUTES = {
-    "/redelivery/dlq": "get_dead_letters_page",
-    "/redelivery/dlq.json": "get_dead_letters_json",
-    "/redelivery/metrics": "get_redelivery_metrics",
-    "/redelivery/dlq/runs/manual__1": "get_dry_run_triggered",
-}
-
-
-def last_event_id(base: str) -> int:
-    """The newest entry's id in Airflow's audit log (0: none)."""
-    newest = api.get(
-        f"{base}/api/v2/eventLogs", params={"order_by": "-event_log_id", "limit": 1}, timeout=30
-    ).json()["event_logs"]
-    return newest[0]["event_log_id"] if newest else 0
-
-
-def audited(base: str, owner: str, after: int) -> list[dict]:
-    """dlq_redrive's audit-log entries of ``owner`` newer than the entry ``after``, oldest first,
-    each with its extra parsed."""
-    entries = api.get(
-        f"{base}/api/v2/eventLogs",
-        params={"dag_id": "dlq_redrive", "owner": owner, "order_by": "-event_log_id", "limit": 100},
-        timeout=30,
-    ).json()["event_logs"]
-    return [
-        {**e, "extra": json.loads(e["extra"] or "{}")} for e in reversed(entries) if e["event_log_id"] > after
-    ]
-
-
-def run_ids(base: str) -> set[str]:
-    return {r["dag_run_id"] for r in runs(base)}
-
-
-@pytest.mark.parametrize(
-    "user,page_status,refused",
-    [("admin", 200, None), ("reader", 200, "trigger"), ("outsider", 403, "read")],
-)
-def test_who_may_read_the_page_and_trigger_its_form(local_airflow, charted, user, page_status, refused):
-    """Through the API with each user's token: a user without dlq_redrive gets 403 and none of the
-    state store's data from every route; the form's post is refused (403) to whoever may not
-    trigger dlq_redrive (``refused``: the permission missing), and then no run is made and no row
-    of the state store changes; an admin gets both. Every refusal is in Airflow's audit log, the
-    user as owner, the conf and the reason in extra."""
-    base, caller = local_airflow.url, local_airflow.session(user)
-    known, before, since = run_ids(base), snapshot(charted.conn), last_event_id(base)
-    pages = {path: caller.get(f"{base}{path}", timeout=30) for path in PAGE_ROUTES}
-    assert {path: a.status_code for path, a in pages.items()} == dict.fromkeys(PAGE_ROUTES, page_status)
-    if page_status == 200:
-        assert "Group billing: 10 dead letters" in pages["/redelivery/dlq"].text
-        assert pages["/redelivery/dlq.json"].json()[0]["count"] == 10
-        assert 'group="billing"' in pages["/redelivery/metrics"].text
-    else:  # nothing of the state store leaks
-        assert all(a.json() == {"detail": "Forbidden"} for a in pages.values()), pages
-    posted = post_form(base, {"group": "billing", "reason": "REJECTED"}, caller, Origin=base)
-    conf = {"group": "billing", "dry_run": True, "reasons": ["REJECTED"]}
-    entries = audited(base, user, since)
-    if refused is None:
-        assert posted.status_code == 303, posted.text
-        run = wait_for_run(base, known)
-        assert run["conf"] == conf and run["state"] == "success"
-        assert [(e["event"], e["run_id"], e["extra"]["conf"]) for e in entries] == [
-            ("trigger_dag_run", run["dag_run_id"], conf)
-        ]
-        assert dlq_state(charted)["DLQ"] == 10  # a dry run
-        return
-    reason = f"{user} may not {refused} dlq_redrive (Airflow: Forbidden)"
-    assert posted.status_code == 403 and escape(reason) in posted.text, posted.text
-    assert run_ids(base) == known and snapshot(charted.conn) == before  # nothing triggered or changed
-    reads = [] if page_status == 200 else [(event, path) for path, event in PAGE_ROUTES.items()]
-    assert [(e["event"], e["extra"].get("via")) for e in entries[:-1]] == reads, entries
-    assert all(
-        e["extra"]["refused"] == [f"{user} may not read dlq_redrive (Airflow: Forbidden)"]
-        for e in entries[:-1]
-    )
-    [trigger] = entries[len(reads) :]
-    assert trigger["event"] == "trigger_dag_run" and trigger["run_id"] is None
-    assert trigger["extra"]["conf"] == conf and trigger["extra"]["refused"] == [reason]
-
-
-def test_without_a_session_every_route_is_401_and_nothing_is_logged(airflow, charted):
-    """No token, no cookie: 401 from every route, the form's post too; no one to name in the
-    audit log, so no entry (Airflow logs none either)."""
-    since = last_event_id(airflow)
-    for path in PAGE_ROUTES:
-        assert requests.get(f"{airflow}{path}", timeout=30).status_code == 401, path
-    assert post_form(airflow, {"group": "billing"}, requests.Session(), Origin=airflow).status_code == 401
-    logged = api.get(
-        f"{airflow}/api/v2/eventLogs",
-        params={"dag_id": "dlq_redrive", "order_by": "-event_log_id"},
-        timeout=30,
-    ).json()["event_logs"]
-    assert [e for e in logged if e["event_log_id"] > since] == []
-
-
-def test_a_reader_sees_the_page_in_the_ui_and_is_refused_its_form(airflow, chromium, charted):
-    """Signed in on the login page with role DlqReader: the Dead letters page in the UI's frame;
-    its form's button answers, in the frame, that the reader may not trigger dlq_redrive; no run,
-    no change, an audit entry."""
-    known, before, since = run_ids(airflow), snapshot(charted.conn), last_event_id(airflow)
-    page = signed_in(chromium, airflow, "reader")
-    frame = open_page(page, airflow)
-    frame.locator('form[data-group="billing"]').get_by_role("button").click()
-    refusal = frame.locator("ul.refused li")
-    refusal.first.wait_for(timeout=30_000)
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "dead-letters-reader-refused.png"))
-    assert refusal.all_inner_texts() == ["reader may not trigger dlq_redrive (Airflow: Forbidden)"]
-    assert "Nothing was triggered." in frame.locator("body").inner_text()
-    assert run_ids(airflow) == known and snapshot(charted.conn) == before
-    [entry] = audited(airflow, "reader", since)
-    assert entry["event"] == "trigger_dag_run" and entry["extra"]["conf"]["group"] == "billing"
-    assert entry["extra"]["refused"] == ["reader may not trigger dlq_redrive (Airflow: Forbidden)"]
-
-
-def test_a_user_without_dlq_redrive_sees_no_page_in_the_ui(airflow, chromium, charted):
-    """Signed in with role TierOperator (rights on the seconds tier only): the UI shows that tier,
-    the Dead letters frame shows Airflow's refusal and none of the state store; audited."""
-    since = last_event_id(airflow)
-    page = signed_in(chromium, airflow, "outsider")
-    page.goto(f"{airflow}/dags/redelivery_tier_seconds", wait_until="networkidle")
-    page.get_by_text("redelivery_tier_seconds").first.wait_for(timeout=20_000)  # a real, working user
-    page.goto(f"{airflow}/plugin/dead-letters", wait_until="networkidle")
-    frame = page.frame_locator("iframe").first
-    frame.get_by_text("Forbidden").wait_for(timeout=20_000)
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "dead-letters-outsider.png"))
-    assert "billing" not in frame.locator("body").inner_text()
-    assert page.goto(f"{airflow}/redelivery/metrics").status == 403
-    events = [(e["event"], e["extra"]["via"]) for e in audited(airflow, "outsider", since)]
-    assert events == [
-        ("get_dead_letters_page", "/redelivery/dlq"),
-        ("get_redelivery_metrics", "/redelivery/metrics"),
-    ]
-
-
-# ---- issue 21: the dead letters themselves: browse, filter, inspect, act on a selection ----------
-
-#: A key, an error and a body text that would run script in the page were anything unescaped.
-HOSTILE = '</td></pre><script>window.top.__pwned = 1</script><img src=x onerror="window.top.__pwned=2">\'"&'
-
-
-@pytest.fixture()
-def letters(client, topic_group):
-    """60 dead letters of billing, newest first: one hostile (JSON body, key and error, at 3 s),
-    19 "upstream 503 <i>" (at 2 s), 40 "schema violation" (at 1 s); keys k0..k2 in turn.
-    Returns (client, {"hostile": id, "upstream": ids, "schema": ids})."""
-    ids = client.publish("orders", [Message({"n": i}, key=f"k{i % 3}") for i in range(59)], at=at(0))
-    body = json.dumps({"note": HOSTILE, "amount": 10})
-    [hostile] = client.publish("orders", [Message(body, content_type="application/json", key=HOSTILE,
-                                                  properties={"tenant": HOSTILE})], at=at(0))  # fmt: skip
-    got = {m.message_id: m for m in client.receive("billing", "orders", 60, 30, at=at(0))}
-    client.reject("billing", [got[i] for i in ids[:40]], error="schema violation", at=at(1))
-    client.reject(
-        "billing", [got[i] for i in ids[40:]], error=[f"upstream 503 {i}" for i in range(19)], at=at(2)
-    )
-    client.reject("billing", got[hostile], error=HOSTILE * 3, at=at(3))
-    return client, {"hostile": hostile, "upstream": ids[40:], "schema": ids[:40]}
-
-
-def listed(frame) -> list[int]:
-    return [int(i) for i in frame.locator("tr[data-message-id]").evaluate_all(
-        "rows => rows.map(r => r.dataset.messageId)")]  # fmt: skip
-
-
-def open_list(page, base: str):
-    """The Dead letters page in the UI, then billing's list through its link, in the UI's frame."""
-    page.goto(f"{base}/plugin/dead-letters", wait_until="networkidle")
-    frame = page.frame_locator("iframe").first
-    frame.locator("a.browse").first.click()
-    frame.locator("tr[data-message-id]").first.wait_for(timeout=20_000)
-    return frame
-
-
-def framed_url(page) -> str:
-    return next(f for f in page.frames if "/redelivery/dlq" in f.url).url
-
-
-def filter_list(page, frame, **fields) -> None:
-    """Fill the list's filter form (text fields by name; ``reasons``: boxes to tick), submit it,
-    and wait until the frame shows the filtered list."""
-    form = frame.locator("form.dlqfilter")
-    for name, value in fields.items():
-        if name == "reasons":
-            for reason in value:
-                form.locator(f'input[name="reasons"][value="{reason}"]').check()
-        else:
-            form.locator(f'input[name="{name}"]').fill(value)
-    form.get_by_role("button").click()
-    framed = next(f for f in page.frames if "/redelivery/dlq" in f.url)
-    framed.wait_for_url(re.compile(r"[?&]error_contains=|[?&]key=|[?&]reasons="), timeout=20_000)
-    frame.locator("p.muted").first.wait_for(timeout=20_000)
-
-
-def test_browse_filter_and_open_a_hostile_dead_letter(airflow, browser, letters):
-    client, ids = letters
-    dialogs = []
-    browser.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    frame = open_list(browser, airflow)
-    newest_first = [
-        ids["hostile"],
-        *sorted(ids["upstream"], reverse=True),
-        *sorted(ids["schema"], reverse=True),
-    ]
-    assert listed(frame) == newest_first[:50]  # a page of 50, newest first
-    ARTIFACTS.mkdir(exist_ok=True)
-    browser.screenshot(path=str(ARTIFACTS / "dead-letters-browse.png"))
-    first = frame.locator(f'tr[data-message-id="{ids["hostile"]}"]').inner_text()
-    assert HOSTILE in first and "REJECTED" in first and "%DLQ%billing" in first  # the key and error, as text
-    frame.locator("a.next").click()
-    next(f for f in browser.frames if "/redelivery/dlq" in f.url).wait_for_url(re.compile("after="))
-    frame.get_by_text("no more").wait_for(timeout=20_000)
-    assert listed(frame) == newest_first[50:]
-    # the filter, in the frame's address: a link to share that opens the same view
-    filter_list(browser, frame, error_contains="UPSTREAM", key="k1", reasons=["REJECTED"])
-    expected = [i for i in sorted(ids["upstream"], reverse=True) if (i - 1) % 3 == 1]
-    assert listed(frame) == expected and len(expected) == 7  # keys k1 among 41..59
-    shared = framed_url(browser)
-    assert urlsplit(shared).path.endswith("/redelivery/dlq/messages"), shared
-    again = api.get(f"{airflow}/redelivery/dlq/messages?{urlsplit(shared).query}", timeout=30).text
-    assert [int(i) for i in re.findall(r'data-message-id="(\d+)"', again)] == expected
-    browser.screenshot(path=str(ARTIFACTS / "dead-letters-filtered-list.png"))
-    # the hostile one: every field shown as text, nothing runs
-    open_list(browser, airflow)
-    frame.get_by_role("link", name=str(ids["hostile"]), exact=True).click()
-    frame.locator("pre.body").wait_for(timeout=20_000)
-    body = frame.locator("pre.body").inner_text()
-    assert json.loads(body) == {"note": HOSTILE, "amount": 10} and body.startswith("{\n  ")  # pretty-printed
-    assert frame.locator("pre.error").inner_text() == HOSTILE * 3
-    text = frame.locator("body").inner_text()
-    assert f"tenant\t{HOSTILE}" in text and "schema violation" not in text
-    assert "RECONSUMETIMES" not in text  # rejected at once: never redelivered, no retry properties
-    assert frame.locator("script").count() == 1 and frame.locator("img").count() == 0
-    browser.screenshot(path=str(ARTIFACTS / "dead-letters-message.png"))
-    assert browser.evaluate("window.__pwned") is None and dialogs == []
-    assert browser.frames[1].evaluate("window.top.__pwned === undefined")
-
-
-def test_a_bad_filter_in_the_address_is_one_line_each_and_reads_nothing(airflow, letters):
-    answer = api.get(f"{airflow}/redelivery/dlq/messages",
-                     params={"group": "billing", "reason": "REJECTED", "dead_lettered_from": "yesterday"},
-                     timeout=30)  # fmt: skip
-    assert answer.status_code == 400
-    lines = [unescape(li) for li in re.findall(r"<li>(.*?)</li>", answer.text)]
-    assert lines[0] == "reason: unknown parameter (did you mean 'reasons'?)" and len(lines) == 2
-    assert lines[1].startswith("dead_lettered_from: ") and "yesterday" in lines[1]
-    assert "data-message-id" not in answer.text
-    missing = api.get(f"{airflow}/redelivery/dlq/messages/999999", params={"group": "billing"}, timeout=30)
-    assert missing.status_code == 404 and "has no dead letter 999999" in unescape(missing.text)
-    unknown = api.get(f"{airflow}/redelivery/dlq/messages", params={"group": "nobody"}, timeout=30)
-    assert unknown.status_code == 400 and "nobody" in unknown.text
-
-
-def start_from_the_list(browser, frame) -> None:
-    frame.get_by_role("button", name="Start dlq_redrive").click()
-    browser.wait_for_url(re.compile(r"/dags/dlq_redrive/runs/[^/?#]+"), timeout=30_000)
-
-
-def test_select_then_dry_run_then_real_run_of_all_matching(airflow, browser, letters):
-    client, ids = letters
-    known = run_ids(airflow)
-    frame = open_list(browser, airflow)
-    ticked = sorted(ids["upstream"])[:3]
-    for mid in ticked:
-        frame.locator(f'tr[data-message-id="{mid}"] input[name="selected"]').check()
-    start_from_the_list(browser, frame)  # dry run is the default
-    run = wait_for_run(airflow, known)
-    assert run["state"] == "success"
-    assert run["conf"] == {"group": "billing", "message_ids": sorted(ticked, reverse=True), "dry_run": True}
-    assert dlq_state(client)["DLQ"] == 60
-    [entry] = trigger_logs(airflow, run["dag_run_id"])
-    extra = json.loads(entry["extra"])
-    assert (
-        extra["conf"] == run["conf"] and extra["via"] == "/redelivery/dlq/messages/redrive" and entry["owner"]
-    )
-    matched = client.conn.execute("SELECT matched, moved FROM redrive_runs WHERE run_key = %s",
-                                  (f"dlq_redrive/{run['dag_run_id']}",)).fetchone()  # fmt: skip
-    assert matched == (3, 0)
-    known.add(run["dag_run_id"])
-    # all matching a filter, for real
-    frame = open_list(browser, airflow)
-    filter_list(browser, frame, error_contains="upstream")
-    frame.locator('input[name="selection"][value="all"]').check()
-    frame.locator('input[name="run"][value="real"]').check()
-    browser.screenshot(path=str(ARTIFACTS / "dead-letters-real-run.png"))
-    start_from_the_list(browser, frame)
-    run = wait_for_run(airflow, known)
-    assert run["state"] == "success"
-    assert run["conf"] == {"group": "billing", "error_contains": "upstream", "dry_run": False}
-    assert dlq_state(client)["DLQ"] == 41 and dlq_state(client)["READY"] == 19
-    moved = {r[0] for r in client.conn.execute("SELECT message_id FROM redrive_moves")}
-    assert moved == set(ids["upstream"])
-    after = api.get(f"{airflow}/redelivery/dlq/messages", params={"group": "billing"}, timeout=30).text
-    assert not set(ids["upstream"]) & {int(i) for i in re.findall(r'data-message-id="(\d+)"', after)}
-
-
-def test_the_selection_downloads_as_json_lines(airflow, browser, letters, database_url):
-    from redelivery.dead_letters import DlqFilter, jsonable, select
-
-    client, ids = letters
-    frame = open_list(browser, airflow)
-    ticked = [ids["hostile"], max(ids["schema"])]  # both on the first page
-    for mid in ticked:
-        frame.locator(f'tr[data-message-id="{mid}"] input[name="selected"]').check()
-    with browser.expect_download(timeout=30_000) as download:
-        frame.locator("button.download").click()
-    lines = Path(download.value.path()).read_text().splitlines()
-    expected = jsonable(select(client.conn, DlqFilter(group="billing", message_ids=ticked), with_body=True))
-    assert [json.loads(line) for line in lines] == json.loads(json.dumps(expected, default=str))
-    assert download.value.suggested_filename == "dead-letters-billing.jsonl"
-    query = {"group": "billing", "selection": "all", "reasons": "REJECTED"}
-    everything = api.get(f"{airflow}/redelivery/dlq/messages.jsonl", params=query, timeout=30)
-    assert everything.status_code == 200 and len(everything.text.splitlines()) == 60
-    cli = run_cli("dlq", "list", "--group", "billing", "--limit", "100", "--json", database_url=database_url)
-    assert [json.loads(line) for line in everything.text.splitlines()] == json.loads(cli.stdout)
-
-
-def test_a_reader_browses_but_may_not_redrive_and_an_outsider_sees_nothing(
-    airflow, chromium, letters, local_airflow
-):
-    client, ids = letters
-    known, before, since = run_ids(airflow), snapshot(client.conn), last_event_id(airflow)
-    page = signed_in(chromium, airflow, "reader")
-    frame = open_list(page, airflow)
-    start = frame.get_by_role("button", name="Start dlq_redrive")
-    assert (
-        start.is_disabled()
-        and "reader may not trigger dlq_redrive" in frame.locator("p.refusal").inner_text()
-    )
-    # the button turned back on in the page, as a crafted post would be: Airflow's permission refuses it
-    frame.locator(f'tr[data-message-id="{ids["hostile"]}"] input[name="selected"]').check()
-    frame.locator('input[name="run"][value="real"]').check()
-    start.evaluate("b => b.disabled = false")
-    start.click()
-    refusal = frame.locator("ul.refused li")
-    refusal.first.wait_for(timeout=30_000)
-    page.screenshot(path=str(ARTIFACTS / "dead-letters-reader-real-run-refused.png"))
-    assert refusal.all_inner_texts() == ["reader may not trigger dlq_redrive (Airflow: Forbidden)"]
-    assert "real run" in frame.locator("body").inner_text()
-    time.sleep(3)
-    assert run_ids(airflow) == known and snapshot(client.conn) == before
-    [entry] = audited(airflow, "reader", since)
-    assert entry["event"] == "trigger_dag_run" and entry["extra"]["via"] == "/redelivery/dlq/messages/redrive"
-    assert entry["extra"]["conf"] == {"group": "billing", "message_ids": [ids["hostile"]], "dry_run": False}
-    outsider = local_airflow.session("outsider")
-    for path in ("/redelivery/dlq/messages", f"/redelivery/dlq/messages/{ids['hostile']}",
-                 "/redelivery/dlq/messages.jsonl"):  # fmt: skip
-        answer = outsider.get(f"{airflow}{path}", params={"group": "billing", "selection": "all"}, timeout=30)
-        assert answer.status_code == 403 and "billing" not in answer.text, path
-
-
-def test_a_cross_origin_or_bad_selection_post_is_refused_and_audited(airflow, letters):
-    client, ids = letters
-    known, before, since = run_ids(airflow), snapshot(client.conn), last_event_id(airflow)
-    url = f"{airflow}/redelivery/dlq/messages/redrive"
-    form = {"group": "billing", "selected": str(ids["hostile"]), "run": "real"}
-    crossed = api.post(
-        url, data=form, headers={"Origin": "http://evil.example"}, allow_redirects=False, timeout=30
-    )
-    assert crossed.status_code == 403
-    bad_form = {**form, "reasons": "SOMETIMES", "selection": "none"}
-    bad = api.post(url, data=bad_form, headers={"Origin": airflow}, allow_redirects=False, timeout=30)
-    assert bad.status_code == 400
-    lines = [unescape(li) for li in re.findall(r"<li>(.*?)</li>", bad.text)]
-    assert [line.split(":")[0] for line in lines] == ["selection", "reasons.0"], lines
-    nothing = api.post(
-        url, data={"group": "billing"}, headers={"Origin": airflow}, allow_redirects=False, timeout=30
-    )
-    assert nothing.status_code == 400 and "no message is ticked" in nothing.text
-    time.sleep(3)
-    assert run_ids(airflow) == known and snapshot(client.conn) == before
-    entries = audited(airflow, "admin", since)
-    assert [e["extra"]["refused"][0].split(":")[0] for e in entries] == [
-        "a POST from origin 'http", "selection", "selected"]  # fmt: skip
-    assert entries[0]["extra"]["conf"] == {
-        "group": "billing",
-        "message_ids": [ids["hostile"]],
-        "dry_run": False,
-    }

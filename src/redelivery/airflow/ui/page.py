@@ -16,8 +16,9 @@ One format everywhere: counts with thousands separators (``charts.number``: 8,24
 to the second, booleans as words. Every value is escaped.
 
 Cost: each statement costs what it counts (docs/ARCHITECTURE.md; statements.py, "operator page"):
-the live states through their partial indexes, the dead letters of the listed groups, the latest
-runs of each tier through ``tier_runs_window``; the deliveries' history (COMMITTED) is never read.
+the live states through their partial indexes and the messages past each offset through the log's
+primary key, the dead letters of the listed groups, the latest runs of each tier through
+``tier_runs_window``; COMMITTED messages (no rows in the log layout) are not counted here.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ RECENT_RUNS = 20
 GROUP_LIMIT = 200
 #: Per listed group: its DLQs and its most frequent last errors shown.
 TOP_QUEUES, TOP_ERRORS = 20, 5
-#: Live states in the state machine's order, with their colours (COMMITTED, the history, is not read).
+#: Live states in the state machine's order, with their colours (COMMITTED is not shown).
 STATES = {"READY": "#38a169", "INFLIGHT": "#3182ce", "WAITING_RETRY": "#dd6b20", "DLQ": "#e53e3e"}
 P50, P99 = "#3182ce", "#e53e3e"
 
@@ -463,7 +464,8 @@ def render(data: dict, ui_root: str = "/", paused: dict[str, PauseEvent | None] 
     parts.extend(paused_banner(t, (paused or {})[t], data, ui_root) for t in tier_order(paused or {}))
     parts.append(
         "<p class='muted'>Every consumer group with live messages or dead letters, most dead letters first, "
-        "summed over its topics: live deliveries per state (the committed history is not counted) and "
+        "summed over its topics: live messages per state (READY counts the messages past its offsets; "
+        "COMMITTED is not shown) and "
         "retries waiting per delay level.</p>"
     )
     parts.append(filter_form(data["filter"]))

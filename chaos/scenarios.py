@@ -1,0 +1,445 @@
+"""The crash suite's kill points (``KillPoints``, a part of the controller in chaos/run.py): each
+scenario sets a worker going and kills it at a known statement, and keeps work around for the next
+one (messages to receive, retries due, dead letters to redrive). Every method uses the controller's
+database and worker plumbing (``spawn``, ``holding``, ``gate``, ``freeze_and_kill``, ``kills``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the controller's worker handle (chaos/run.py imports this module)
+    from run import Worker
+
+TOPIC, GROUPS = "chaos", ("g1", "g2", "capped")
+#: A topic of its own for retention: published at times long past, consumed, then its partitions
+#: dropped (the chaos topic's messages are all recent: retention never drops them).
+LOG_TOPIC, LOG_GROUP = "chaos-log", "log-reader"
+BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
+
+
+class KillPoints:
+    """The scenarios of the crash suite and the work they need around them."""
+
+    # ---- keeping work around ------------------------------------------------------------------
+
+    def top_up(self) -> None:
+        """Enough READY messages for the consumers, and retries and dead letters around."""
+        from redelivery.store import statements as S
+
+        ready = {
+            group: n for topic, group, n, *_ in self.conn.execute(S.SUBSCRIPTION_STATES) if topic == TOPIC
+        }
+        if min(ready.get(g, 0) for g in ("g1", "g2")) < 15:
+            batch = f"top-{uuid.uuid4().hex[:8]}"
+            from redelivery.client import Message
+
+            self.client.publish(TOPIC, [Message({"n": i}) for i in range(30)], batch_id=batch)
+
+    def make_due_retries(self, group: str = "g1") -> None:
+        due = "SELECT count(*) FROM deliveries WHERE state = 'WAITING_RETRY' AND due_at <= now()"
+        if self.conn.execute(due).fetchone()[0] >= 2:
+            return
+        self.top_up()
+        got = self.client.receive(group, TOPIC, 10, 30)
+        if got:
+            self.client.answer("nack", group, got, error="chaos")
+        time.sleep(1.05)  # the fixed 1 s backoff: due now
+
+    def make_dead_letters(self, group: str, at_least: int) -> None:
+        dead = self.conn.execute(
+            """SELECT count(*) FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id
+               WHERE g.name = %s""",
+            (group,),
+        ).fetchone()[0]
+        if dead < at_least:
+            self.top_up()
+            got = self.client.receive(group, TOPIC, at_least - dead + 2, 30)
+            self.client.answer("reject", group, got, error="chaos")
+
+    def tier_run_now(self, purpose: str) -> None:
+        """A tier run in this process (never killed) for a window ending at the database's now."""
+        from redelivery.tiers.run import run_tier_window
+
+        now = self.conn.execute("SELECT now()").fetchone()[0]
+        run_tier_window(
+            tier="fast",
+            window_end=now,
+            run_key=f"{purpose}-{uuid.uuid4().hex[:8]}",
+            url=self.url(),
+            config=self.client.client.config,
+        )
+
+    def churn(self) -> None:
+        """A tier run and a consumer pass in this process (not killed), so states keep moving."""
+        self.tier_run_now("churn")
+        for group in GROUPS:
+            batch = self.client.receive(group, TOPIC, 10, 2)
+            if batch:
+                self.client.answer("ack", group, batch[: len(batch) // 2])
+                self.client.answer("nack", group, batch[len(batch) // 2 :], error="churn")
+
+    # ---- kill points ------------------------------------------------------------------------
+
+    def consumer_after_receive(self) -> None:
+        self.top_up()
+        with self.gate() as (name, _):
+            worker = self.spawn(
+                "consume",
+                "--group",
+                self.rng.choice(["g1", "g2"]),
+                "--max",
+                "10",
+                "--lease",
+                "2",
+                "--gate",
+                name,
+                "--gate-at",
+                "before",
+            )
+            self.freeze_and_kill(
+                worker, "consumer: after its receive committed, before the handler", "%chaos.gates%"
+            )
+
+    def consumer_inside_answer(self, extend: bool = False) -> None:
+        """A consumer frozen inside its answer (the rows it answers held here), or, with
+        ``extend``, inside the lease extension it makes first."""
+        self.top_up()
+        group = self.rng.choice(["g1", "g2"])
+        with self.gate() as (name, gate_conn):
+            worker = self.spawn(
+                "consume",
+                "--group",
+                group,
+                "--max",
+                "10",
+                "--lease",
+                "2",
+                "--gate",
+                name,
+                "--gate-at",
+                "after",
+                *(["--extend"] if extend else []),
+            )
+            if not self.wait_until(lambda: self.waiting(worker.tag, "%chaos.gates%")):
+                worker.kill()
+                return
+            ids = self.conn.execute("SELECT ids FROM chaos.received WHERE gate = %s", (name,)).fetchone()[0]
+            with self.holding(
+                """SELECT 1 FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id
+                   WHERE g.name = %s AND d.message_id = ANY(%s) ORDER BY d.message_id FOR UPDATE""",
+                (group, ids),
+            ):
+                gate_conn.rollback()  # open the gate: the answer now waits on our row locks
+                if extend:
+                    self.freeze_and_kill(
+                        worker, "consumer: inside a lease extension", "%redelivery:EXTEND_LEASE%"
+                    )
+                else:
+                    self.freeze_and_kill(
+                        worker, "consumer: after the handler, inside its ack/nack/reject", "%redelivery:%"
+                    )
+
+    def tier_inside_range(self) -> None:
+        self.make_due_retries()
+        with self.holding("""SELECT message_id FROM deliveries
+                             WHERE state = 'WAITING_RETRY' AND due_at <= now()
+                             ORDER BY message_id DESC LIMIT 1 FOR UPDATE"""):
+            worker = self.spawn("tier", "--run-key", f"chaos-{uuid.uuid4().hex[:8]}", "--partitions", "2")
+            self.freeze_and_kill(worker, "tier job: inside a range's transaction", "%redelivery:%")
+
+    def tier_before_its_record(self) -> None:
+        self.make_due_retries()
+        with self.holding("SELECT pg_advisory_lock(%s, %s)", (BACKLOG_LOCK, self.topic_id)) as held:
+            worker = self.spawn("tier", "--run-key", f"chaos-{uuid.uuid4().hex[:8]}")
+            self.freeze_and_kill(
+                worker,
+                "tier job: ranges committed, before the run record is finished",
+                "%",
+                wait_event="advisory",
+            )
+            held.execute("SELECT pg_advisory_unlock_all()")
+
+    def redrive_inside_batch(self) -> None:
+        group = self.rng.choice(["g1", "g2"])
+        self.make_dead_letters(group, 5)
+        # the batch's last step adds to the group's redriven total: its dead letters are out of the
+        # DLQ and back in flight or READY by then, uncommitted (the run's start only needs the row
+        # FOR KEY SHARE, which this lock lets through)
+        with self.holding("SELECT 1 FROM consumer_groups WHERE name = %s FOR NO KEY UPDATE", (group,)):
+            worker = self.spawn("redrive", "--group", group, "--run-key", f"chaos-{uuid.uuid4().hex[:8]}")
+            self.freeze_and_kill(worker, "redrive: inside a batch", "%REDRIVE_MOVE_BATCH%")
+
+    def redrive_between_batches(self) -> None:
+        group = self.rng.choice(["g1", "g2"])
+        self.make_dead_letters(group, 7)
+        key = f"chaos-{uuid.uuid4().hex[:8]}"
+        worker = self.spawn("redrive", "--group", group, "--run-key", key, "--rate", "3")
+
+        def between():
+            moved = self.conn.execute("SELECT moved FROM redrive_runs WHERE run_key = %s", (key,)).fetchone()
+            idle = self.conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'idle'",
+                (f"chaos-{worker.tag}",),
+            ).fetchone()[0]
+            return (moved and moved[0] >= 3 and idle) or worker.proc.poll() is not None
+
+        if self.wait_until(between, 20) and worker.proc.poll() is None:
+            worker.kill()
+            self.kills["redrive: between two batches"] += 1
+        worker.kill()
+
+    def current_partition(self) -> str:
+        """The log's partition of now (made if missing), whose lock a COPY into the log waits for."""
+        from redelivery.store import statements as S
+        from redelivery.store.log import ensure_partition
+
+        now = self.conn.execute("SELECT now()").fetchone()[0]
+        ensure_partition(self.conn, now, self.client.client.config.retention.seconds("partition"))
+        return self.conn.execute(S.LOG_PARTITION_AT, {"at": now}).fetchone()[0]
+
+    def publish_inside_transaction(self) -> None:
+        batch = f"api-{uuid.uuid4().hex[:8]}"
+        # the COPY into the log waits for this lock: the publish stops there, its batch claimed and
+        # its ids taken under the topic's publish lock
+        with self.holding(f"LOCK TABLE redelivery_log.{self.current_partition()} IN SHARE MODE"):
+            worker = self.spawn("publish", "--batch", batch, "--count", "20")
+            self.freeze_and_kill(worker, "API publish: inside its transaction", "%redelivery:COPY_MESSAGES%")
+        if self.rng.random() < 0.5:  # the producer tries again with the same batch id
+            self.run_to_end(self.spawn("publish", "--batch", batch, "--count", "20"))
+
+    def lost_commit(self, what: str) -> None:
+        self.top_up()
+        trigger = {"publish": b"COMMIT", "receive": b"COMMIT", "ack": b"redelivery:ACK"}[what]
+        self.proxy.arm(trigger)
+        if what == "publish":
+            worker = self.spawn(
+                "publish", "--batch", f"lost-{uuid.uuid4().hex[:8]}", "--count", "20", through_proxy=True
+            )
+        else:
+            worker = self.spawn(
+                "consume",
+                "--group",
+                self.rng.choice(["g1", "g2"]),
+                "--max",
+                "10",
+                "--lease",
+                "2",
+                through_proxy=True,
+            )
+        self.run_to_end(worker)
+        if self.proxy.fired.is_set():
+            self.kills[f"lost commit answer: {what}"] += 1
+        self.proxy.arm(b"\x00never")
+
+    def restart_postgres(self) -> None:
+        self.top_up()
+        workers = [
+            self.spawn("consume", "--group", "g1", "--max", "5", "--lease", "2", "--loop"),
+            self.spawn("tier", "--run-key", f"chaos-{uuid.uuid4().hex[:8]}"),
+        ]
+        time.sleep(self.rng.uniform(0.8, 1.6))
+        self.embedded.stop("immediate")
+        for worker in workers:
+            worker.kill()
+        self.embedded.ensure_running(("chaos",))
+        self.kills["PostgreSQL: immediate shutdown in the middle of runs"] += 1
+        for spark in (self.spark, self.standby):  # their connections are gone with the server
+            if spark is not None:
+                spark.kill()
+        self.spark = self.standby = None
+        self.reconnect()
+
+    def receive_moving_its_offset(self) -> None:
+        """A receive stopped where it moves its group's consume offset (the subscription row, held
+        here): its READY rows are in flight already, uncommitted; killed there, nothing moved."""
+        self.top_up()
+        group = self.rng.choice(["g1", "g2"])
+        with self.holding(
+            """SELECT 1 FROM subscriptions s JOIN consumer_groups g ON g.id = s.group_id
+               JOIN topics t ON t.id = s.topic_id WHERE g.name = %s AND t.name = %s FOR UPDATE""",
+            (group, TOPIC),
+        ):
+            worker = self.spawn("consume", "--group", group, "--max", "10", "--lease", "2")
+            self.freeze_and_kill(
+                worker, "receive: waiting to move its consume offset", "%redelivery:RECEIVE%"
+            )
+
+    def partition_before_its_record(self) -> None:
+        """A partition's table made and attached in one transaction, stopped before its record in
+        log_partitions (held here): killed, the table and the attach roll back with it."""
+        ahead = self.rng.randint(2, 50)  # hours ahead: a partition nobody made yet, most times
+        with self.holding("LOCK TABLE log_partitions IN SHARE MODE"):
+            worker = self.spawn("partition", "--hours-ahead", str(ahead))
+            self.freeze_and_kill(
+                worker, "log: a partition made and attached, before its record commits",
+                "%redelivery:REGISTER_LOG_PARTITION%",
+            )  # fmt: skip
+
+    def old_log(self, leave: int = 0) -> None:
+        """Messages of the retention topic published two days and more ago (a partition of the
+        log of their own), received and acknowledged but for ``leave`` of them (which then hold the
+        partition: a group that lags)."""
+        from redelivery.client import Message
+
+        now = self.conn.execute("SELECT now()").fetchone()[0]
+        when = now - timedelta(days=2, hours=self.rng.randint(0, 200))
+        batch = f"old-{uuid.uuid4().hex[:8]}"
+        self.client.publish(LOG_TOPIC, [Message({"n": i}) for i in range(5)], batch_id=batch, at=when)
+        while got := self.client.receive(LOG_GROUP, LOG_TOPIC, 50, 600):
+            kept, leave = got[:leave], max(leave - len(got), 0)
+            if got[len(kept) :]:
+                self.client.answer("ack", LOG_GROUP, got[len(kept) :])
+            if kept:
+                self.held_back.extend(kept)
+
+    def retention_inside_detach(self) -> None:
+        """Retention detaching a partition CONCURRENTLY, stopped while it waits for the readers of
+        the log (a transaction of ours reading it): killed, the partition is left 'detach pending',
+        and the next retention run finishes the detach, checks it again and drops it."""
+        self.old_log(leave=self.rng.choice([0, 0, 1]))
+        with self.holding("SELECT 1 FROM messages LIMIT 1"):
+            worker = self.spawn("retention")
+            self.freeze_and_kill(
+                worker, "retention: inside a partition's concurrent detach", "%DETACH_LOG_PARTITION%"
+            )
+        self.finish_retention()
+
+    def retention_inside_drop(self) -> None:
+        """Retention dropping a detached partition, stopped at its record (held here): killed, the
+        partition stays detached and recorded, and the next retention run checks it and drops it."""
+        self.old_log()
+        with self.holding("SELECT 1 FROM log_partitions FOR UPDATE"):
+            worker = self.spawn("retention")
+            self.freeze_and_kill(
+                worker, "retention: a partition detached, inside its drop", "%FORGET_LOG_PARTITION%"
+            )
+        self.finish_retention()
+
+    def finish_retention(self) -> None:
+        """A retention run of ours (never killed), after acknowledging what an earlier scenario held
+        back with some probability: the lagging group catches up, and its partitions can go."""
+        from redelivery.store.log import drop_expired_partitions
+
+        if self.held_back and self.rng.random() < 0.5:
+            self.client.answer("ack", LOG_GROUP, self.held_back)
+            self.held_back = []
+        drop_expired_partitions(self.conn, self.client.client.config.retention.seconds("messages"))
+
+    # ---- Spark ------------------------------------------------------------------------------
+
+    def spark_worker(self) -> Worker:
+        """The Spark driver: a client of the suite's Spark Connect server, as an Airflow task is.
+        A standby starts with it, so that a killed driver's successor is ready at once."""
+        if self.spark is None or self.spark.proc.poll() is not None:
+            self.spark, self.standby = self.standby or self.spawn("spark", stdin=True), None
+            if self.spark.line(180) != "READY":
+                raise RuntimeError(f"the Spark worker did not start: see {self.logs}/{self.spark.tag}.log")
+        if self.standby is None or self.standby.proc.poll() is not None:
+            self.standby = self.spawn("spark", stdin=True)
+        return self.spark
+
+    def kill_task_of(self, backend_port: int) -> bool:
+        """Kill the Python worker (a Spark task) that owns the connection from ``backend_port``;
+        never one of the suite's own workers (a Spark driver doing the work itself would make the
+        kill point a driver kill under a task kill's name: nothing is killed then)."""
+        import psutil
+
+        ours = {w.proc.pid for w in [*self.workers, self.spark, self.standby] if w is not None}
+        for conn in psutil.net_connections(kind="tcp"):
+            # Linux reuses a local port for connections to other remotes (the driver's to the
+            # Spark Connect server, say): the connection is the one to this PostgreSQL
+            if (
+                conn.laddr
+                and conn.laddr.port == backend_port
+                and conn.raddr
+                and conn.raddr.port == self.args.port
+                and conn.pid
+            ):
+                if conn.pid in ours:
+                    print(
+                        f"  not a Spark task: the connection from port {backend_port} is a driver's",
+                        flush=True,
+                    )
+                    return False
+                os.kill(conn.pid, signal.SIGKILL)
+                return True
+        return False
+
+    def spark_publish_driver(self, where: str) -> None:
+        spark = self.spark_worker()
+        batch = f"spark-{uuid.uuid4().hex[:8]}"
+        if where == "before":
+            hold = (
+                "INSERT INTO publish_batches (batch_id, topic_id, message_count) VALUES (%s, %s, 0)",
+                (batch, self.topic_id),
+            )
+            kind, like = "Spark publish: staged, before the publishing transaction", "%CLAIM_PUBLISH_BATCH%"
+        else:
+            hold = (f"LOCK TABLE redelivery_log.{self.current_partition()} IN SHARE MODE", ())
+            kind, like = "Spark publish: inside the publishing transaction", "%redelivery:STAGED_TO_MESSAGES%"
+        with self.holding(*hold):
+            spark.send({"op": "publish", "batch": batch, "count": 30})
+            self.freeze_and_kill(spark, kind, like, timeout=60)
+            self.spark = None
+        if self.rng.random() < 0.5:  # the Airflow task's retry publishes the same batch id
+            spark = self.spark_worker()
+            spark.send({"op": "publish", "batch": batch, "count": 30})
+            self.expect(spark, "PUBLISHED", 120)
+
+    def spark_task(self, job: str) -> None:
+        spark = self.spark_worker()
+        if job == "publish":
+            batch = f"spark-{uuid.uuid4().hex[:8]}"
+            hold, params, like = "LOCK TABLE publish_staging IN SHARE MODE", (), "%COPY_STAGING%"
+            command, answer = {"op": "publish", "batch": batch, "count": 30}, "PUBLISHED"
+            kind = "Spark publish: a task killed while it stages"
+        elif job == "tier":
+            self.make_due_retries()
+            hold = """SELECT message_id FROM deliveries WHERE state = 'WAITING_RETRY' AND due_at <= now()
+                      ORDER BY message_id DESC LIMIT 1 FOR UPDATE"""
+            params, like = (), "%redelivery:%"
+            command, answer = {"op": "tier", "run_key": f"chaos-{uuid.uuid4().hex[:8]}"}, "TIER"
+            kind = "Spark tier job: a task killed inside its range"
+        else:
+            self.top_up()
+            with self.gate() as (name, gate_conn):
+                spark.send({"op": "consume", "group": "g1", "gate": name, "max": 5})
+                found = self.wait_until(lambda: self.waiting("spark", "%chaos.gates%"), 60)
+                if found and self.kill_task_of(found[0][1]):
+                    self.kills["Spark consumer: a task killed after its receive committed"] += 1
+            self.expect(spark, "CONSUMED", 180)
+            return
+        with self.holding(hold, params):
+            spark.send(command)
+            found = self.wait_until(lambda: self.waiting("spark", like), 60)
+            if found and self.kill_task_of(found[0][1]):
+                self.kills[kind] += 1
+        self.expect(spark, answer, 180)
+
+    def expect(self, worker: Worker, prefix: str, timeout: float) -> str | None:
+        line = worker.line(timeout)
+        while line is not None and not line.startswith(prefix):
+            line = worker.line(timeout)
+        if line is None:
+            worker.kill()
+            if worker is self.spark:
+                self.spark = None
+        return line
+
+    def run_to_end(self, worker: Worker, timeout: float = 60) -> None:
+        """Until the worker exits by itself; one still running after ``timeout`` seconds is killed
+        and counted as a worker that hung (its exit code says so: not killed by a kill point)."""
+        deadline = time.monotonic() + timeout
+        while worker.line(max(0.1, deadline - time.monotonic())) is not None:
+            pass
+        try:
+            worker.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.killed = False  # not a kill point: the worker hung
