@@ -17,13 +17,15 @@ SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104
 
 class LostAnswerProxy:
     """``start()``, then point clients at ``port``; ``arm(b"COMMIT")`` loses the next answer to a
-    message containing ``COMMIT``; ``fired`` is set once it did."""
+    message containing ``COMMIT``; ``arm(b"redelivery:ACK", b"COMMIT")`` the answer to the first
+    ``COMMIT`` after a message containing ``redelivery:ACK`` (the commit of an ack's transaction);
+    ``fired`` is set once it did."""
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1"):
         self.target = (target_host, target_port)
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
-        self.trigger: bytes | None = None
+        self.trigger: list[bytes] = []  # the messages to see, in order: the last one's answer is lost
         self.fired = threading.Event()
         self._lock = threading.Lock()
 
@@ -31,18 +33,19 @@ class LostAnswerProxy:
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 
-    def arm(self, trigger: bytes) -> None:
+    def arm(self, *triggers: bytes) -> None:
         with self._lock:
-            self.trigger, self.fired = trigger, threading.Event()
+            self.trigger, self.fired = list(triggers), threading.Event()
 
     def close(self) -> None:
         self.server.close()
 
     def _take_trigger(self, message: bytes) -> bool:
+        """Whether ``message`` is the last awaited one (its answer is then lost)."""
         with self._lock:
-            if self.trigger is not None and self.trigger in message:
-                self.trigger = None
-                return True
+            if self.trigger and self.trigger[0] in message:
+                self.trigger.pop(0)
+                return not self.trigger
         return False
 
     def _accept(self) -> None:
