@@ -151,6 +151,8 @@ def _move_batch(
         "low": bounds[0] if bounds else None,
         "high": bounds[1] if bounds else None,
     }
+    if params["dest"] is not None:  # the partition its copies go to (a run may cross the hour)
+        ensure_partition(conn, conn.execute(S.DB_NOW).fetchone()[0], params["partition_span"])
     with conn.transaction():
         if params["dest"] is not None:  # its copies are messages of that topic: hold it as a publish does
             catalog.lock_topic_for_publish(conn, params["dest"])
@@ -324,7 +326,8 @@ def redrive(
             )
             if run.dry_run or run.status == "success":
                 return _logged(log, _finish(conn, run.id, "success", matched=matched, sample=sample))
-            _make_partitions(conn, params, config.retention.seconds("partition"))
+            params["partition_span"] = config.retention.seconds("partition")
+            _make_partitions(conn, params, params["partition_span"])
             budget = None if request.max_messages is None else max(request.max_messages - run.moved, 0)
             threshold = config.spark_threshold if spark_threshold is None else spark_threshold
             held = None

@@ -17,6 +17,7 @@ from redelivery.metrics import render
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.store import log, maintenance
 from redelivery.store import statements as S
+from redelivery.tiers.run import run_tier_window
 
 HOUR = 3600
 DAY = 86400
@@ -219,3 +220,88 @@ def test_the_maintenance_makes_the_next_partition_ahead(client, topic_group):
     starts = [p[1] for p in partitions(client.conn)]
     assert starts[0] <= now < starts[1] and starts[1] - starts[0] == timedelta(hours=1)
     assert maintenance.cleanup(client.conn, RedeliveryConfig())["log_partitions_made"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_detach_cut_off_halfway_never_stops_later_retention(client, topic_group, clean_db):
+    """A concurrent detach cancelled while it waits (a user's statement_timeout, a killed
+    session) leaves its partition pending; PostgreSQL then refuses any other concurrent detach of
+    the log. The next retention run finishes the pending one first, and drops both."""
+    [held] = client.publish("orders", [{"n": 0}], at=at(0))
+    client.publish("orders", [{"n": 1}], at=at(HOUR))
+    client.publish("orders", [{"n": 2}], at=at(2 * DAY))
+    got = client.receive("billing", "orders", 3, 30, at=at(10))
+    client.ack("billing", [m for m in got if m.message_id != held])  # the first hour is held
+    with (
+        psycopg.connect(clean_db, autocommit=True) as reader,
+        psycopg.connect(clean_db, autocommit=True) as cut,
+    ):
+        reader.execute("BEGIN")
+        reader.execute("SELECT 1 FROM redelivery.messages LIMIT 1")  # the detach waits for this reader
+        cut.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            cut.execute(
+                "ALTER TABLE redelivery.messages"
+                " DETACH PARTITION redelivery_log.messages_20260301t130000 CONCURRENTLY"
+            )
+        reader.execute("COMMIT")
+    assert [p.detach_pending for p in log.partitions(client.conn)] == [False, True, False]
+    client.ack("billing", [m for m in got if m.message_id == held])
+    client.conn.execute("SET statement_timeout = '5s'")  # the run sets its own: none
+    result = retention_at(client.conn, at(2 * DAY + 60))
+    assert result.dropped == ["messages_20260301t120000", "messages_20260301t130000"]
+    assert client.conn.execute("SHOW statement_timeout").fetchone()[0] == "5s"  # put back
+
+
+@pytest.mark.timeout(120)
+def test_a_subscription_from_the_beginning_waits_for_a_retention_run(client, topic_group, clean_db):
+    """A retention run may be detaching a partition (invisible to new snapshots meanwhile): a
+    subscription from the beginning waits for it, so that its offset never lands under a partition
+    about to go or come back."""
+    client.create_group("replay")
+    with psycopg.connect(clean_db, autocommit=True) as retention:
+        retention.execute(S.ADVISORY_LOCK, log.RETENTION_LOCK)  # a retention run is going on
+        subscribing = threading.Thread(target=lambda: client.subscribe("replay", "orders", start="earliest"))
+        subscribing.start()
+        wait_for_session(
+            clean_db, "wait_event_type = 'Lock' AND wait_event = 'advisory'", "the subscribe waiting"
+        )
+        assert subscribing.is_alive()
+        retention.execute(S.ADVISORY_UNLOCK, log.RETENTION_LOCK)
+        subscribing.join(30)
+    assert "replay" in client.stats()["orders"]
+
+
+@pytest.mark.timeout(120)
+def test_a_receive_caught_in_a_deadlock_with_a_topic_delete_runs_again(
+    client, topic_group, clean_db, database_url
+):
+    """A receive locks its READY rows, then its subscription; a topic delete locks the
+    subscriptions, then the rows: PostgreSQL aborts one of them, and the receive runs again (then
+    finds nothing: the topic is gone) instead of failing."""
+    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
+    client.nack("billing", client.receive("billing", "orders", 1, 30, at=at(0)), at=at(0))
+    run_tier_window(tier="seconds", window_end=at(20), run_key="due", url=database_url)
+    assert message_state(client.conn, mid)["state"] == "READY"
+    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
+    errors, got = [], []
+    with Client(clean_db) as consumer, psycopg.connect(clean_db) as deleter:
+        deleter.execute("SET search_path TO redelivery")
+        deleter.execute(S.LOCK_TOPIC_FOR_DELETE, {"topic_id": topic_id})
+        deleter.execute(S.LOCK_SUBSCRIPTIONS_FOR_DELETE, {"topic_id": topic_id})
+
+        def receive() -> None:
+            try:
+                got.extend(consumer.receive("billing", "orders", 10, 30))
+            except Exception as error:  # noqa: BLE001 (the test reports it)
+                errors.append(error)
+
+        receiving = threading.Thread(target=receive)
+        receiving.start()
+        wait_for_session(clean_db, waiting_for_a_lock("RECEIVE"), "the receive waiting for the subscription")
+        deleter.execute(S.DELETE_TOPIC_DELIVERIES, {"topic_id": topic_id})  # waits for the READY row
+        deleter.execute(S.DELETE_TOPIC, {"topic_id": topic_id})
+        deleter.commit()
+        receiving.join(30)
+    assert errors == [] and got == []
+    assert client.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0

@@ -38,6 +38,7 @@ SAMPLES = {
     "message_key": None, "before_at": None, "before_id": None, "error_chars": 200, "body_bytes": 65536,
     "message_id": 1, "span": 3600.0, "partition_name": "messages_20260301t120000",
     "starts_at": "2026-03-01T12:00:00+00:00", "ends_at": "2026-03-01T13:00:00+00:00", "from_beginning": False,
+    "statement_timeout": "0", "lock_timeout": "0",
 }  # fmt: skip
 NOT_EXPLAINABLE = {"COPY_MESSAGES", "COPY_STAGING", "DATA_DIRECTORY"}  # EXPLAIN takes neither COPY nor SHOW
 

@@ -14,8 +14,9 @@ from redelivery.messaging.codec import (
 )
 from redelivery.rules.names import check_name
 from redelivery.rules.policies import MAX_INT, EffectivePolicy
-from redelivery.store import catalog
+from redelivery.store import catalog, db
 from redelivery.store import statements as S
+from redelivery.store.log import RETENTION_LOCK
 
 MAX_LIST_LIMIT = 10_000
 
@@ -113,7 +114,7 @@ class Administration:
         except ConfigError as exc:
             raise InvalidNameError(f"cannot subscribe group {group!r} to topic {topic!r}: {exc}") from None
         subscription = {"topic_id": topic_id, "group_id": group_id, "from_beginning": start == "earliest"}
-        self.conn.execute(S.SUBSCRIBE, subscription)
+        self.conn.execute(S.SUBSCRIBE, {**subscription, **RETENTION_LOCK})
         self._policies.pop((topic_id, group_id), None)
         self._caps.pop(topic_id, None)
 
@@ -123,11 +124,15 @@ class Administration:
         for the answers and tier runs holding its delivery rows, so a dead letter written meanwhile
         goes too. Raises ``UnknownTopicError``."""
         topic_id = self._topic(name)
-        with self.conn.transaction():
-            for statement in (S.LOCK_TOPIC_FOR_DELETE, S.LOCK_SUBSCRIPTIONS_FOR_DELETE):
-                self.conn.execute(statement, {"topic_id": topic_id})
-            self.conn.execute(S.DELETE_TOPIC_DELIVERIES, {"topic_id": topic_id})
-            self.conn.execute(S.DELETE_TOPIC, {"topic_id": topic_id})
+
+        def delete() -> None:  # a deadlock with a receive or a retention run: the victim runs again
+            with self.conn.transaction():
+                for statement in (S.LOCK_TOPIC_FOR_DELETE, S.LOCK_SUBSCRIPTIONS_FOR_DELETE):
+                    self.conn.execute(statement, {"topic_id": topic_id})
+                self.conn.execute(S.DELETE_TOPIC_DELIVERIES, {"topic_id": topic_id})
+                self.conn.execute(S.DELETE_TOPIC, {"topic_id": topic_id})
+
+        db.retry_lock_conflicts(delete)
         self._topics.pop(name, None)
         self._caps.pop(topic_id, None)
         self._policies = {k: v for k, v in self._policies.items() if k[0] != topic_id}

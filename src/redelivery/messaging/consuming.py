@@ -86,14 +86,18 @@ class Consuming(Administration):
         out of range)."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy, table = self._policy(topic_id, group_id, topic, group)  # NotSubscribedError
+
+        def lease() -> list[ReceivedMessage]:  # a deadlock victim (a topic delete) runs again
+            with self.conn.transaction():
+                rows = self._leased(params)
+                out, bad = self._decode_received(rows, group, topic, policy.retry_name)
+                if bad:
+                    self._dead_letter_undecodable(bad, group_id, table, at)
+            return out
+
         for _ in range(2):
             try:
-                with self.conn.transaction():
-                    rows = self._leased(params)
-                    out, bad = self._decode_received(rows, group, topic, policy.retry_name)
-                    if bad:
-                        self._dead_letter_undecodable(bad, group_id, table, at)
-                return out
+                return db.retry_lock_conflicts(lease)
             except _NeedDlqTable:  # rolled back: make the table, then claim again
                 catalog.ensure_dlq_tables(self.conn, {table["p_dlq"][0]})
         raise AssertionError("unreachable: the DLQ table exists on the second try")
@@ -123,8 +127,12 @@ class Consuming(Administration):
         one). Committed before this returns; same arguments and errors as ``receive``."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy = self._effective_policy(topic_id, group_id, topic, group)
-        with self.conn.transaction():
-            rows = self._leased(params)
+
+        def lease() -> list:
+            with self.conn.transaction():
+                return self._leased(params)
+
+        rows = db.retry_lock_conflicts(lease)
         return [
             {
                 "group": group,

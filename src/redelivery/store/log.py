@@ -21,6 +21,9 @@ from redelivery.store import statements as S
 
 LOG_SCHEMA = "redelivery_log"
 PARTITION_LOCK = 7_424_004  # advisory lock namespace: making or dropping a partition of the log
+#: The advisory lock of a retention run (session-scoped, exclusive); a subscription from the
+#: beginning takes it shared for its transaction (``statements.SUBSCRIBE``).
+RETENTION_LOCK = {"namespace": PARTITION_LOCK, "key": 1}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -145,24 +148,29 @@ def drop_expired_partitions(
     a subscription from the beginning) is seen; then drop it and forget it in one transaction, or
     attach it again. A detach cut off halfway is finished first (FINALIZE), and a partition left
     detached by a run cut off before its drop is checked and dropped or attached again the same
-    way: nothing unfinished is ever dropped. Retention runs take turns (a session advisory lock:
-    the backend of a run whose client died holds it until its detach is done), so each reads the
-    partitions' state after the one before it finished."""
-    lock = {"namespace": PARTITION_LOCK, "key": 1}
-    conn.execute(S.ADVISORY_LOCK, lock)
+    way: nothing unfinished is ever dropped. Retention runs take turns with each other and with a
+    subscription from the beginning (``RETENTION_LOCK``, a session advisory lock: the backend of a
+    run whose client died holds it until its detach is done), so each reads the partitions' state
+    after the one before it finished. The session waits as long as the detach must (no
+    ``statement_timeout`` or ``lock_timeout`` of the user's cancels it halfway: PostgreSQL keeps
+    one partition at most pending detach, and a cancelled one would stop every later detach)."""
+    conn.execute(S.ADVISORY_LOCK, RETENTION_LOCK)
+    saved = conn.execute(S.SESSION_TIMEOUTS).fetchone()
+    conn.execute(S.SET_SESSION_TIMEOUTS, {"statement_timeout": "0", "lock_timeout": "0"})
     try:
+        for pending in [p for p in partitions(conn) if p.detach_pending]:  # before any new detach
+            conn.execute(S.FINALIZE_LOG_PARTITION_DETACH.format(partition=_table(pending.name)))
         return _drop_expired(conn, retention_seconds, at)
     finally:
-        conn.execute(S.ADVISORY_UNLOCK, lock)
+        conn.execute(S.SET_SESSION_TIMEOUTS, {"statement_timeout": saved[0], "lock_timeout": saved[1]})
+        conn.execute(S.ADVISORY_UNLOCK, RETENTION_LOCK)
 
 
 def _drop_expired(conn: psycopg.Connection, retention_seconds: int, at: datetime | None) -> RetentionResult:
     result = RetentionResult()
-    for partition in expired(conn, retention_seconds, at):
+    for partition in expired(conn, retention_seconds, at):  # none pending detach: finished before
         table = _table(partition.name)
-        if partition.detach_pending:
-            conn.execute(S.FINALIZE_LOG_PARTITION_DETACH.format(partition=table))
-        elif partition.attached:
+        if partition.attached:
             held = partition_holders(conn, partition)
             if held:
                 for holder in held:

@@ -11,7 +11,7 @@ from datetime import datetime
 import psycopg
 
 from redelivery.config import RedeliveryConfig
-from redelivery.store import log
+from redelivery.store import db, log
 from redelivery.store import statements as S
 
 #: (record kind, statement, retention setting)
@@ -29,33 +29,35 @@ CLEANUPS = (
 def cleanup(
     conn: psycopg.Connection, config: RedeliveryConfig, limit: int = 10_000, at: datetime | None = None
 ) -> dict[str, int]:
-    """Apply every retention; return ``{kind: count}``: ``log_partitions_made`` (the current span's
-    and the next one's, when missing), ``log_partitions_dropped`` (past ``retention.messages``, no
-    group needing them; ``at`` replaces the database clock for that age), ``log_partitions_held``
-    (past it, kept for a group that still needs them: see ``redelivery.metrics``), then the rows
-    deleted of each record kind (``dead_letters`` only when ``retention.dead_letters`` is set).
-    ``conn`` in autocommit: each statement deletes at most ``limit`` rows in its own transaction,
-    so a long backlog never holds locks for long."""
+    """Apply every retention; return ``{kind: count}``: the rows deleted of each record kind
+    (``dead_letters`` only when ``retention.dead_letters`` is set), then ``log_partitions_made``
+    (the current span's and the next one's, when missing), ``log_partitions_dropped`` (past
+    ``retention.messages``, no group needing them; ``at`` replaces the database clock for that
+    age), ``log_partitions_held`` (past it, kept for a group that still needs them: see
+    ``redelivery.metrics``). ``conn`` in autocommit: each statement deletes at most ``limit`` rows
+    in its own transaction (a deadlock victim runs again), so a long backlog never holds locks for
+    long."""
     retention = config.retention
-    made = log.ensure_partitions_ahead(conn, retention.seconds("partition"), at)
-    result = log.drop_expired_partitions(conn, retention.seconds("messages"), at)
-    done = {
-        "log_partitions_made": len(made),
-        "log_partitions_dropped": len(result.dropped),
-        "log_partitions_held": len({name for names in result.held.values() for name in names}),
-    }
-    for kind, statement, setting in CLEANUPS:
+    done = {}
+    for kind, statement, setting in CLEANUPS:  # first: a failing partition drop stops none of them
         seconds = retention.seconds(setting)
         if seconds is None:  # kept: retention.dead_letters unset
             continue
         params, total = {"seconds": seconds, "limit": limit}, 0
         while True:
-            count = _deleted(conn.execute(statement, params))
+            count = db.retry_lock_conflicts(lambda p=params, s=statement: _deleted(conn.execute(s, p)))
             total += count
             if count < limit:
                 break
         done[kind] = total
-    return done
+    made = log.ensure_partitions_ahead(conn, retention.seconds("partition"), at)
+    result = log.drop_expired_partitions(conn, retention.seconds("messages"), at)
+    return {
+        "log_partitions_made": len(made),
+        "log_partitions_dropped": len(result.dropped),
+        "log_partitions_held": len({name for names in result.held.values() for name in names}),
+        **done,
+    }
 
 
 def _deleted(cursor: psycopg.Cursor) -> int:

@@ -42,12 +42,18 @@ SET_GROUP_MAX = _named("SET_GROUP_MAX", """
     RETURNING id""")
 #: Subscribe a group to a topic (nothing if it is): its consume offset starts at the log's end
 #: (``from_beginning`` false, Kafka's ``latest``: messages published from now on) or before the
-#: log's first message (``earliest``: every message the log still holds).
+#: log's first message (``earliest``: every message the log still holds). From the beginning, it
+#: first waits for a retention run (their advisory lock, shared here: ``log.RETENTION_LOCK``): a
+#: partition being detached is not in the log any new snapshot sees, and would be dropped or
+#: attached again under the new offset.
 SUBSCRIBE = _named("SUBSCRIBE", """
+    WITH retention AS MATERIALIZED (
+      SELECT pg_advisory_xact_lock_shared(%(namespace)s, %(key)s) WHERE %(from_beginning)s)
     INSERT INTO subscriptions (topic_id, group_id, consume_offset)
     SELECT %(topic_id)s, %(group_id)s,
            CASE WHEN %(from_beginning)s THEN 0
                 ELSE coalesce((SELECT max(id) FROM messages WHERE topic_id = %(topic_id)s), 0) END
+    FROM (SELECT count(*) FROM retention) waited
     ON CONFLICT DO NOTHING""")
 #: Deleting a topic first waits for the writers holding its row (LOCK_TOPIC_FOR_PUBLISH,
 #: LOCK_TOPIC_SHARED) and for the receives holding its subscriptions, and keeps new ones out; the
@@ -128,4 +134,11 @@ ADVISORY_XACT_LOCK = _named("ADVISORY_XACT_LOCK", "SELECT pg_advisory_xact_lock(
 #: Session-scoped ones, for work that cannot run inside a transaction (a concurrent detach).
 ADVISORY_LOCK = _named("ADVISORY_LOCK", "SELECT pg_advisory_lock(%(namespace)s, %(key)s)")
 ADVISORY_UNLOCK = _named("ADVISORY_UNLOCK", "SELECT pg_advisory_unlock(%(namespace)s, %(key)s)")
+#: The session's statement_timeout and lock_timeout, and setting them (work that must not be cut off
+#: halfway: a concurrent detach).
+SESSION_TIMEOUTS = _named("SESSION_TIMEOUTS", """
+    SELECT current_setting('statement_timeout'), current_setting('lock_timeout')""")
+SET_SESSION_TIMEOUTS = _named("SET_SESSION_TIMEOUTS", """
+    SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+           set_config('lock_timeout', %(lock_timeout)s, false)""")
 # fmt: on

@@ -54,7 +54,11 @@ def upgrade() -> None:
     ALTER INDEX messages_pkey RENAME TO messages_before_log_pkey;
     DROP INDEX messages_topic, messages_publish_batch;
     CREATE SEQUENCE message_ids;
-    SELECT setval('message_ids', coalesce((SELECT max(id) FROM messages_before_log), 0) + 1, false);
+    -- past every id ever taken (a deleted topic's too: redrive_moves may still name them)
+    SELECT setval('message_ids', greatest(
+        coalesce((SELECT max(id) FROM messages_before_log), 0),
+        coalesce((SELECT last_value FROM pg_sequences
+                  WHERE schemaname = 'redelivery' AND sequencename = 'messages_id_seq'), 0)) + 1, false);
     CREATE TABLE messages (
         topic_id integer NOT NULL,
         id bigint NOT NULL DEFAULT nextval('message_ids'),
