@@ -94,3 +94,5 @@ def test_demo_end_to_end_small(database_url, tmp_path):
     assert http["COMMITTED"] == 900 - http["DLQ"]
     assert summary["stats"]["flights-stats"]["COMMITTED"] == 900
     assert (tmp_path / "redelivery-demo.png").stat().st_size > 10_000
+    sizes, vacuumed = summary["storage_bytes"], summary["storage_bytes_after_vacuum"]
+    assert sizes["log"] > 0 and vacuumed["deliveries"] <= sizes["deliveries"] <= sizes["database"]
