@@ -55,19 +55,23 @@ def test_lease_then_plain_spark_then_settle(client, topic_group, database_url, a
 
 def test_leased_rows_still_worked_on_get_a_longer_lease(client, topic_group, database_url, any_spark):
     """A job that needs more time extends the lease of the rows it still works on: those stay in
-    flight past their first lease end, with the same delivery count; the others expire."""
+    flight past their first lease end, with the same delivery count; the others' leases end (the
+    tier run counts a failed delivery and, their 10 s wait past, makes them READY again)."""
     from redelivery.tiers.run import run_tier_window
 
     client.publish("orders", [{"n": i} for i in range(6)])
-    leased = lease(any_spark, "billing", "orders", max_messages=10, invisible_duration=5, url=database_url)
+    past = client.conn.execute("SELECT now()").fetchone()[0] - timedelta(seconds=120)
+    leased = lease(
+        any_spark, "billing", "orders", max_messages=10, invisible_duration=5, url=database_url, at=past
+    )  # leases that ended 115 s ago
     slow = leased.filter("get_json_object(body, '$.n') >= 3")
-    assert extend_lease(slow, "billing", "orders", 3600, url=database_url) == 3
+    assert extend_lease(slow, "billing", "orders", 3600, url=database_url, at=past) == 3
     now = client.conn.execute("SELECT now()").fetchone()[0]
-    run_tier_window(tier="seconds", window_end=now + timedelta(seconds=60), run_key="e", url=database_url)
+    run_tier_window(tier="seconds", window_end=now, run_key="e", url=database_url)
     states = client.conn.execute(
         "SELECT state::text, delivery_count, count(*) FROM deliveries GROUP BY 1, 2 ORDER BY 1"
     ).fetchall()
-    assert states == [("INFLIGHT", 1, 3), ("WAITING_RETRY", 1, 3)]
+    assert states == [("INFLIGHT", 1, 3), ("READY", 1, 3)]  # the others' leases ended: retried, due
     with pytest.raises(MalformedMessageError, match="delivery_count"):
         extend_lease(slow.select("message_id"), "billing", "orders", 60, url=database_url)
 
