@@ -215,10 +215,13 @@ class KillPoints:
 
     def lost_commit(self, what: str) -> None:
         self.top_up()
-        # an ack commits in a transaction of its own (its receipts' topics checked in it)
-        trigger = {"publish": [b"COMMIT"], "receive": [b"COMMIT"], "ack": [b"redelivery:ACK", b"COMMIT"]}[
-            what
-        ]
+        # an ack commits in a transaction of its own (its receipts' topics checked in it); a receive
+        # is one statement outside a transaction, whose answer is its commit's
+        trigger = {
+            "publish": [b"COMMIT"],
+            "receive": [b"redelivery:RECEIVE"],
+            "ack": [b"redelivery:ACK", b"COMMIT"],
+        }[what]
         self.proxy.arm(*trigger)
         if what == "publish":
             worker = self.spawn(

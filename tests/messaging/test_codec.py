@@ -83,3 +83,21 @@ def test_retry_properties_only_on_redeliveries():
         "RETRY_TOPIC": "%RETRY%g",
         "RECONSUMETIMES": "2",
     }
+
+
+def test_a_received_message_made_from_its_fields_is_the_constructors():
+    import dataclasses
+    from datetime import datetime, timezone
+
+    from redelivery.messaging.codec import ReceivedMessage
+
+    now = datetime(2026, 11, 26, tzinfo=timezone.utc)
+    fields = dict(message_id=7, group="g", topic="t", key="k", body={"a": 1}, content_type=JSON,
+                  properties={"p": "1"}, published_at=now, delivery_count=2, reconsume_times=1,
+                  delay_level=1, invisible_until=now, origin_message_id=7, last_error="boom",
+                  redrive_count=3)  # fmt: skip
+    made = ReceivedMessage.of(dict(fields))
+    assert made == ReceivedMessage(**fields) and repr(made) == repr(ReceivedMessage(**fields))
+    assert set(fields) == {f.name for f in dataclasses.fields(ReceivedMessage)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.delivery_count = 1

@@ -56,3 +56,13 @@ def test_statement_plans(name, database_url):
 def test_every_statement_is_named_after_its_constant():
     assert all(text.startswith(f"/* redelivery:{name} */") for name, text in S.ALL.items())
     assert len(S.ALL) > 50
+
+
+def test_receive_returns_the_columns_its_callers_unpack(database_url):
+    """``consuming._leased`` hands RECEIVE's rows over as tuples unpacked under RECEIVE_COLUMNS."""
+    from redelivery.messaging.consuming import RECEIVE_COLUMNS
+
+    with db.connect(database_url) as conn:
+        cursor = conn.execute(S.RECEIVE, {k: SAMPLES[k] for k in set(re.findall(r"%\((\w+)\)s", S.RECEIVE))})
+        assert tuple(column.name for column in cursor.description) == RECEIVE_COLUMNS
+        conn.rollback()

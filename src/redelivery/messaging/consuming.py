@@ -8,8 +8,6 @@ import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from psycopg.rows import namedtuple_row
-
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging.admin import Administration
 from redelivery.messaging.codec import (
@@ -38,19 +36,29 @@ MIN_INVISIBLE_SECONDS, MAX_INVISIBLE_SECONDS = 1, 43_200
 UNDECODABLE_OUTCOME = "undecodable"
 
 
-def _retry_properties(row, topic: str, retry_topic: str) -> dict:
-    """A leased row's properties with the retry properties of seeds/000 (REAL_TOPIC...)."""
+#: The columns of ``RECEIVE``, in its order: ``_leased`` hands its rows over as tuples that the
+#: callers unpack under these names (a test compares them with the statement's own).
+RECEIVE_COLUMNS = (
+    "message_id", "key", "body", "content_type", "properties", "published_at", "delivery_count",
+    "reconsume_times", "delay_level", "invisible_until", "origin_message_id", "last_error",
+    "redrive_count",
+)  # fmt: skip
+
+
+def _retry_properties(
+    properties: str, reconsume_times: int, origin_message_id: int, topic: str, retry_topic: str
+) -> dict:
+    """A leased row's properties (jsonb as text) with the retry properties of seeds/000 (REAL_TOPIC...)."""
+    loaded = json.loads(properties) if properties != "{}" else {}  # most messages carry none
+    if reconsume_times <= 0:
+        return loaded
     return retry_properties(
-        json.loads(row.properties) if row.properties != "{}" else {},  # most messages carry none
+        loaded,
         topic=topic,
-        origin_message_id=row.origin_message_id,
+        origin_message_id=origin_message_id,
         retry_topic=retry_topic,
-        reconsume_times=row.reconsume_times,
+        reconsume_times=reconsume_times,
     )
-
-
-class _NeedDlqTable(Exception):
-    """Rolls a receive back when an undecodable body must be dead-lettered into a DLQ without a table."""
 
 
 class Consuming(Administration):
@@ -80,27 +88,19 @@ class Consuming(Administration):
         counts as a failed delivery. The incremented delivery count is committed before this
         returns. A message whose body cannot be decoded (JSON that PostgreSQL stores but Python
         refuses: nesting deeper than the interpreter allows, integers over 4300 digits) is
-        dead-lettered in the same transaction with reason UNDECODABLE, so that nothing is left in
-        flight for a message the caller does not get. Raises ``UnknownGroupError``,
+        dead-lettered with reason UNDECODABLE before this returns, so that nothing is left in
+        flight for a message the caller does not get (a crash in between leaves it in flight until
+        its lease ends). Raises ``UnknownGroupError``,
         ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError`` (max_messages < 1 or a lease
         out of range)."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy, table = self._policy(topic_id, group_id, topic, group)  # NotSubscribedError
 
-        def lease() -> list[ReceivedMessage]:  # a deadlock victim (a topic delete) runs again
-            with self.conn.transaction():
-                rows = self._leased(params)
-                out, bad = self._decode_received(rows, group, topic, policy.retry_name)
-                if bad:
-                    self._dead_letter_undecodable(bad, group_id, table, at)
-            return out
-
-        for _ in range(2):
-            try:
-                return db.retry_lock_conflicts(lease)
-            except _NeedDlqTable:  # rolled back: make the table, then claim again
-                catalog.ensure_dlq_tables(self.conn, {table["p_dlq"][0]})
-        raise AssertionError("unreachable: the DLQ table exists on the second try")
+        rows = self._leased(params)
+        out, bad = self._decode_received(rows, group, topic, policy.retry_name)
+        if bad:
+            self._dead_letter_undecodable(bad, group_id, table, at)
+        return out
 
     @staticmethod
     def _check_lease(max_messages, invisible_duration) -> None:
@@ -128,32 +128,24 @@ class Consuming(Administration):
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy = self._effective_policy(topic_id, group_id, topic, group)
 
-        def lease() -> list:
-            with self.conn.transaction():
-                return self._leased(params)
-
-        rows = db.retry_lock_conflicts(lease)
-        return [
-            {
-                "group": group,
-                "topic": topic,
-                "message_id": row.message_id,
-                "delivery_count": row.delivery_count,
-                "reconsume_times": row.reconsume_times,
-                "key": row.key,
-                "body": None
-                if row.content_type == BINARY
-                else bytes(row.body).decode("utf-8", errors="replace"),
-                "body_binary": bytes(row.body) if row.content_type == BINARY else None,
-                "content_type": row.content_type,
-                "properties": list(_retry_properties(row, topic, policy.retry_name).items()),
-                "published_at": row.published_at,
-                "origin_message_id": row.origin_message_id,
-                "last_error": row.last_error,
-                "redrive_count": row.redrive_count,
-            }
-            for row in rows
-        ]
+        leased = []
+        rows = self._leased(params)
+        for (message_id, key, body, content_type, properties, published_at, delivery_count,
+             reconsume_times, _, _, origin_message_id, last_error, redrive_count) in rows:  # fmt: skip
+            binary = content_type == BINARY
+            properties = _retry_properties(
+                properties, reconsume_times, origin_message_id, topic, policy.retry_name
+            )
+            leased.append({
+                "group": group, "topic": topic, "message_id": message_id,
+                "delivery_count": delivery_count, "reconsume_times": reconsume_times, "key": key,
+                "body": None if binary else bytes(body).decode("utf-8", errors="replace"),
+                "body_binary": bytes(body) if binary else None, "content_type": content_type,
+                "properties": list(properties.items()), "published_at": published_at,
+                "origin_message_id": origin_message_id, "last_error": last_error,
+                "redrive_count": redrive_count,
+            })  # fmt: skip
+        return leased
 
     def _lease_params(
         self, group: str, topic: str, max_messages, invisible_duration, at
@@ -172,47 +164,51 @@ class Consuming(Administration):
         }
         return group_id, topic_id, params
 
-    def _leased(self, params: dict) -> list:
-        """The rows ``RECEIVE`` leased, by column name (psycopg's ``namedtuple_row``)."""
-        with self.conn.cursor(row_factory=namedtuple_row) as cursor:
-            return cursor.execute(S.RECEIVE, params).fetchall()
+    def _leased(self, params: dict) -> list[tuple]:
+        """The rows ``RECEIVE`` leased, as tuples of ``RECEIVE_COLUMNS``. One statement outside any
+        transaction of ours: it commits before its answer arrives (psycopg returns once PostgreSQL
+        reported the statement's transaction ended), so the delivery counts are persisted before a
+        caller sees a message, and the subscription row is locked only while it runs, not while
+        the rows travel and are decoded. Results in PostgreSQL's binary format: bodies arrive as
+        their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again."""
+
+        def lease() -> list[tuple]:
+            with self.conn.cursor(binary=True) as cursor:
+                return cursor.execute(S.RECEIVE, params).fetchall()
+
+        return db.retry_lock_conflicts(lease)
 
     @staticmethod
     def _decode_received(rows, group, topic, retry_topic) -> tuple[list[ReceivedMessage], list[tuple]]:
         """ReceivedMessages of the RECEIVE rows whose body decodes, and (id, delivery count, error)
         of those whose body does not."""
         out, bad = [], []
-        for row in rows:
+        for (message_id, key, body, content_type, properties, published_at, delivery_count,
+             reconsume_times, delay_level, invisible_until, origin_message_id, last_error,
+             redrive_count) in rows:  # fmt: skip
             try:
-                value = decode(row.body, row.content_type)
+                value = decode(body, content_type)
             except (ValueError, RecursionError) as exc:
-                error = f"body is not decodable as {row.content_type}: {type(exc).__name__}: {exc}"
-                bad.append((row.message_id, row.delivery_count, error[:1000]))
+                error = f"body is not decodable as {content_type}: {type(exc).__name__}: {exc}"
+                bad.append((message_id, delivery_count, error[:1000]))
                 continue
-            out.append(
-                ReceivedMessage(
-                    message_id=row.message_id,
-                    group=group,
-                    topic=topic,
-                    key=row.key,
-                    body=value,
-                    content_type=row.content_type,
-                    properties=_retry_properties(row, topic, retry_topic),
-                    published_at=row.published_at,
-                    delivery_count=row.delivery_count,
-                    reconsume_times=row.reconsume_times,
-                    delay_level=row.delay_level,
-                    invisible_until=row.invisible_until,
-                    origin_message_id=row.origin_message_id,
-                    last_error=row.last_error,
-                    redrive_count=row.redrive_count,
-                )
-            )
+            properties = _retry_properties(properties, reconsume_times, origin_message_id, topic, retry_topic)
+            out.append(ReceivedMessage.of({
+                "message_id": message_id, "group": group, "topic": topic, "key": key, "body": value,
+                "content_type": content_type, "properties": properties, "published_at": published_at,
+                "delivery_count": delivery_count, "reconsume_times": reconsume_times,
+                "delay_level": delay_level, "invisible_until": invisible_until,
+                "origin_message_id": origin_message_id, "last_error": last_error,
+                "redrive_count": redrive_count,
+            }))  # fmt: skip
         return out, bad
 
     def _dead_letter_undecodable(self, bad: list[tuple], group_id: int, table: dict, at) -> None:
-        if not self.conn.execute(S.DLQ_TABLE_STATE, {"dlq_id": table["p_dlq"][0]}).fetchone()[1]:
-            raise _NeedDlqTable
+        """Dead-letter the deliveries ``bad`` (message id, delivery count, error) just leased, reason
+        UNDECODABLE, before ``receive`` returns: one transaction after the lease's, guarded by the
+        receipts as any answer is. A crash between the two leaves them in flight until their lease
+        ends, as a consumer's crash would."""
+        catalog.ensure_dlq_tables(self.conn, {table["p_dlq"][0]})
         params = {
             **table,
             "group_id": group_id,
@@ -223,8 +219,13 @@ class Consuming(Administration):
         }
         params.update(reason="UNDECODABLE", force_dead_letter=True, level=None, delay=None)
         params.update(ids=[b[0] for b in bad], counts=[b[1] for b in bad], errors=[b[2] for b in bad])
-        dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
-        catalog.add_group_totals(self.conn, dead_lettered={group_id: dead})
+
+        def dead_letter() -> None:
+            with self.conn.transaction():
+                dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
+                catalog.add_group_totals(self.conn, dead_lettered={group_id: dead})
+
+        db.retry_lock_conflicts(dead_letter)
 
     def ack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> int:
         """Commit received messages; return how many were acknowledged.

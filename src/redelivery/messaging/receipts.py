@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
@@ -25,6 +26,9 @@ class Outcome:
     level: int | None = None
 
 
+_RECEIPT_ORDER = attrgetter("message_id", "delivery_count")
+
+
 def receipts_of(group: str, messages, also: type | None = None) -> list:
     """The receipts, checked (``TypeError``, ``ForeignReceiptError``) and in message-id order: every
     statement then locks rows in the order the tier job's range scans do. ``ReceivedMessage``
@@ -39,7 +43,7 @@ def receipts_of(group: str, messages, also: type | None = None) -> list:
                 f"message {item.message_id} was received by group {item.group!r}: "
                 f"group {group!r} cannot answer for it"
             )
-    return sorted(items, key=lambda m: (m.message_id, m.delivery_count))
+    return sorted(items, key=_RECEIPT_ORDER)
 
 
 def int_array(values: Iterable[int]) -> str:
