@@ -1,5 +1,7 @@
 """Messages as stored and as received: encode, decode, retry properties. Pure: no server."""
 
+from datetime import UTC
+
 import pytest
 
 from redelivery.errors import MalformedMessageError
@@ -87,11 +89,11 @@ def test_retry_properties_only_on_redeliveries():
 
 def test_a_received_message_made_from_its_fields_is_the_constructors():
     import dataclasses
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from redelivery.messaging.codec import ReceivedMessage
 
-    now = datetime(2026, 11, 26, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 26, tzinfo=UTC)
     fields = dict(message_id=7, group="g", topic="t", key="k", body={"a": 1}, content_type=JSON,
                   properties={"p": "1"}, published_at=now, delivery_count=2, reconsume_times=1,
                   delay_level=1, invisible_until=now, origin_message_id=7, last_error="boom",
