@@ -7,13 +7,16 @@ the same rows, measured in one run on the same database.
   raw COPY     psycopg's binary COPY of (key, body) into a plain table: the floor (baseline)
   API          Client.publish of the same rows to a topic with two subscribed groups
   DataFrame    spark.publish_job.publish_dataframe of the same rows (the warm Spark Connect server)
-  messages     (--floor) what a publish's write costs with nothing else: pre-built rows COPYed
-               straight into the log (one row per message, whatever the number of groups)
-  client       (--floor) the Python work of Client.publish alone, no database: a Message per row,
-               encode (each body checked as jsonb would check it), the batch fingerprint
+  messages     (--floor) what a publish's write costs with nothing else: the rows, encoded
+               beforehand, COPYed straight into the log (one row per message, whatever the number
+               of groups), ids from the column's default
+  client       (--floor) the client's work of Client.publish alone, no database: a Message per
+               row, encode (what only jsonb refuses looked for), the rows as Arrow arrays in
+               PostgreSQL's binary COPY format (pgpq)
 
 A publish writes one row per message into the log (no delivery row: each group's consume offset
-reaches it), inside one transaction, and is exactly once per batch id. Targets (issue 20):
+reaches it), inside one transaction, and is exactly once per batch id (PostgreSQL checks each JSON
+body and fingerprints the batch from the rows it wrote). Targets (issue 20):
 ``publish_dataframe`` at least 0.20x the raw COPY rate, ``Client.publish`` at least 0.10x. Each
 variant starts from an emptied, vacuumed database (redelivery_bench) with the log's partition of
 now. Prints figures and ratios; the median of the rounds.
@@ -90,29 +93,48 @@ def api_publish(url: str, rows) -> float:
     return elapsed
 
 
-def floor_copy(url: str, rows) -> float:
-    """Pre-encoded rows COPYed into the log, ids from its sequence; one transaction."""
-    from redelivery.store import db
+def _encoded(topic_id: int, published_at, rows) -> bytes:
+    """The rows as one COPY's data of the log's columns (copy_rows), as the API encodes them."""
+    from redelivery.messaging import copy_rows
 
-    encoded = [(k, b.encode()) for k, b in rows]
+    batch = copy_rows.message_batch(
+        topic_id,
+        published_at,
+        [k for k, _ in rows],
+        [b.encode() for _, b in rows],
+        ["application/json"] * len(rows),
+        ["{}"] * len(rows),
+    )
+    return copy_rows.COPY_HEADER + copy_rows.encode_rows(batch) + copy_rows.COPY_TRAILER  # before the clock
+
+
+def floor_copy(url: str, rows) -> float:
+    """The rows, encoded beforehand, COPYed into the log, ids from its sequence; one transaction."""
+    from redelivery.store import db
+    from redelivery.store import statements as S
+
     with db.connect(url) as conn:
         topic, now = conn.execute("SELECT id, now() FROM topics WHERE name = 'flights'").fetchone()
+        data = _encoded(topic, now, rows)
         start = time.perf_counter()
-        columns = "topic_id, key, body, content_type, publish_batch, published_at"
-        with conn.cursor().copy(f"COPY messages ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["int4", "text", "bytea", "text", "text", "timestamptz"])
-            for key, body in encoded:
-                copy.write_row((topic, key, body, "application/json", "floor", now))
+        with conn.cursor().copy(S.COPY_MESSAGES) as copy:
+            copy.write(data)
         conn.commit()
         return time.perf_counter() - start
 
 
 def client_work(rows) -> float:
-    from redelivery.messaging.codec import Message, batch_fingerprint, encode
+    """Client.publish's work before its COPY, as it does it: Messages, encode, Arrow, pgpq."""
+    from datetime import UTC, datetime
+
+    from redelivery.messaging import copy_rows
+    from redelivery.messaging.codec import Message
+    from redelivery.messaging.publishing import encoded_columns
 
     start = time.perf_counter()
-    messages = [Message(b, key=k, content_type="application/json") for k, b in rows]
-    batch_fingerprint([encode(m, i) for i, m in enumerate(messages)])
+    columns = encoded_columns([Message(b, key=k, content_type="application/json") for k, b in rows])
+    for _ in copy_rows.chunks(1, datetime.now(UTC), columns):
+        pass
     return time.perf_counter() - start
 
 

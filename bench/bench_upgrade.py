@@ -1,5 +1,6 @@
-"""How long the offline migration to the log (0012) takes on the demo's data, against copying the
-same messages once (the floor of any migration that keeps them), measured in one run.
+"""How long the offline migration to the log (0012) and the next one (0013: batches as id ranges,
+fingerprinted by PostgreSQL) take on the demo's data, against copying the same messages once (the
+floor of any migration that keeps them), measured in one run.
 
     .venv/bin/python bench/bench_upgrade.py [--messages 336776] [--dead 8255]
 
@@ -7,9 +8,10 @@ Builds, at revision 0011 (the layout before the log: a delivery row per message 
 as COMMITTED or DLQ), the state ``make demo`` ends in: ``--messages`` flight-like JSON bodies of
 about 300 B on topic flights, group flights-http with ``--dead`` of them dead-lettered (a dead
 letter each in %DLQ%flights-http) and the rest COMMITTED, group flights-stats with all of them
-COMMITTED. Then times ``db.migrate`` to the head, and, as the baseline, ``CREATE TABLE AS`` of the
-same messages. Prints seconds, the ratio, and the database size before and after. Runs on a
-database of its own (redelivery_bench_upgrade), made anew.
+COMMITTED, every message in one publish batch. Then times ``db.migrate`` to 0012, then to the
+head, and, as the baseline, ``CREATE TABLE AS`` of the same messages. Prints seconds, the ratios,
+and the database size before and after. Runs on a database of its own (redelivery_bench_upgrade),
+made anew.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ OLD_STORE = """
            m.published_at, '[]'
     FROM messages m CROSS JOIN consumer_groups g;
     INSERT INTO dead_letter_queues (name, table_created_at) VALUES ('%%DLQ%%flights-http', now());
+    INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint)
+    VALUES ('demo', 1, %(messages)s, 'from the client');
 """
 DEAD_LETTERS = """
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
@@ -91,8 +95,11 @@ def main() -> None:
         conn.execute("DROP TABLE bench_copy")
         conn.execute("CHECKPOINT")
     start = time.perf_counter()
-    db.migrate(url)
+    db.migrate(url, "0012")
     seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    db.migrate(url)
+    ranges = time.perf_counter() - start
     with db.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
         after = size(conn)
@@ -101,6 +108,7 @@ def main() -> None:
         f"{args.messages:,} messages, two groups, {args.dead:,} dead letters (database {before}):\n"
         f"  migration 0012 (offline) {seconds:.1f} s; copying the messages once (baseline) {copy:.1f} s: "
         f"{seconds / copy:.1f}x\n"
+        f"  migration 0013 (batch ranges) {ranges:.1f} s: {ranges / copy:.1f}x\n"
         f"  after: {stats:,} messages in the log, database {after}"
     )
 

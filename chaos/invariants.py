@@ -73,16 +73,18 @@ CHECKS = {
                           WHERE s.topic_id = q.topic_id AND s.group_id = q.group_id)""",
     DLQ_ROWS: """
         SELECT message_id, group_id, count(*) FROM dlq_messages GROUP BY 1, 2 HAVING count(*) > 1""",
-    # a batch's messages are all in one partition (one publish time): all of them, or none once
-    # retention dropped it (no partition holds its time any more)
+    # a batch's messages (its topic's ids in its range) are all in one partition (one publish
+    # time): all of them, or none once retention dropped it (no partition holds its time any more);
+    # a batch of messages has its range
     BATCH_COUNT: """
         SELECT b.batch_id, b.message_count, count(m.id) FROM publish_batches b
-        LEFT JOIN messages m ON m.publish_batch = b.batch_id
-        GROUP BY 1, 2, b.published_at
-        HAVING count(m.id) <> b.message_count
-           AND (count(m.id) > 0 OR EXISTS (SELECT 1 FROM log_partitions l
-                                           WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
-                                             AND l.ends_at > b.published_at))""",
+        LEFT JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
+        GROUP BY 1, 2, b.published_at, b.first_id
+        HAVING (b.message_count > 0 AND b.first_id IS NULL)
+            OR (count(m.id) <> b.message_count
+                AND (count(m.id) > 0 OR EXISTS (SELECT 1 FROM log_partitions l
+                                                WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
+                                                  AND l.ends_at > b.published_at)))""",
     EARLY_PROMOTION: """
         SELECT message_id, group_id, due_at, ready_at FROM deliveries
         WHERE state IN ('READY', 'INFLIGHT') AND due_at IS NOT NULL AND ready_at < due_at""",
@@ -232,7 +234,10 @@ def published(conn, calls: list[Call], states) -> list:
     bad = []
     for call in events(calls, "publish"):
         rows = conn.execute(
-            "SELECT id, key FROM messages WHERE publish_batch = %s ORDER BY id", (call.asked["batch"],)
+            """SELECT m.id, m.key FROM publish_batches b
+               JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
+               WHERE b.batch_id = %s ORDER BY m.id""",
+            (call.asked["batch"],),
         ).fetchall()
         if not rows and _dropped(conn, call):
             continue

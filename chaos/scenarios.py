@@ -388,7 +388,7 @@ class KillPoints:
             kind, like = "Spark publish: staged, before the publishing transaction", "%CLAIM_PUBLISH_BATCH%"
         else:
             hold = (f"LOCK TABLE redelivery_log.{self.current_partition()} IN SHARE MODE", ())
-            kind, like = "Spark publish: inside the publishing transaction", "%redelivery:STAGED_TO_MESSAGES%"
+            kind, like = "Spark publish: inside the publishing transaction", "%redelivery:COPY_MESSAGES%"
         with self.holding(*hold):
             spark.send({"op": "publish", "batch": batch, "count": 30})
             self.freeze_and_kill(spark, kind, like, timeout=60)
@@ -402,7 +402,7 @@ class KillPoints:
         spark = self.spark_worker()
         if job == "publish":
             batch = f"spark-{uuid.uuid4().hex[:8]}"
-            hold, params, like = "LOCK TABLE publish_staging IN SHARE MODE", (), "%COPY_STAGING%"
+            hold, params, like = "LOCK TABLE publish_staging IN SHARE MODE", (), "%redelivery:STAGE_CHUNK%"
             command, answer = {"op": "publish", "batch": batch, "count": 30}, "PUBLISHED"
             kind = "Spark publish: a task killed while it stages"
         elif job == "tier":

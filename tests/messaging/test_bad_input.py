@@ -263,3 +263,69 @@ def test_a_client_on_an_older_schema_names_its_revision_and_the_upgrade(empty_da
     db.migrate(empty_database)  # what the message says to do
     with Client(empty_database) as client:
         assert client.stats() == {}
+
+
+def jsonb_takes(database_url, text: str) -> bool:
+    import psycopg
+
+    from redelivery.store import db
+
+    with db.connect(database_url, autocommit=True) as conn:
+        try:
+            conn.execute("SELECT %s::jsonb IS NOT NULL", (text,))
+            return True
+        except psycopg.errors.DataError:
+            return False
+
+
+@pytest.mark.parametrize("text", EDGE_BODIES, ids=lambda t: t[:24])
+def test_a_json_body_is_published_exactly_when_jsonb_takes_it(client, topic_group, database_url, text):
+    """The publish path end to end: the client's check of what only jsonb refuses, then PostgreSQL's
+    IS JSON as the row is written. A refusal names the message and changes nothing. (The log's
+    partition of now exists, as the maintenance job makes it ahead: a publish that finds none
+    makes it before its COPY, whatever the COPY then refuses.)"""
+    from redelivery.store import log
+
+    log.ensure_partitions_ahead(client.conn, client.config.retention.seconds("partition"))
+    before = snapshot(client.conn)
+    try:
+        client.publish("orders", [{"n": 1}, Message(text, content_type=JSON)])
+        published = True
+    except MalformedMessageError as refused:
+        assert str(refused).startswith("message 1: body is not valid application/json")
+        assert snapshot(client.conn) == before
+        published = False
+    assert published == jsonb_takes(database_url, text)
+
+
+@pytest.mark.parametrize("text", EDGE_BODIES, ids=lambda t: t[:24])
+def test_a_json_body_is_published_from_spark_exactly_when_jsonb_takes_it(
+    client, topic_group, database_url, monkeypatch, text
+):
+    """The same through a Spark publish's task and driver (the task run as Spark runs it): the
+    task's vectorized checks, then PostgreSQL's in the driver's COPY, the row named either way."""
+    import pyarrow as pa
+    import pyspark
+
+    from redelivery.spark.publishing import publish_staged, stage_partition
+
+    monkeypatch.setattr(
+        pyspark.TaskContext, "get", staticmethod(lambda: type("T", (), {"partitionId": lambda: 0}))
+    )
+    rows = pa.RecordBatch.from_pydict({
+        "key": pa.array(["a", "b"]), "body": pa.array([b'{"n": 1}', text.encode()]),
+        "content_type": pa.array([JSON, JSON]), "properties": pa.array([None, None], pa.string()),
+    })  # fmt: skip
+    topic_id, now = client.conn.execute("SELECT id, now() FROM topics WHERE name = 'orders'").fetchone()
+    [report] = pa.Table.from_batches(
+        stage_partition(database_url, topic_id, "edge", "run-1", now)(iter([rows]))
+    ).to_pylist()
+    try:
+        publish_staged(database_url, topic_id, "edge", "run-1", [report], at=now)
+        published = True
+    except MalformedMessageError as refused:
+        assert "partition 0 message 1: body is not valid application/json" in str(refused)
+        published = False
+    assert published == jsonb_takes(database_url, text)
+    assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == (2 if published else 0)
+    assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0

@@ -44,43 +44,39 @@ def arrow_rows(bodies):
     )
 
 
-def test_a_task_that_runs_twice_stages_its_partition_once(client, topic_group, database_url, monkeypatch):
-    """An executor lost after its task committed: Spark runs the task again. The second attempt
-    finds the partition staged and reports what the first one staged."""
+def staged_run(client, database_url, batch_id, rows, monkeypatch):
+    """Run a publish task of partition 0 of run ``run-1`` over ``rows`` as Spark would (its task
+    context replaced); return (topic id, publish time, its report)."""
     import pyspark
 
     monkeypatch.setattr(
         pyspark.TaskContext, "get", staticmethod(lambda: SimpleNamespace(partitionId=lambda: 0))
     )
+    topic_id, now = client.conn.execute("SELECT id, now() FROM topics WHERE name = 'orders'").fetchone()
+    task = stage_partition(database_url, topic_id, batch_id, "run-1", now)
+    [report] = pa.Table.from_batches(task(iter([rows]))).to_pylist()
+    return topic_id, now, report
+
+
+def test_a_task_that_runs_twice_stages_its_partition_once(client, topic_group, database_url, monkeypatch):
+    """An executor lost after its task committed: Spark runs the task again. The second attempt
+    finds the partition staged and reports what the first one staged."""
     rows = arrow_rows([f'{{"n": {i}}}' for i in range(50)])
-    [first] = pa.Table.from_batches(
-        stage_partition(database_url, "b-twice", "run-1", True)(iter([rows]))
-    ).to_pylist()
-    [second] = pa.Table.from_batches(
-        stage_partition(database_url, "b-twice", "run-1", True)(iter([rows]))
-    ).to_pylist()
-    assert (first["rows"], first["staged"], second["staged"]) == (50, True, False)
-    assert second["fingerprint"] == first["fingerprint"] and second["rows"] == 50
-    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
-    assert publish_staged(database_url, topic_id, "b-twice", "run-1", [second]) == 50
+    topic_id, now, first = staged_run(client, database_url, "b-twice", rows, monkeypatch)
+    _, _, second = staged_run(client, database_url, "b-twice", rows, monkeypatch)
+    assert (first["rows"], first["staged"], second["staged"], second["rows"]) == (50, True, False, 50)
+    assert client.conn.execute("SELECT sum(rows) FROM publish_staging").fetchone()[0] == 50  # once
+    assert publish_staged(database_url, topic_id, "b-twice", "run-1", [second], at=now) == 50
     assert count_messages(client) == 50 and client.stats()["orders"]["billing"]["READY"] == 50
     assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
 
 
 def test_staged_rows_that_do_not_add_up_publish_nothing(client, topic_group, database_url, monkeypatch):
     """Tasks that report more than the database holds (their rows went elsewhere) publish nothing."""
-    import pyspark
-
-    monkeypatch.setattr(
-        pyspark.TaskContext, "get", staticmethod(lambda: SimpleNamespace(partitionId=lambda: 0))
-    )
-    [report] = pa.Table.from_batches(
-        stage_partition(database_url, "b-short", "run-1", True)(iter([arrow_rows(['{"n": 1}'])]))
-    ).to_pylist()
+    topic_id, now, report = staged_run(client, database_url, "b-short", arrow_rows(['{"n": 1}']), monkeypatch)
     missing = {**report, "part": 1}  # a second partition the tasks say they wrote, the database never saw
-    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
     with pytest.raises(PublishError, match="another database"):
-        publish_staged(database_url, topic_id, "b-short", "run-1", [report, missing])
+        publish_staged(database_url, topic_id, "b-short", "run-1", [report, missing], at=now)
     assert count_messages(client) == 0
     assert client.conn.execute("SELECT count(*) FROM publish_batches").fetchone()[0] == 0
     assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0

@@ -535,3 +535,62 @@ def test_the_log_migration_keeps_every_message_state_per_group(fresh_url):
         again, new_one = client.receive("billing", "orders", 10, 30)  # the READY row first, then the log
         assert (again.body["n"], again.delivery_count, again.redrive_count) == (6, 3, 1)
         assert (new_one.body["n"], new_one.delivery_count) == (11, 1)
+
+
+# ---- migration 0013: batches as id ranges, fingerprinted by PostgreSQL -----------------------------
+
+#: Batches of the layout before 0013 (every message tagged with its batch id, fingerprints made by
+#: the client): 'whole' (3 messages, all in the log), 'partial' (2 of its 3 messages left: the third
+#: was dropped) and 'gone' (no message left); and a Spark publish's staged row of the old format.
+_TAGGED_BATCHES = """
+    INSERT INTO topics (name) VALUES ('orders');
+    INSERT INTO consumer_groups (name) VALUES ('billing');
+    INSERT INTO subscriptions (topic_id, group_id) SELECT t.id, g.id FROM topics t, consumer_groups g;
+    CREATE TABLE redelivery_log.messages_old PARTITION OF messages
+        FOR VALUES FROM ('2026-03-01 12:00+00') TO ('2026-03-01 13:00+00');
+    INSERT INTO log_partitions (partition_name, starts_at, ends_at)
+    VALUES ('messages_old', '2026-03-01 12:00+00', '2026-03-01 13:00+00');
+    INSERT INTO messages (topic_id, key, body, content_type, publish_batch, published_at)
+    SELECT t.id, 'k' || i, convert_to('{"n": ' || i || '}', 'UTF8'), 'application/json',
+           CASE WHEN i <= 3 THEN 'whole' ELSE 'partial' END, '2026-03-01 12:00+00'
+    FROM generate_series(1, 5) i, topics t;
+    INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint, published_at)
+    SELECT b, t.id, 3, '3:0123456789abcdef', '2026-03-01 12:00+00'
+    FROM unnest(ARRAY['whole', 'partial', 'gone']) b, topics t;
+    INSERT INTO publish_staging (batch_id, run_id, part, seq, key, body, content_type)
+    VALUES ('unfinished', 'r', 0, 0, NULL, '\\x7b7d', 'application/json');
+    """
+
+
+def test_the_range_migration_keeps_every_batch_published_once(fresh_url):
+    """0013 on a store with tagged batches: a batch whose messages are all in the log gets their
+    range and PostgreSQL's fingerprint (the same content publishes nothing more, other content is a
+    conflict); one whose messages partly left keeps its count to compare; the log refuses a body
+    that is not JSON; an old-format staged row is gone."""
+    from redelivery.client import Client, Message
+    from redelivery.errors import BatchConflictError, MalformedMessageError
+
+    db.migrate(fresh_url, "0012")
+    with db.connect(fresh_url, autocommit=True) as conn:
+        conn.execute(_TAGGED_BATCHES)
+    db.migrate(fresh_url)
+    with Client(fresh_url) as client:
+        ids = [r[0] for r in client.conn.execute("SELECT id FROM messages ORDER BY id")]
+        at = client.conn.execute("SELECT '2026-03-01 12:30+00'::timestamptz").fetchone()[0]
+        messages = [Message(f'{{"n": {i}}}', key=f"k{i}", content_type="application/json") for i in (1, 2, 3)]
+        assert client.publish("orders", messages, batch_id="whole", at=at) == ids[:3]
+        with pytest.raises(BatchConflictError, match="other content"):
+            client.publish("orders", [Message('{"n": 9}', key="k1")] + messages[1:], batch_id="whole", at=at)
+        partial = [Message({"n": i}, key=f"k{i}") for i in (4, 5, 6)]
+        assert (
+            client.publish("orders", partial, batch_id="partial", at=at) == ids[3:]
+        )  # 3 messages: its count
+        with pytest.raises(BatchConflictError, match="other content"):
+            client.publish("orders", partial[:2], batch_id="partial", at=at)
+        assert client.publish("orders", partial, batch_id="gone", at=at) == []  # recorded, nothing left
+        assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 5
+        with pytest.raises(MalformedMessageError, match="message 0: body is not valid application/json"):
+            client.publish("orders", [Message("{broken", content_type="application/json")], at=at)
+        assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
+        [new] = client.publish("orders", [{"n": 7}], batch_id="new", at=at)
+        assert client.publish("orders", [{"n": 7}], batch_id="new", at=at) == [new]

@@ -19,7 +19,7 @@ ORDER = [
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
     "store.statements.housekeeping", "store.statements", "spark.tasks",
-    "rules.policies", "messaging.codec", "messaging.receipts", "messaging.producer",
+    "rules.policies", "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer",
     "config", "store.embedded", "store.db", "store.log",
     "store.catalog", "tiers.window", "dead_letters",
     "messaging.admin", "messaging.publishing", "messaging.consuming", "client",

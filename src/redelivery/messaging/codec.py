@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import orjson
@@ -81,7 +81,37 @@ def check_json_text(text: str) -> None:
         raise ValueError("a \\u0000 character cannot be stored in PostgreSQL's jsonb")
 
 
-@dataclass(frozen=True)
+#: What only jsonb refuses in a JSON text that PostgreSQL's ``IS JSON`` takes: a \u0000 escape, an
+#: escape of half a surrogate pair (\ud800-\udfff, paired or not), and a number past numeric's range,
+#: which needs an exponent of four digits or more or a text of more than 15,000 characters (with an
+#: exponent under 1,000, a number needs over 15,000 digits to pass numeric's 16,383 after the point).
+JSONB_HAZARD = re.compile(r"\\u(?:0000|[dD][89a-fA-F])|[eE][-+]?[0-9]{4}")
+JSONB_SAFE_LENGTH = 15_000
+#: Brackets a text may hold before it could nest deeper than Python decodes (orjson stops at 1,024
+#: levels, the json module at the interpreter's recursion limit): a body a consumer could not read.
+SAFE_BRACKETS = 500
+
+
+def check_jsonb_hazards(text: str) -> None:
+    """Raise ``ValueError`` (or ``RecursionError``) if ``text``, taken by ``IS JSON``, holds what
+    only jsonb refuses (see ``JSONB_HAZARD``) or nests deeper than Python decodes; PostgreSQL checks
+    the rest (the log's ``messages_json_body`` constraint, in C, as the row is written). A text
+    with a hazard is checked exactly (``check_json_text``), so only a real refusal raises. (A
+    publish looks for the hazards of a whole chunk of bodies at once: ``copy_rows``.)"""
+    if (
+        len(text) > JSONB_SAFE_LENGTH
+        or JSONB_HAZARD.search(text) is not None
+        or (len(text) > SAFE_BRACKETS and text.count("[") + text.count("{") > SAFE_BRACKETS)
+    ):
+        check_json_text(text)
+
+
+#: The properties of a message published without any (shared: it cannot change).
+NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+_set_field = object.__setattr__
+
+
+@dataclass(frozen=True, init=False, slots=True)
 class Message:
     """A message to publish. ``body``: ``bytes`` (stored as application/octet-stream), or any
     JSON-serialisable value (application/json); with ``content_type="application/json"`` a ``str``
@@ -91,8 +121,23 @@ class Message:
 
     body: Any
     key: str | None = None
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = field(default_factory=lambda: NO_PROPERTIES)
     content_type: str | None = None
+
+    # A producer makes one per message (336,776 for the demo's flights): slots and no dict of its
+    # own when it has no properties make it a third of a frozen dataclass's cost, mostly in the
+    # garbage collector's passes over every object a batch holds.
+    def __init__(
+        self,
+        body: Any,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ):
+        _set_field(self, "body", body)
+        _set_field(self, "key", key)
+        _set_field(self, "properties", NO_PROPERTIES if properties is None else properties)
+        _set_field(self, "content_type", content_type)
 
 
 @dataclass(frozen=True)
@@ -164,7 +209,7 @@ def encode(message: Message | Any, index: int = 0) -> tuple[str | None, bytes, s
         if isinstance(exc, MalformedMessageError):
             raise
         raise MalformedMessageError(f"message {index}: body is not valid {ctype}: {exc}") from exc
-    if properties is None or (type(properties) is dict and not properties):
+    if properties is None or properties is NO_PROPERTIES or (type(properties) is dict and not properties):
         props = {}
     else:
         props = _checked_properties(properties, index)
@@ -194,12 +239,15 @@ def _check_text(text: str, what: str) -> None:
 
 
 def _encode_body(body: Any, ctype: str, index: int) -> bytes:
-    """The stored bytes of a body of content type ``ctype``; see ``Message``."""
+    """The stored bytes of a body of content type ``ctype``; see ``Message``. A JSON text is taken
+    as it is: a publish checks a chunk's texts at once for what only jsonb refuses
+    (``copy_rows.check_json_bodies``), and PostgreSQL that they are JSON as it writes them."""
     if ctype == JSON:
-        if isinstance(body, (str, bytes)):
-            text = body if isinstance(body, str) else body.decode()
-            check_json_text(text)  # JSON text: must parse as PostgreSQL parses it
-            return text.encode()
+        if isinstance(body, str):
+            return body.encode()  # UnicodeEncodeError (a ValueError) for a lone surrogate
+        if isinstance(body, bytes):
+            body.decode()  # UTF-8, or a ValueError
+            return body
         text = json.dumps(body, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
         if "\\u0000" in text:
             check_json_text(text)
@@ -244,38 +292,6 @@ def _checked_properties(properties: Any, index: int) -> dict:
         if name in RETRY_PROPERTIES:
             raise MalformedMessageError(f"{where}: property {name!r} is reserved for redelivered messages")
     return props
-
-
-def row_hash(key: str | None, body: bytes, content_type: str, properties: Mapping[str, str]) -> int:
-    """A 64-bit hash of one message's content (key, body, content type, properties)."""
-    key_bytes = b"\xff" if key is None else key.encode()
-    props = json.dumps(properties, sort_keys=True, separators=(",", ":")) if properties else ""
-    head = f"{len(key_bytes)}:{len(body)}:{content_type}:{props}:".encode()
-    return int.from_bytes(hashlib.blake2b(head + key_bytes + bytes(body), digest_size=8).digest(), "big")
-
-
-def fingerprint(count: int, hash_sum: int) -> str:
-    """A batch's fingerprint: its message count and the sum of its rows' hashes modulo 2**64, so
-    the same rows give the same fingerprint whatever their order or partitioning."""
-    return f"{count}:{hash_sum % 2**64:016x}"
-
-
-def batch_fingerprint(rows: Iterable[tuple]) -> str:
-    """The fingerprint of ``encode`` results."""
-    count = total = 0
-    for key, body, ctype, props in rows:
-        count += 1
-        total += row_hash(key, body, ctype, props)
-    return fingerprint(count, total)
-
-
-def add_fingerprints(fingerprints: Iterable[str]) -> str:
-    """The fingerprint of the union of disjoint parts, from theirs."""
-    count = total = 0
-    for part in fingerprints:
-        n, h = part.split(":")
-        count, total = count + int(n), total + int(h, 16)
-    return fingerprint(count, total)
 
 
 def decode(body: bytes, content_type: str) -> Any:

@@ -4,45 +4,32 @@ producer retry and flow control of seeds/002, the ready-backlog cap)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg.types.json import set_json_dumps
 
 from redelivery.errors import (
     BatchConflictError,
     BatchTooLargeError,
     InvalidBatchIdError,
+    MalformedMessageError,
+    PublishError,
     TooManyRequestsError,
 )
 from redelivery.messaging.admin import Administration
-from redelivery.messaging.codec import (
-    Message,
-    batch_fingerprint,
-    encode,
-)
+from redelivery.messaging.codec import JSON, Message, check_json_text, encode
 from redelivery.messaging.producer import MIN_CONNECT_TIMEOUT, retrying
 from redelivery.rules.policies import EffectivePolicy
 from redelivery.store import catalog, db, log
 from redelivery.store import statements as S
 
-#: Column types of a binary COPY into publish_staging (statements.COPY_STAGING).
-STAGING_TYPES = ["text", "text", "int4", "int8", "text", "bytea", "text", "jsonb"]
-
-
-def copy_cursor(conn: psycopg.Connection) -> psycopg.Cursor:
-    """A cursor for a binary COPY of messages: their properties (jsonb) dumped by orjson, a few
-    times faster than the standard json module for a value per row."""
-    cursor = conn.cursor()
-    set_json_dumps(orjson.dumps, context=cursor)
-    return cursor
-
-
-#: Column types of a binary COPY into messages (statements.COPY_MESSAGES).
-MESSAGE_TYPES = ["int4", "int8", "text", "bytea", "text", "jsonb", "text", "timestamptz"]
+#: The errors PostgreSQL raises for a row a COPY refuses (an encoding, a bad JSON text or object, a
+#: check constraint): the message is malformed, nothing was written.
+ROW_REFUSALS = (psycopg.errors.DataError, psycopg.errors.CheckViolation)
 
 
 class NeedPartition(Exception):
@@ -67,17 +54,98 @@ def check_batch_id(batch_id: object) -> str:
     return batch_id
 
 
-def check_same_batch(conn: psycopg.Connection, batch_id: str, topic_id: int, content: str) -> None:
-    """Raise ``BatchConflictError`` unless batch ``batch_id`` was published to ``topic_id`` with the
-    fingerprint ``content``: a batch id means one batch."""
-    topic, _, published = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()
+def write_copy(conn: psycopg.Connection, statement: str, rows: Iterable[bytes]) -> None:
+    """COPY ``rows`` (chunks of rows in the binary COPY format, ``copy_rows.encode_rows``) with
+    ``statement``, between the format's header and trailer."""
+    from redelivery.messaging.copy_rows import COPY_HEADER, COPY_TRAILER
+
+    with conn.cursor().copy(statement) as copy:
+        copy.write(COPY_HEADER)
+        for chunk in rows:
+            copy.write(chunk)
+        copy.write(COPY_TRAILER)
+
+
+def check_repeated_batch(
+    conn: psycopg.Connection, batch_id: str, topic_id: int, count: int, rows: Iterable[bytes]
+) -> int:
+    """Return the message count of batch ``batch_id``, published before, if it was published to
+    ``topic_id`` with the content ``rows`` (``count`` messages in the binary COPY format); raise
+    ``BatchConflictError`` if not: a batch id means one batch. The content goes into a temporary
+    table, never into the log, for PostgreSQL to fingerprint it as it fingerprinted the batch."""
+    topic, published_count, published = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()
     if topic != topic_id:
         raise BatchConflictError(f"batch id {batch_id!r} was published to another topic (id {topic})")
-    if published is not None and published != content:
+    if published is None:  # recorded before 0013 and its messages gone: its count is what is known
+        content = f"{count}:(not compared)"
+        same = published_count == count
+    else:
+        conn.execute(S.CREATE_REPEATED_CONTENT)
+        write_copy(conn, S.COPY_REPEATED_CONTENT, rows)
+        content = conn.execute(S.REPEATED_FINGERPRINT).fetchone()[0]
+        same = content == published
+    if not same:
         raise BatchConflictError(
-            f"batch id {batch_id!r} was published with other content ({published.split(':')[0]} messages, "
+            f"batch id {batch_id!r} was published with other content ({published_count} messages, "
             f"fingerprint {published}; this batch: {content}): a batch id means one batch"
         )
+    return published_count
+
+
+def record_published_batch(conn: psycopg.Connection, topic_id: int, batch_id: str, floor: int, count: int):
+    """Record the range and fingerprint of batch ``batch_id`` right after its COPY (its messages are
+    the topic's past ``floor``); ``PublishError`` (the transaction rolls back) unless ``count``
+    messages were written."""
+    written, _ = conn.execute(
+        S.RECORD_PUBLISHED_BATCH, {"topic_id": topic_id, "batch": batch_id, "floor": floor}
+    ).fetchone()
+    if written != count:
+        raise PublishError(f"batch {batch_id!r}: {count} messages to publish but {written} written")
+
+
+@contextmanager
+def refused_rows(describe: Callable[[int, str | None, psycopg.Error], str]) -> Iterator[None]:
+    """Turn PostgreSQL's refusal of a row of a COPY (``ROW_REFUSALS``, naming the row in its
+    context) into ``MalformedMessageError``: ``describe(row index, column or None, error)`` says
+    which message and why. Raised inside the publishing transaction, which then rolls back."""
+    from redelivery.messaging import copy_rows
+
+    try:
+        yield
+    except ROW_REFUSALS as error:
+        where = copy_rows.refused_row(error)
+        if where is None:
+            raise
+        raise MalformedMessageError(describe(*where, error)) from None
+
+
+def encoded_columns(messages: Iterable[Message | Any]) -> tuple[list, list, list, list]:
+    """(keys, body bytes, content types, properties as JSON text) of messages to publish, each
+    one checked (``codec.encode``: ``MalformedMessageError`` names its index)."""
+    rows = [encode(m, i) for i, m in enumerate(messages)]
+    return (
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [orjson.dumps(r[3]).decode() if r[3] else "{}" for r in rows],
+    )
+
+
+def _describe_refusal(columns: tuple) -> Callable[[int, str | None, psycopg.Error], str]:
+    """What the API says of a row PostgreSQL refused: the message's index in the call, and for a
+    JSON body that is not JSON, Python's reason (PostgreSQL's names no place in the text)."""
+    from redelivery.messaging import copy_rows
+
+    def describe(index: int, column: str | None, error: psycopg.Error) -> str:
+        reason = copy_rows.refusal(error, column)
+        if column is None and columns[2][index] == JSON:
+            try:
+                check_json_text(columns[1][index].decode())
+            except (ValueError, RecursionError) as exc:
+                reason = f"body is not valid {JSON}: {exc}"
+        return f"message {index}: {reason}"
+
+    return describe
 
 
 class Publishing(Administration):
@@ -95,33 +163,34 @@ class Publishing(Administration):
     ) -> list[int]:
         """Publish ``messages`` to ``topic`` in one transaction; return their ids in order.
 
-        Each item is a ``Message`` or a bare body. The rows go to PostgreSQL with a binary COPY. A
-        batch id means one batch, published once: publishing it again with the same content returns
-        the first publish's ids and adds nothing. With ``retry`` (the default), transient failures
-        (lost connection, deadlock, flow control) are retried with the producer backoff of the
-        config file (seeds/002) under a batch id made up for the call if none is given, so a retry
-        after a commit whose answer was lost publishes nothing twice.
+        Each item is a ``Message`` or a bare body. The rows go to PostgreSQL with one binary COPY.
+        A batch id means one batch, published once: publishing it again with the same content
+        returns the first publish's ids and adds nothing. With ``retry`` (the default), transient
+        failures (lost connection, deadlock, flow control) are retried with the producer backoff
+        of the config file (seeds/002) under a batch id made up for the call if none is given, so a
+        retry after a commit whose answer was lost publishes nothing twice.
 
-        Raises before anything is written: ``UnknownTopicError``; ``MalformedMessageError`` (naming
-        the message index); ``InvalidBatchIdError``; ``BatchConflictError`` when the batch id was
-        published to another topic or with other content; ``BatchTooLargeError`` when the batch is
-        larger than a subscribed group's ``max_ready_backlog``. ``TooManyRequestsError`` (530) when
-        a group's ready backlog would pass its cap, after the retries; the last transient
-        ``psycopg.OperationalError`` when the attempts are used up."""
+        Raises, with nothing written: ``UnknownTopicError``; ``MalformedMessageError`` (naming the
+        message index: what the client checks, and what PostgreSQL refuses as the row is written,
+        a JSON body that is not JSON among them); ``InvalidBatchIdError``; ``BatchConflictError``
+        when the batch id was published to another topic or with other content;
+        ``BatchTooLargeError`` when the batch is larger than a subscribed group's
+        ``max_ready_backlog``. ``TooManyRequestsError`` (530) when a group's ready backlog would
+        pass its cap, after the retries; the last transient ``psycopg.OperationalError`` when the
+        attempts are used up."""
         topic_id = self._topic(topic)
         if batch_id is not None:
             check_batch_id(batch_id)
-        rows = [encode(m, i) for i, m in enumerate(messages)]
-        content = batch_fingerprint(rows)
+        columns = encoded_columns(messages)
         if not retry:
-            return self._publish_once(topic_id, rows, content, batch_id, at)
+            return self._publish_once(topic_id, columns, batch_id, at)
         batch_id = batch_id or f"auto-{uuid.uuid4()}"
         self.publish_waits = []
         for attempt_ in retrying(
             self.config.producer, before_retry=self._before_publish_retry, sleep=self._sleep
         ):
             with attempt_:
-                return self._publish_once(topic_id, rows, content, batch_id, at)
+                return self._publish_once(topic_id, columns, batch_id, at)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _before_publish_retry(self, retry_state) -> None:
@@ -129,44 +198,45 @@ class Publishing(Administration):
         if self.conn.closed or self.conn.broken:
             self.conn = db.connect(self.url, autocommit=True, connect_timeout=MIN_CONNECT_TIMEOUT)
 
-    def _publish_once(self, topic_id: int, rows: list, content: str, batch_id: str | None, at) -> list[int]:
-        self._check_fits(topic_id, len(rows))  # not transient: the retry loop lets it through at once
+    def _publish_once(self, topic_id: int, columns: tuple, batch_id: str | None, at) -> list[int]:
+        count = len(columns[1])
+        self._check_fits(topic_id, count)  # not transient: the retry loop lets it through at once
         batch_id = batch_id or f"auto-{uuid.uuid4()}"  # PUBLISHED_IDS finds a repeat's rows by it
         for _ in range(3):  # a partition made for the publish time, then the publish again
             try:
-                return self._publish_transaction(topic_id, rows, content, batch_id, at)
+                return self._publish_transaction(topic_id, columns, batch_id, at)
             except NeedPartition as need:  # rolled back: nothing was written
                 log.ensure_partition(self.conn, need.at, self.config.retention.seconds("partition"))
         raise AssertionError("a partition of the log was made three times and is still missing")
 
-    def _publish_transaction(self, topic_id: int, rows: list, content: str, batch_id: str, at) -> list[int]:
+    def _publish_transaction(self, topic_id: int, columns: tuple, batch_id: str, at) -> list[int]:
         """One try of a publish, in one transaction under the topic's publish lock: the batch
-        claimed, the ready-backlog cap checked, ids taken, the rows COPYed into the log. Raises
-        ``NeedPartition`` (rolled back) when no partition of the log holds the publish time."""
+        claimed, the ready-backlog cap checked, the rows COPYed into the log, the batch's range and
+        fingerprint recorded. Raises ``NeedPartition`` (rolled back) when no partition of the log
+        holds the publish time, ``MalformedMessageError`` (rolled back) for a row PostgreSQL
+        refuses."""
+        from redelivery.messaging import (
+            copy_rows,  # pyarrow: loaded by the first publish, not by every import
+        )
+
+        count = len(columns[1])
         with self.conn.transaction():
             catalog.lock_topic_for_publish(self.conn, topic_id)
-            claim = {
-                "batch": batch_id,
-                "topic_id": topic_id,
-                "count": len(rows),
-                "fingerprint": content,
-                "at": at,
-            }
-            if self.conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
-                check_same_batch(self.conn, batch_id, topic_id, content)
-                return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
-            if self.conn.execute(S.BATCH_TAGGED, {"batch": batch_id}).fetchone()[0]:
-                self.conn.execute(S.UNTAG_FORGOTTEN_BATCH, {"batch": batch_id})
-            self._check_backlog(topic_id, len(rows))
+            claim = {"batch": batch_id, "topic_id": topic_id, "count": count, "at": at}
             published_at, covered = self.conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            data = copy_rows.chunks(topic_id, published_at, columns)
+            if self.conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
+                with refused_rows(_describe_refusal(columns)):
+                    check_repeated_batch(self.conn, batch_id, topic_id, count, data)
+                return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
+            self._check_backlog(topic_id, count)
             if not covered:
                 raise NeedPartition(published_at)
-            ids = [r[0] for r in self.conn.execute(S.NEW_MESSAGE_IDS, {"count": len(rows)})]
-            with copy_cursor(self.conn).copy(S.COPY_MESSAGES) as copy:
-                copy.set_types(MESSAGE_TYPES)
-                for message_id, (key, body, ctype, props) in zip(ids, rows, strict=True):
-                    copy.write_row((topic_id, message_id, key, body, ctype, props, batch_id, published_at))
-        return ids
+            floor = self.conn.execute(S.ID_FLOOR).fetchone()[0]
+            with refused_rows(_describe_refusal(columns)):  # each chunk encoded as the last one goes in
+                write_copy(self.conn, S.COPY_MESSAGES, data)
+            record_published_batch(self.conn, topic_id, batch_id, floor, count)
+            return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
 
     def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:
         """{group id: policy} of the topic's subscriptions with a ready-backlog cap, resolved once

@@ -22,17 +22,15 @@ from redelivery.store.statements._shared import (
 
 # ---- publish --------------------------------------------------------------------------------------
 
-#: The API publishes with a binary COPY straight into the log (every row with its id, taken from
-#: ``message_ids`` under the topic's publish lock, and its batch id); a Spark publish stages each
-#: partition in publish_staging first (PUBLISH_PART_CLAIM), and its driver moves the staged rows
-#: into the log in one transaction (STAGED_TO_MESSAGES). A row of publish_staging is (staging key,
-#: run, partition, seq). One row per message, whatever the number of groups: each group's offset
-#: reaches it.
+#: Both publishers write the log with one binary COPY of these columns, a row per message whatever
+#: the number of groups (each group's offset reaches it): the API encodes its messages from Arrow
+#: arrays, a Spark publish's driver streams the chunks its tasks encoded and staged
+#: (``store.copy_rows``). Ids come from the column's default, ``nextval('message_ids')``, in the
+#: order of the rows, under the topic's publish lock. PostgreSQL checks each row as it is written:
+#: a key's encoding, properties that are a JSON object, a JSON body that is JSON
+#: (``messages_json_body``); the error names the row (``copy_rows.refused_row``).
 COPY_MESSAGES = _named("COPY_MESSAGES", """
-    COPY messages (topic_id, id, key, body, content_type, properties, publish_batch, published_at)
-    FROM STDIN (FORMAT BINARY)""")
-COPY_STAGING = _named("COPY_STAGING", """
-    COPY publish_staging (batch_id, run_id, part, seq, key, body, content_type, properties)
+    COPY messages (topic_id, key, body, content_type, properties, published_at)
     FROM STDIN (FORMAT BINARY)""")
 #: The publish time of this transaction's messages (``at`` or the transaction's start), and whether
 #: a partition of the log holds that time (if not, ``log.ensure_partition`` makes one first).
@@ -40,72 +38,95 @@ PUBLISH_TIME = _named("PUBLISH_TIME", f"""
     SELECT x.at, EXISTS (SELECT 1 FROM log_partitions l
                          WHERE coalesce(l.starts_at, '-infinity') <= x.at AND l.ends_at > x.at)
     FROM (SELECT {AT} AS at) x""")
-#: ``count`` new message ids, ascending. Taken under the topic's publish lock (LOCK_TOPIC_FOR_PUBLISH)
-#: and committed before the next publisher of the topic takes any: a topic's ids grow in commit
-#: order, so a consume offset never passes a message that commits later.
-NEW_MESSAGE_IDS = _named("NEW_MESSAGE_IDS", """
-    SELECT nextval('message_ids') FROM generate_series(1, %(count)s::int)""")
-#: Right after a claim: messages still tagged with the claimed batch id belong to an older publish
-#: of it whose record retention deleted (BATCH_TAGGED finds them: nearly never, one index lookup
-#: per partition, read only); they lose the tag, so that PUBLISHED_IDS sees this publish's
-#: messages only.
-BATCH_TAGGED = _named("BATCH_TAGGED", """
-    SELECT EXISTS (SELECT 1 FROM messages WHERE publish_batch = %(batch)s)""")
-UNTAG_FORGOTTEN_BATCH = _named("UNTAG_FORGOTTEN_BATCH", """
-    UPDATE messages SET publish_batch = NULL WHERE publish_batch = %(batch)s""")
+#: An id below every id a publish is about to take (the sequence's last value, whoever took it):
+#: read under the topic's publish lock, before the COPY, the publish's messages are then its
+#: topic's messages past it (RECORD_PUBLISHED_BATCH).
+ID_FLOOR = _named("ID_FLOOR", """
+    SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM message_ids""")
 #: A writer of new messages of a topic (publish, redrive to another topic) holds its topic row FOR
 #: NO KEY UPDATE until it commits: publishers of one topic take turns (their ids grow in commit
-#: order), and the topic cannot be deleted under them. Nothing: the topic is gone.
+#: order, and a batch's ids are a range no other message of the topic falls in), and the topic
+#: cannot be deleted under them. Nothing: the topic is gone.
 LOCK_TOPIC_FOR_PUBLISH = _named("LOCK_TOPIC_FOR_PUBLISH", """
     SELECT 1 FROM topics WHERE id = %(topic_id)s FOR NO KEY UPDATE""")
 #: A writer of delivery rows that no subscription lock covers (a redrive reviving dead letters)
 #: holds its topic row FOR KEY SHARE: the topic cannot be deleted under it. Nothing: it is gone.
 LOCK_TOPIC_SHARED = _named("LOCK_TOPIC_SHARED", "SELECT 1 FROM topics WHERE id = %(topic_id)s FOR KEY SHARE")
-#: The record of a published batch: (topic id, message count, fingerprint).
+#: The record of a published batch: (topic id, message count, fingerprint; None for a batch recorded
+#: before 0013 whose messages had left the log).
 PUBLISHED_BATCH = _named("PUBLISHED_BATCH", """
     SELECT topic_id, message_count, fingerprint FROM publish_batches WHERE batch_id = %(batch)s""")
-#: Claim a batch id for this transaction's publish, published at its messages' publish time
-#: (``at`` or the transaction's start, as PUBLISH_TIME); nothing is returned when it was published
-#: before (or is being published: the insert waits for that transaction, then finds the row).
+#: Claim a batch id for this transaction's publish of ``count`` messages, published at their
+#: publish time (``at`` or the transaction's start, as PUBLISH_TIME); nothing is returned when it
+#: was published before (or is being published: the insert waits for that transaction, then finds
+#: the row). Its range and fingerprint are recorded after the COPY (RECORD_PUBLISHED_BATCH).
 CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", f"""
-    INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint, published_at)
-    VALUES (%(batch)s, %(topic_id)s, %(count)s, %(fingerprint)s, {AT})
+    INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at)
+    VALUES (%(batch)s, %(topic_id)s, %(count)s, {AT})
     ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id""")
-PUBLISHED_IDS = _named("PUBLISHED_IDS", "SELECT id FROM messages WHERE publish_batch = %(batch)s ORDER BY id")
+#: After the COPY of a claimed batch, in its transaction: its messages are the topic's messages past
+#: ``floor`` (ID_FLOOR); their range, and the fingerprint PostgreSQL computes from the rows (their
+#: count and the sum of their ``message_hash`` modulo 2^64: the same rows give the same
+#: fingerprint whatever their order or partitioning), go into the batch's record. Returns
+#: (messages written, fingerprint).
+RECORD_PUBLISHED_BATCH = _named("RECORD_PUBLISHED_BATCH", """
+    WITH published AS (
+      SELECT count(*) AS messages, min(m.id) AS first_id, max(m.id) AS last_id,
+             sum(message_hash(m.key, m.body, m.content_type, m.properties)) AS hash_sum
+      FROM messages m WHERE m.topic_id = %(topic_id)s AND m.id > %(floor)s)
+    UPDATE publish_batches b SET first_id = p.first_id, last_id = p.last_id,
+        fingerprint = content_fingerprint(p.messages, p.hash_sum)
+    FROM published p WHERE b.batch_id = %(batch)s
+    RETURNING p.messages, b.fingerprint""")
+#: The ids of a published batch still in the log, ascending.
+PUBLISHED_IDS = _named("PUBLISHED_IDS", """
+    SELECT m.id FROM publish_batches b
+    JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
+    WHERE b.batch_id = %(batch)s ORDER BY m.id""")
+#: A batch id published again: its content goes into this session's temporary table (emptied at
+#: commit), never into the log, and its fingerprint is compared with the published one's.
+CREATE_REPEATED_CONTENT = _named("CREATE_REPEATED_CONTENT", """
+    CREATE TEMPORARY TABLE IF NOT EXISTS publish_repeated (
+        topic_id integer, key text, body bytea, content_type text, properties jsonb,
+        published_at timestamptz) ON COMMIT DELETE ROWS""")
+COPY_REPEATED_CONTENT = _named("COPY_REPEATED_CONTENT", """
+    COPY publish_repeated (topic_id, key, body, content_type, properties, published_at)
+    FROM STDIN (FORMAT BINARY)""")
+REPEATED_FINGERPRINT = _named("REPEATED_FINGERPRINT", """
+    SELECT content_fingerprint(count(*), sum(message_hash(key, body, content_type, properties)))
+    FROM publish_repeated""")
 #: Claim partition ``part`` of publish job run ``run`` for staging. Nothing returned: an earlier
 #: attempt of the task staged it (the insert waited for that attempt's transaction to end).
 PUBLISH_PART_CLAIM = _named("PUBLISH_PART_CLAIM", """
-    INSERT INTO publish_parts (batch_id, run_id, part, rows, fingerprint)
-    VALUES (%(batch)s, %(stage_run)s, %(part)s, 0, '')
+    INSERT INTO publish_parts (batch_id, run_id, part, rows)
+    VALUES (%(batch)s, %(stage_run)s, %(part)s, 0)
     ON CONFLICT DO NOTHING RETURNING 1""")
+#: One chunk of a partition: ``rows`` messages in the binary COPY format (``copy_rows.encode_rows``).
+STAGE_CHUNK = _named("STAGE_CHUNK", """
+    INSERT INTO publish_staging (batch_id, run_id, part, seq, rows, data)
+    VALUES (%(batch)s, %(stage_run)s, %(part)s, %(seq)s, %(rows)s, %(data)s)""")
 PUBLISH_PART_STAGED = _named("PUBLISH_PART_STAGED", """
-    UPDATE publish_parts SET rows = %(rows)s, fingerprint = %(fingerprint)s
+    UPDATE publish_parts SET rows = %(rows)s
     WHERE batch_id = %(batch)s AND run_id = %(stage_run)s AND part = %(part)s""")
 PUBLISH_PART = _named("PUBLISH_PART", """
-    SELECT rows, fingerprint FROM publish_parts
+    SELECT rows FROM publish_parts
     WHERE batch_id = %(batch)s AND run_id = %(stage_run)s AND part = %(part)s""")
-#: What a publish job run staged: (partitions, rows by the partitions' records, rows in staging).
+#: What a publish job run staged: (partitions, rows by the partitions' records, rows in its chunks).
 PUBLISH_STAGED = _named("PUBLISH_STAGED", """
     SELECT (SELECT count(*) FROM publish_parts WHERE batch_id = %(batch)s AND run_id = %(stage_run)s),
            (SELECT coalesce(sum(rows), 0) FROM publish_parts
             WHERE batch_id = %(batch)s AND run_id = %(stage_run)s),
-           (SELECT count(*) FROM publish_staging WHERE batch_id = %(batch)s AND run_id = %(stage_run)s)""")
-#: A publish job run's staged rows and partition records (its publish failed).
+           (SELECT coalesce(sum(rows), 0) FROM publish_staging
+            WHERE batch_id = %(batch)s AND run_id = %(stage_run)s)""")
+#: A publish job run's chunks in the order its messages are published: partition by partition,
+#: each in its own order. (part, rows, data).
+STAGED_CHUNKS = _named("STAGED_CHUNKS", """
+    SELECT part, rows, data FROM publish_staging
+    WHERE batch_id = %(batch)s AND run_id = %(stage_run)s ORDER BY part, seq""")
+#: A publish job run's chunks and partition records (published, or its publish failed).
 DELETE_STAGED_RUN = _named("DELETE_STAGED_RUN", """
     WITH parts AS (DELETE FROM publish_parts WHERE batch_id = %(batch)s AND run_id = %(stage_run)s)
     DELETE FROM publish_staging WHERE batch_id = %(batch)s AND run_id = %(stage_run)s""")
-#: A Spark publish run's staged rows -> the log of topic ``topic_id``, in staging order (ids are
-#: taken after the sort: PostgreSQL evaluates a volatile output column above the ORDER BY), under
-#: the topic's publish lock. Bodies are not parsed here: the API and the Spark tasks check JSON text
-#: as PostgreSQL's jsonb would (codec.check_json_text).
-STAGED_TO_MESSAGES = _named("STAGED_TO_MESSAGES", f"""
-    INSERT INTO messages (topic_id, id, key, body, content_type, properties, publish_batch, published_at)
-    SELECT %(topic_id)s, nextval('message_ids'), u.key, u.body, u.content_type, u.properties, %(batch)s, {AT}
-    FROM publish_staging u
-    WHERE u.batch_id = %(batch)s AND u.run_id = %(stage_run)s
-    ORDER BY u.part, u.seq""")
-#: Every staged row of a batch (all partitionings): once it is published they are leftovers.
-DELETE_STAGED = _named("DELETE_STAGED", "DELETE FROM publish_staging WHERE batch_id = %(staging)s")
 #: The messages a group can receive now on a topic (flow control): its READY rows and the messages
 #: past its consume offset (an index-only count of the log's primary key).
 READY_COUNT = _named("READY_COUNT", """
