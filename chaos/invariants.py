@@ -73,18 +73,33 @@ CHECKS = {
                           WHERE s.topic_id = q.topic_id AND s.group_id = q.group_id)""",
     DLQ_ROWS: """
         SELECT message_id, group_id, count(*) FROM dlq_messages GROUP BY 1, 2 HAVING count(*) > 1""",
-    # a batch's messages (its topic's ids in its range) are all in one partition (one publish
-    # time): all of them, or none once retention dropped it (no partition holds its time any more);
-    # a batch of messages has its range
+    # a batch's messages (its topic's ids in its range, or those it lists: recorded before 0013)
+    # are all in one partition (one publish time): all of them, or none once retention dropped it
+    # (no partition holds its time any more); a batch of messages knows them; and every message
+    # published (a copy to another topic aside) is in exactly one batch, from the oldest recorded
+    # range on: a batch applied twice leaves messages in none
     BATCH_COUNT: """
-        SELECT b.batch_id, b.message_count, count(m.id) FROM publish_batches b
-        LEFT JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
-        GROUP BY 1, 2, b.published_at, b.first_id
-        HAVING (b.message_count > 0 AND b.first_id IS NULL)
-            OR (count(m.id) <> b.message_count
-                AND (count(m.id) > 0 OR EXISTS (SELECT 1 FROM log_partitions l
-                                                WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
-                                                  AND l.ends_at > b.published_at)))""",
+        WITH batch_messages AS (
+          SELECT b.batch_id, m.id FROM publish_batches b
+          JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
+          UNION ALL
+          SELECT b.batch_id, m.id FROM publish_batches b
+          JOIN messages m ON m.topic_id = b.topic_id AND m.id = ANY(b.message_ids)),
+        batches AS (
+          SELECT b.*, EXISTS (SELECT 1 FROM log_partitions l
+                              WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
+                                AND l.ends_at > b.published_at) AS retained
+          FROM publish_batches b)
+        SELECT b.batch_id, b.message_count, count(x.id) FROM batches b
+        LEFT JOIN batch_messages x ON x.batch_id = b.batch_id
+        GROUP BY b.batch_id, b.message_count, b.retained, b.first_id, b.message_ids
+        HAVING (count(x.id) <> b.message_count AND (count(x.id) > 0 OR b.retained))
+            OR (b.message_count > 0 AND b.first_id IS NULL AND b.message_ids IS NULL AND b.retained)
+        UNION ALL
+        SELECT 'message ' || m.id, 1, count(x.batch_id) FROM messages m
+        LEFT JOIN batch_messages x ON x.id = m.id
+        WHERE m.origin_message_id IS NULL AND m.id >= (SELECT min(first_id) FROM publish_batches)
+        GROUP BY m.id HAVING count(x.batch_id) <> 1""",
     EARLY_PROMOTION: """
         SELECT message_id, group_id, due_at, ready_at FROM deliveries
         WHERE state IN ('READY', 'INFLIGHT') AND due_at IS NOT NULL AND ready_at < due_at""",
@@ -235,7 +250,8 @@ def published(conn, calls: list[Call], states) -> list:
     for call in events(calls, "publish"):
         rows = conn.execute(
             """SELECT m.id, m.key FROM publish_batches b
-               JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
+               JOIN messages m ON m.topic_id = b.topic_id
+                AND (m.id BETWEEN b.first_id AND b.last_id OR m.id = ANY(b.message_ids))
                WHERE b.batch_id = %s ORDER BY m.id""",
             (call.asked["batch"],),
         ).fetchall()

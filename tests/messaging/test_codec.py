@@ -122,3 +122,11 @@ def test_a_received_message_made_from_its_fields_is_the_constructors():
     assert set(fields) == {f.name for f in dataclasses.fields(ReceivedMessage)}
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.delivery_count = 1
+
+
+def test_a_message_pickles_and_copies_as_it_was_made():
+    import copy
+    import pickle
+
+    for message in (Message({"a": 1}), Message(b"x", key="k", properties={"p": "v"})):
+        assert pickle.loads(pickle.dumps(message)) == message == copy.deepcopy(message)

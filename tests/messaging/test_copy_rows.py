@@ -52,3 +52,20 @@ def test_a_body_jsonb_takes_passes_even_when_it_looks_like_a_hazard(body):
 
 def test_only_json_bodies_are_looked_at():
     assert list(copy_rows.chunks(1, NOW, columns([b'"\\u0000"'], BINARY)))
+
+
+def test_a_chunk_holds_a_few_mb_of_bodies_whatever_their_size(monkeypatch):
+    """Rows go in chunks of at most CHUNK_ROWS rows and, past a chunk's first row, CHUNK_BYTES of
+    bodies: a staged chunk stays far below PostgreSQL's 1 GB for a value, memory stays warm."""
+    monkeypatch.setattr(copy_rows, "CHUNK_BYTES", 100)
+    monkeypatch.setattr(copy_rows, "CHUNK_ROWS", 3)
+    assert list(copy_rows.row_ranges([40, 40, 40, 10, 10, 10, 10, 500, 1])) == [
+        (0, 2), (2, 5), (5, 7), (7, 8), (8, 9)
+    ]  # fmt: skip
+    assert list(copy_rows.row_ranges([])) == []
+    bodies = [b'"' + b"x" * 60 + b'"'] * 5
+    assert len(list(copy_rows.chunks(1, NOW, columns(bodies)))) == 5  # 62 B each: one a chunk
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_pydict({"body": pa.array(bodies, pa.binary()), "n": list(range(5))})
+    assert [s.column("n").to_pylist() for s in copy_rows.slices(batch)] == [[0], [1], [2], [3], [4]]

@@ -205,3 +205,17 @@ def test_bad_properties_publish_nothing_from_spark(client, topic_group, database
     with pytest.raises(MalformedMessageError, match="properties must be a mapping"):
         publish_dataframe(df, "orders", "batch-props", url=database_url)
     assert count_messages(client) == 0
+
+
+def test_a_batch_takes_its_messages_once(client, topic_group):
+    """A second record of a batch's messages (a retry that wrote them again) is refused: the range
+    a batch recorded never moves to other messages."""
+    from redelivery.messaging.publishing import record_published_batch
+
+    [first] = client.publish("orders", [{"n": 1}], batch_id="once")
+    topic_id, partition = client.conn.execute(
+        "SELECT t.id, l.partition_name FROM topics t, log_partitions l WHERE t.name = 'orders'"
+    ).fetchone()
+    with pytest.raises(PublishError, match="recorded already"), client.conn.transaction():
+        record_published_batch(client.conn, topic_id, "once", first - 1, 1, partition)
+    assert client.publish("orders", [{"n": 1}], batch_id="once") == [first]

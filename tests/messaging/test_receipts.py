@@ -113,6 +113,30 @@ def test_an_undecodable_body_is_dead_lettered_and_never_strands_its_batch(
     assert dead["attempts"][-1]["outcome"] == "undecodable"
 
 
+def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_the_rest(
+    client, topic_group, monkeypatch, caplog
+):
+    """The lease is committed before the bodies are decoded: when dead-lettering the undecodable one
+    fails (a lost connection, say), the caller still gets the others, and the undecodable one stays
+    in flight until its lease ends, as after a consumer's crash."""
+    from redelivery.messaging.consuming import Consuming
+
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}])
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(repeat('[', 3000) || repeat(']', 3000), 'UTF8') WHERE id = %s",
+        (ids[1],),
+    )
+
+    def fails(*_) -> None:
+        raise psycopg.OperationalError("the connection was lost")
+
+    monkeypatch.setattr(Consuming, "_dead_letter_undecodable", fails)
+    got = client.receive("billing", "orders", 10, 30)
+    assert [m.message_id for m in got] == [ids[0]]
+    assert delivery(client, ids[1])[:2] == ("INFLIGHT", 1)
+    assert "stay in flight until their lease ends" in caplog.text
+
+
 def test_an_undecodable_dead_letter_is_selected_by_its_reason(client, topic_group, database_url):
     """README lists UNDECODABLE among the redrive reasons: the filter, the redrive and the CLI take it."""
     import json

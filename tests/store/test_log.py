@@ -15,7 +15,7 @@ from helpers import at, message_state, wait_for_session, waiting_for_a_lock
 from redelivery.client import Client, Message
 from redelivery.metrics import render
 from redelivery.redrive import RedriveRequest, redrive
-from redelivery.store import log, maintenance
+from redelivery.store import db, log, maintenance
 from redelivery.store import statements as S
 from redelivery.tiers.run import run_tier_window
 
@@ -305,3 +305,62 @@ def test_a_receive_caught_in_a_deadlock_with_a_topic_delete_runs_again(
         receiving.join(30)
     assert errors == [] and got == []
     assert client.conn.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_publish_whose_partition_retention_begins_to_detach_keeps_its_batch(
+    client, topic_group, clean_db, monkeypatch
+):
+    """Retention begins to detach the partition a publish has just COPYed into (it cannot see the
+    uncommitted rows, so no group needs it yet): the publish still records its batch (it reads its
+    rows from the partition's own table, which a new snapshot no longer sees through the log), and
+    retention, seeing the rows once the publish commits, attaches the partition again."""
+    from redelivery.messaging import publishing
+
+    client.ack("billing", client.receive("billing", "orders", 1, 30) or [])
+    client.publish("orders", [{"n": 0}], at=at(0))
+    client.ack("billing", client.receive("billing", "orders", 1, 30, at=at(10)))  # the hour is done
+    client.publish("orders", [{"n": 9}], at=at(2 * DAY))
+    record, retired = publishing.record_published_batch, {}
+
+    def record_while_retention_detaches(*args) -> list[int]:
+        def retire() -> None:
+            with db.connect(clean_db, autocommit=True) as conn:
+                retired["result"] = retention_at(conn, at(2 * DAY + 60))
+
+        retired["thread"] = threading.Thread(target=retire)
+        retired["thread"].start()
+        wait_for_session(clean_db, waiting_for_a_lock("DETACH_LOG_PARTITION"), "the detach waiting")
+        return record(*args)
+
+    monkeypatch.setattr(publishing, "record_published_batch", record_while_retention_detaches)
+    late = client.publish("orders", [{"n": 1}, {"n": 2}], batch_id="late", at=at(1), retry=False)
+    retired["thread"].join(60)
+    assert retired["result"].reattached == ["messages_20260301t120000"]
+    got = client.receive("billing", "orders", 10, 30, at=at(2 * DAY + 120))
+    assert len(late) == 2 and set(late) < {m.message_id for m in got}  # and the one two days later
+
+
+@pytest.mark.timeout(120)
+def test_a_publish_at_a_time_retention_is_dropping_is_refused_as_such(client, topic_group, clean_db):
+    """A publish time whose partition retention is detaching (listed still, no longer taking rows):
+    a one-line error that says so, not a malformed message, and nothing written."""
+    from redelivery.errors import MalformedMessageError, PublishError
+
+    client.publish("orders", [{"n": 0}], at=at(0))
+    client.ack("billing", client.receive("billing", "orders", 1, 30, at=at(10)))
+    client.publish("orders", [{"n": 9}], at=at(2 * DAY))
+    with psycopg.connect(clean_db, autocommit=True) as reader:
+        reader.execute("BEGIN")
+        reader.execute("SELECT 1 FROM redelivery.messages LIMIT 1")  # the detach waits for this reader
+        retention = db.connect(clean_db, autocommit=True)
+        retiring = threading.Thread(target=lambda: retention_at(retention, at(2 * DAY + 60)))
+        retiring.start()
+        wait_for_session(clean_db, waiting_for_a_lock("DETACH_LOG_PARTITION"), "the detach waiting")
+        with pytest.raises(PublishError, match="retention is dropping the partition") as refused:
+            client.publish("orders", [{"n": 1}], at=at(1), retry=False)
+        assert not isinstance(refused.value, MalformedMessageError)
+        reader.execute("COMMIT")
+        retiring.join(60)
+        retention.close()
+    assert client.stats()["orders"]["billing"]["READY"] == 1  # the one of two days later

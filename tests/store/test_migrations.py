@@ -541,7 +541,8 @@ def test_the_log_migration_keeps_every_message_state_per_group(fresh_url):
 
 #: Batches of the layout before 0013 (every message tagged with its batch id, fingerprints made by
 #: the client): 'whole' (3 messages, all in the log), 'partial' (2 of its 3 messages left: the third
-#: was dropped) and 'gone' (no message left); and a Spark publish's staged row of the old format.
+#: was dropped), 'gone' (no message left), 'odd' and 'even' (published at once before 0012, their
+#: ids interleaved); and a Spark publish's staged row of the old format.
 _TAGGED_BATCHES = """
     INSERT INTO topics (name) VALUES ('orders');
     INSERT INTO consumer_groups (name) VALUES ('billing');
@@ -554,9 +555,14 @@ _TAGGED_BATCHES = """
     SELECT t.id, 'k' || i, convert_to('{"n": ' || i || '}', 'UTF8'), 'application/json',
            CASE WHEN i <= 3 THEN 'whole' ELSE 'partial' END, '2026-03-01 12:00+00'
     FROM generate_series(1, 5) i, topics t;
+    INSERT INTO messages (topic_id, key, body, content_type, publish_batch, published_at)
+    SELECT t.id, 'i' || i, convert_to('{"i": ' || i || '}', 'UTF8'), 'application/json',
+           CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END, '2026-03-01 12:00+00'
+    FROM generate_series(1, 4) i, topics t;
     INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint, published_at)
-    SELECT b, t.id, 3, '3:0123456789abcdef', '2026-03-01 12:00+00'
-    FROM unnest(ARRAY['whole', 'partial', 'gone']) b, topics t;
+    SELECT b, t.id, CASE WHEN b IN ('even', 'odd') THEN 2 ELSE 3 END, '3:0123456789abcdef',
+           '2026-03-01 12:00+00'
+    FROM unnest(ARRAY['whole', 'partial', 'gone', 'even', 'odd']) b, topics t;
     INSERT INTO publish_staging (batch_id, run_id, part, seq, key, body, content_type)
     VALUES ('unfinished', 'r', 0, 0, NULL, '\\x7b7d', 'application/json');
     """
@@ -582,13 +588,16 @@ def test_the_range_migration_keeps_every_batch_published_once(fresh_url):
         with pytest.raises(BatchConflictError, match="other content"):
             client.publish("orders", [Message('{"n": 9}', key="k1")] + messages[1:], batch_id="whole", at=at)
         partial = [Message({"n": i}, key=f"k{i}") for i in (4, 5, 6)]
-        assert (
-            client.publish("orders", partial, batch_id="partial", at=at) == ids[3:]
-        )  # 3 messages: its count
+        # 3 messages, 2 still in the log: compared by its count
+        assert client.publish("orders", partial, batch_id="partial", at=at) == ids[3:5]
         with pytest.raises(BatchConflictError, match="other content"):
             client.publish("orders", partial[:2], batch_id="partial", at=at)
         assert client.publish("orders", partial, batch_id="gone", at=at) == []  # recorded, nothing left
-        assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 5
+        odd = [Message(f'{{"i": {i}}}', key=f"i{i}", content_type="application/json") for i in (1, 3)]
+        assert client.publish("orders", odd, batch_id="odd", at=at) == [ids[5], ids[7]]  # not ids[6]
+        with pytest.raises(BatchConflictError, match="other content"):
+            client.publish("orders", odd[:1] * 2, batch_id="odd", at=at)
+        assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 9
         with pytest.raises(MalformedMessageError, match="message 0: body is not valid application/json"):
             client.publish("orders", [Message("{broken", content_type="application/json")], at=at)
         assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0

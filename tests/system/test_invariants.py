@@ -157,6 +157,16 @@ def plant_wrong_batch_count(s):
     s.sql("UPDATE publish_batches SET message_count = message_count + 1 WHERE batch_id = 'b1'")
 
 
+def plant_batch_applied_twice(s):
+    """Batch b1's messages written into the log a second time, by a publish whose record never
+    took them (the answer to the first was lost and the retry wrote again): messages in no batch."""
+    s.sql(
+        "INSERT INTO messages (topic_id, key, body, content_type, properties, published_at)"
+        " SELECT topic_id, key, body, content_type, properties, published_at FROM messages"
+        " WHERE key LIKE 'b1:%%'"
+    )
+
+
 def plant_early_promotion(s):
     s.sql(
         "UPDATE deliveries SET ready_at = due_at - interval '1 second'"
@@ -243,6 +253,7 @@ PLANTED = [
     (plant_foreign_delivery, inv.FOREIGN_DELIVERY),
     (plant_second_dlq_row, inv.DLQ_ROWS),
     (plant_wrong_batch_count, inv.BATCH_COUNT),
+    (plant_batch_applied_twice, inv.BATCH_COUNT),
     (plant_early_promotion, inv.EARLY_PROMOTION),
     (plant_move_without_audit, inv.REDRIVE_AUDIT),
     (plant_attempt_listed_twice, inv.HISTORY),

@@ -139,6 +139,10 @@ class Message:
         _set_field(self, "properties", NO_PROPERTIES if properties is None else properties)
         _set_field(self, "content_type", content_type)
 
+    def __reduce__(self):  # pickle and deepcopy through the constructor (a mappingproxy pickles not)
+        properties = None if self.properties is NO_PROPERTIES else self.properties
+        return Message, (self.body, self.key, properties, self.content_type)
+
 
 @dataclass(frozen=True)
 class ReceivedMessage:

@@ -5,8 +5,11 @@ any message is returned, seeds/004), and every answer to a receipt: ``ack``, ``n
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+
+import psycopg
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging.admin import Administration
@@ -34,6 +37,7 @@ MIN_INVISIBLE_SECONDS, MAX_INVISIBLE_SECONDS = 1, 43_200
 
 
 UNDECODABLE_OUTCOME = "undecodable"
+log = logging.getLogger(__name__)
 
 
 #: The columns of ``RECEIVE``, in its order: ``_leased`` hands its rows over as tuples that the
@@ -99,7 +103,13 @@ class Consuming(Administration):
         rows = self._leased(params)
         out, bad = self._decode_received(rows, group, topic, policy.retry_name)
         if bad:
-            self._dead_letter_undecodable(bad, group_id, table, at)
+            try:
+                self._dead_letter_undecodable(bad, group_id, table, at)
+            except psycopg.Error as exc:  # the lease is committed: hand out what decoded
+                log.warning(
+                    "%d undecodable messages of group %r stay in flight until their lease ends (%s)",
+                    len(bad), group, exc,
+                )  # fmt: skip
         return out
 
     @staticmethod

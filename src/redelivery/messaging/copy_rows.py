@@ -57,23 +57,43 @@ def encode_rows(batch: pa.RecordBatch) -> bytes:
     return rows + rest if rest else rows  # (no copy of a large chunk: fresh memory is slow to fault in)
 
 
-#: Rows per chunk of a COPY the API writes: a few MB, so that the server takes in one chunk while
-#: the client encodes the next, and memory is reused rather than faulted in anew.
+#: A chunk of a COPY holds at most this many rows and, past its first row, this many bytes of
+#: bodies: a few MB, so that the server takes in one chunk while the client encodes the next,
+#: memory is reused rather than faulted in anew, and a staged chunk stays far below PostgreSQL's
+#: 1 GB for a value.
 CHUNK_ROWS = 16_384
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def row_ranges(body_sizes: list[int]) -> Iterator[tuple[int, int]]:
+    """[start, end) of consecutive rows, each range at most ``CHUNK_ROWS`` rows and, past its first
+    row, at most ``CHUNK_BYTES`` bytes of bodies (``body_sizes``: each row's)."""
+    start, size = 0, 0
+    for index, body_size in enumerate(body_sizes):
+        if index > start and (index - start == CHUNK_ROWS or size + body_size > CHUNK_BYTES):
+            yield start, index
+            start, size = index, 0
+        size += body_size
+    if start < len(body_sizes):
+        yield start, len(body_sizes)
 
 
 def chunks(topic_id: int, published_at: datetime, columns: tuple) -> Iterator[bytes]:
     """``columns`` (keys, bodies, content types, properties: lists of the same length) as the
-    data of ``COPY_MESSAGES``, ``CHUNK_ROWS`` rows at a time (``encode_rows``), each chunk's JSON
-    bodies checked first (``check_json_bodies``: ``MalformedMessageError`` names the message by its
-    index in ``columns``)."""
-    total = len(columns[1])
-    for start in range(0, total, CHUNK_ROWS):
-        batch = message_batch(
-            topic_id, published_at, *(column[start : start + CHUNK_ROWS] for column in columns)
-        )
+    data of ``COPY_MESSAGES``, a chunk at a time (``row_ranges``, ``encode_rows``), each chunk's
+    JSON bodies checked first (``check_json_bodies``: ``MalformedMessageError`` names the message
+    by its index in ``columns``)."""
+    for start, end in row_ranges(list(map(len, columns[1]))):
+        batch = message_batch(topic_id, published_at, *(column[start:end] for column in columns))
         check_json_bodies(batch, lambda row, start=start: f"message {start + row}")
         yield encode_rows(batch)
+
+
+def slices(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    """A batch with a ``body`` column in slices of ``row_ranges``."""
+    sizes = pc.fill_null(pc.binary_length(batch.column("body").cast(pa.binary())), 0).to_pylist()
+    for start, end in row_ranges(sizes):
+        yield batch.slice(start, end - start)
 
 
 def check_json_bodies(batch: pa.RecordBatch, where) -> None:

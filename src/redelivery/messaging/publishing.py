@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg import sql
 
 from redelivery.errors import (
     BatchConflictError,
@@ -26,6 +27,7 @@ from redelivery.messaging.producer import MIN_CONNECT_TIMEOUT, retrying
 from redelivery.rules.policies import EffectivePolicy
 from redelivery.store import catalog, db, log
 from redelivery.store import statements as S
+from redelivery.store.log import LOG_SCHEMA
 
 #: The errors PostgreSQL raises for a row a COPY refuses (an encoding, a bad JSON text or object, a
 #: check constraint): the message is malformed, nothing was written.
@@ -59,11 +61,15 @@ def write_copy(conn: psycopg.Connection, statement: str, rows: Iterable[bytes]) 
     ``statement``, between the format's header and trailer."""
     from redelivery.messaging.copy_rows import COPY_HEADER, COPY_TRAILER
 
-    with conn.cursor().copy(statement) as copy:
-        copy.write(COPY_HEADER)
-        for chunk in rows:
-            copy.write(chunk)
-        copy.write(COPY_TRAILER)
+    chunks = iter(rows)
+    try:
+        with conn.cursor().copy(statement) as copy:
+            copy.write(COPY_HEADER)
+            for chunk in chunks:
+                copy.write(chunk)
+            copy.write(COPY_TRAILER)
+    finally:  # a generator of chunks read from another connection lets it go now, not at its GC
+        getattr(chunks, "close", lambda: None)()
 
 
 def check_repeated_batch(
@@ -92,15 +98,20 @@ def check_repeated_batch(
     return published_count
 
 
-def record_published_batch(conn: psycopg.Connection, topic_id: int, batch_id: str, floor: int, count: int):
+def record_published_batch(
+    conn: psycopg.Connection, topic_id: int, batch_id: str, floor: int, count: int, partition: str
+) -> list[int]:
     """Record the range and fingerprint of batch ``batch_id`` right after its COPY (its messages are
-    the topic's past ``floor``); ``PublishError`` (the transaction rolls back) unless ``count``
-    messages were written."""
-    written, _ = conn.execute(
-        S.RECORD_PUBLISHED_BATCH, {"topic_id": topic_id, "batch": batch_id, "floor": floor}
-    ).fetchone()
-    if written != count:
-        raise PublishError(f"batch {batch_id!r}: {count} messages to publish but {written} written")
+    the topic's past ``floor`` in ``partition``, the log's partition of their publish time); return
+    their ids, ascending. ``PublishError`` (the transaction rolls back) unless ``count`` messages
+    were written and the batch had no record of them yet."""
+    statement = S.RECORD_PUBLISHED_BATCH.format(partition=sql.Identifier(LOG_SCHEMA, partition))
+    recorded = conn.execute(statement, {"topic_id": topic_id, "batch": batch_id, "floor": floor}).fetchone()
+    if recorded is None:
+        raise PublishError(f"batch {batch_id!r}: its messages were recorded already; nothing was published")
+    if recorded[0] != count:
+        raise PublishError(f"batch {batch_id!r}: {count} messages to publish but {recorded[0]} written")
+    return recorded[1]
 
 
 @contextmanager
@@ -113,6 +124,14 @@ def refused_rows(describe: Callable[[int, str | None, psycopg.Error], str]) -> I
     try:
         yield
     except ROW_REFUSALS as error:
+        if isinstance(error, psycopg.errors.CheckViolation) and not error.diag.constraint_name:
+            # no partition of the log takes the row: the one of its publish time is being detached
+            # (older than retention.messages), which is not the message's fault
+            raise PublishError(
+                "no partition of the log takes this publish time: retention is dropping the partition "
+                "that held it (older than retention.messages); publish at a later time "
+                f"({error.diag.message_primary})"
+            ) from None
         where = copy_rows.refused_row(error)
         if where is None:
             raise
@@ -223,20 +242,19 @@ class Publishing(Administration):
         with self.conn.transaction():
             catalog.lock_topic_for_publish(self.conn, topic_id)
             claim = {"batch": batch_id, "topic_id": topic_id, "count": count, "at": at}
-            published_at, covered = self.conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            published_at, partition = self.conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
             data = copy_rows.chunks(topic_id, published_at, columns)
             if self.conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
                 with refused_rows(_describe_refusal(columns)):
                     check_repeated_batch(self.conn, batch_id, topic_id, count, data)
                 return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
             self._check_backlog(topic_id, count)
-            if not covered:
+            if partition is None:
                 raise NeedPartition(published_at)
             floor = self.conn.execute(S.ID_FLOOR).fetchone()[0]
             with refused_rows(_describe_refusal(columns)):  # each chunk encoded as the last one goes in
                 write_copy(self.conn, S.COPY_MESSAGES, data)
-            record_published_batch(self.conn, topic_id, batch_id, floor, count)
-            return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
+            return record_published_batch(self.conn, topic_id, batch_id, floor, count, partition)
 
     def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:
         """{group id: policy} of the topic's subscriptions with a ready-backlog cap, resolved once

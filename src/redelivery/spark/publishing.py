@@ -199,7 +199,7 @@ def stage_partition(url: str, topic_id: int, batch_id: str, run_id: str, publish
         import pyarrow as pa
         from pyspark import TaskContext
 
-        from redelivery.messaging.copy_rows import encode_rows
+        from redelivery.messaging.copy_rows import encode_rows, slices
 
         part = TaskContext.get().partitionId()
         keys = {"batch": batch_id, "stage_run": run_id, "part": part}
@@ -210,13 +210,13 @@ def stage_partition(url: str, topic_id: int, batch_id: str, run_id: str, publish
                     # an earlier attempt of this task staged the partition: report what it did
                     rows = conn.execute(S.PUBLISH_PART, keys).fetchone()[0]
                 else:
-                    for seq, batch in enumerate(batches):
-                        if batch.num_rows == 0:
-                            continue
-                        data = encode_rows(message_batch(batch, part, rows, topic_id, published_at))
-                        chunk = {**keys, "seq": seq, "rows": batch.num_rows, "data": data}
-                        conn.execute(S.STAGE_CHUNK, chunk)
-                        rows += batch.num_rows
+                    seq = 0
+                    for batch in batches:
+                        for piece in slices(batch):  # a chunk stays a few MB, whatever the bodies
+                            data = encode_rows(message_batch(piece, part, rows, topic_id, published_at))
+                            chunk = {**keys, "seq": seq, "rows": piece.num_rows, "data": data}
+                            conn.execute(S.STAGE_CHUNK, chunk)
+                            rows, seq = rows + piece.num_rows, seq + 1
                     conn.execute(S.PUBLISH_PART_STAGED, {**keys, "rows": rows})
                     staged = True
         except MalformedMessageError as exc:  # the partition's transaction rolled back
@@ -324,13 +324,13 @@ def _publish_transaction(conn: psycopg.Connection, topic_id: int, staged: _Stage
                 count = check_repeated_batch(conn, batch_id, topic_id, staged.rows, staged.chunks())
         else:
             _check_staged(conn, staged)
-            _, covered = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
-            if not covered:
+            _, partition = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            if partition is None:
                 raise NeedPartition(at)
             floor = conn.execute(S.ID_FLOOR).fetchone()[0]
             with refused_rows(staged.describe):
                 write_copy(conn, S.COPY_MESSAGES, staged.chunks())
-            record_published_batch(conn, topic_id, batch_id, floor, staged.rows)
+            record_published_batch(conn, topic_id, batch_id, floor, staged.rows, partition)
             count = staged.rows
         # this run's chunks only: another run of the batch may be comparing its own (a run whose
         # driver died leaves its chunks to retention.publish_staging)

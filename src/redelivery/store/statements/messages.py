@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from psycopg import sql
+
 from redelivery.store.statements._shared import (
     _DLQ_COPY,
     _IS_INFLIGHT,
@@ -32,11 +34,11 @@ from redelivery.store.statements._shared import (
 COPY_MESSAGES = _named("COPY_MESSAGES", """
     COPY messages (topic_id, key, body, content_type, properties, published_at)
     FROM STDIN (FORMAT BINARY)""")
-#: The publish time of this transaction's messages (``at`` or the transaction's start), and whether
-#: a partition of the log holds that time (if not, ``log.ensure_partition`` makes one first).
+#: The publish time of this transaction's messages (``at`` or the transaction's start), and the
+#: partition of the log that holds that time (NULL: none yet, ``log.ensure_partition`` makes one).
 PUBLISH_TIME = _named("PUBLISH_TIME", f"""
-    SELECT x.at, EXISTS (SELECT 1 FROM log_partitions l
-                         WHERE coalesce(l.starts_at, '-infinity') <= x.at AND l.ends_at > x.at)
+    SELECT x.at, (SELECT l.partition_name FROM log_partitions l
+                  WHERE coalesce(l.starts_at, '-infinity') <= x.at AND l.ends_at > x.at)
     FROM (SELECT {AT} AS at) x""")
 #: An id below every id a publish is about to take (the sequence's last value, whoever took it):
 #: read under the topic's publish lock, before the COPY, the publish's messages are then its
@@ -65,24 +67,35 @@ CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", f"""
     VALUES (%(batch)s, %(topic_id)s, %(count)s, {AT})
     ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id""")
 #: After the COPY of a claimed batch, in its transaction: its messages are the topic's messages past
-#: ``floor`` (ID_FLOOR); their range, and the fingerprint PostgreSQL computes from the rows (their
-#: count and the sum of their ``message_hash`` modulo 2^64: the same rows give the same
-#: fingerprint whatever their order or partitioning), go into the batch's record. Returns
-#: (messages written, fingerprint).
-RECORD_PUBLISHED_BATCH = _named("RECORD_PUBLISHED_BATCH", """
+#: ``floor`` (ID_FLOOR) in ``{partition}``, the partition of their publish time, read as a table of
+#: its own (a retention run may have begun to detach it since the COPY: the log no longer shows it
+#: to a new snapshot, the table keeps the rows, and retention attaches it again once it sees them).
+#: Their range, and the fingerprint PostgreSQL computes from the rows (their count and the sum of
+#: their ``message_hash`` modulo 2^64: the same rows give the same fingerprint whatever their order
+#: or partitioning), go into the batch's record, once (a record with a range is left alone).
+#: Returns (messages written, their ids ascending); nothing if the batch had its record already.
+RECORD_PUBLISHED_BATCH = sql.SQL("""/* redelivery:RECORD_PUBLISHED_BATCH */
     WITH published AS (
       SELECT count(*) AS messages, min(m.id) AS first_id, max(m.id) AS last_id,
-             sum(message_hash(m.key, m.body, m.content_type, m.properties)) AS hash_sum
-      FROM messages m WHERE m.topic_id = %(topic_id)s AND m.id > %(floor)s)
+             sum(message_hash(m.key, m.body, m.content_type, m.properties)) AS hash_sum,
+             coalesce(array_agg(m.id ORDER BY m.id), '{{}}') AS ids
+      FROM {partition} m WHERE m.topic_id = %(topic_id)s AND m.id > %(floor)s)
     UPDATE publish_batches b SET first_id = p.first_id, last_id = p.last_id,
         fingerprint = content_fingerprint(p.messages, p.hash_sum)
-    FROM published p WHERE b.batch_id = %(batch)s
-    RETURNING p.messages, b.fingerprint""")
-#: The ids of a published batch still in the log, ascending.
+    FROM published p
+    WHERE b.batch_id = %(batch)s AND b.first_id IS NULL AND b.message_ids IS NULL
+    RETURNING p.messages, p.ids""")
+#: The ids of a published batch still in the log, ascending: its topic's ids in its range (or, for a
+#: batch recorded before 0013 whose ids interleave with another's, the ids it lists).
 PUBLISHED_IDS = _named("PUBLISHED_IDS", """
     SELECT m.id FROM publish_batches b
     JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
-    WHERE b.batch_id = %(batch)s ORDER BY m.id""")
+    WHERE b.batch_id = %(batch)s
+    UNION ALL
+    SELECT m.id FROM publish_batches b
+    JOIN messages m ON m.topic_id = b.topic_id AND m.id = ANY(b.message_ids)
+    WHERE b.batch_id = %(batch)s
+    ORDER BY 1""")
 #: A batch id published again: its content goes into this session's temporary table (emptied at
 #: commit), never into the log, and its fingerprint is compared with the published one's.
 CREATE_REPEATED_CONTENT = _named("CREATE_REPEATED_CONTENT", """
