@@ -1,0 +1,235 @@
+"""Migrations that convert a populated store, each on a database of its own: 0012 (a delivery row
+per message and group, COMMITTED kept, becomes the log with offsets) and 0013 (batches tagged on
+every message become id ranges, fingerprinted by PostgreSQL). Each message keeps its state per
+group, and each batch id still publishes once."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg import sql
+
+from redelivery.store import db
+
+#: Races with nothing here, but a populated store takes a while: fail rather than hang.
+pytestmark = pytest.mark.timeout(300)
+
+
+# ---- migration 0012: today's layout of then, upgraded to the log -----------------------------------
+
+#: A populated store of the layout before 0012 (a delivery row per message and group, COMMITTED and
+#: DLQ rows kept): orders (8 messages) to billing, audit and late (subscribed after the first two:
+#: no rows for them), refunds (2) to billing. billing on orders: 2 COMMITTED, 2 READY (one never
+#: delivered, one redriven once), 1 INFLIGHT, 1 WAITING_RETRY, 1 DLQ (with its dead letter), and
+#: 1 READY never delivered; audit: all COMMITTED; late: 6 READY; billing on refunds: 1 COMMITTED,
+#: 1 INFLIGHT. Group totals set.
+_OLD_STORE = """
+    INSERT INTO topics (name) VALUES ('orders'), ('refunds');
+    INSERT INTO consumer_groups (name, promoted, dead_lettered, redriven, stale_receipts)
+    VALUES ('billing', 5, 1, 1, 2), ('audit', 0, 0, 0, 0), ('late', 0, 0, 0, 0);
+    INSERT INTO subscriptions (topic_id, group_id)
+    SELECT t.id, g.id FROM topics t, consumer_groups g
+    WHERE (t.name, g.name) IN (('orders', 'billing'), ('orders', 'audit'), ('orders', 'late'),
+                               ('refunds', 'billing'));
+    INSERT INTO messages (topic_id, key, body, content_type, published_at)
+    SELECT t.id, 'k' || i, convert_to('{"n": ' || i || '}', 'UTF8'), 'application/json',
+           '2026-03-01 12:00+00'::timestamptz + i * interval '1 second'
+    FROM generate_series(1, 10) i JOIN topics t ON t.name = CASE WHEN i <= 8 THEN 'orders' ELSE 'refunds' END;
+    INSERT INTO deliveries (message_id, group_id, topic_id, state, delivery_count, reconsume_times,
+                            delay_level, due_at, invisible_until, last_error, attempts,
+                            redrive_count, ready_at)
+    SELECT m.id, g.id, m.topic_id, x.state::delivery_state, x.count, x.reconsume, x.level,
+           x.due::timestamptz, x.lease::timestamptz,
+           x.error, x.attempts::jsonb, x.redriven, m.published_at
+    FROM (VALUES
+        ('billing', 1, 'COMMITTED', 1, 0, NULL, NULL, NULL, NULL, '[]', 0),
+        ('billing', 2, 'COMMITTED', 3, 2, NULL, NULL, NULL, 'e2',
+         '[{"delivery": 1, "outcome": "nack"}, {"delivery": 2, "outcome": "nack"}]', 0),
+        ('billing', 3, 'READY', 0, 0, NULL, NULL, NULL, NULL, '[]', 0),
+        ('billing', 4, 'INFLIGHT', 2, 1, 1, NULL, '2099-01-01 00:00+00', 'e4',
+         '[{"delivery": 1, "outcome": "nack"}]', 0),
+        ('billing', 5, 'WAITING_RETRY', 1, 1, 1, '2026-03-01 12:10+00', NULL, 'e5',
+         '[{"delivery": 1, "outcome": "nack"}]', 0),
+        ('billing', 6, 'DLQ', 2, 1, NULL, NULL, NULL, 'bad',
+         '[{"delivery": 1, "outcome": "nack"}, {"delivery": 2, "outcome": "rejected"}]', 0),
+        ('billing', 7, 'READY', 4, 0, NULL, NULL, NULL, 'e7', '[{"delivery": 4, "outcome": "rejected"}]', 1),
+        ('billing', 8, 'READY', 0, 0, NULL, NULL, NULL, NULL, '[]', 0),
+        ('billing', 9, 'COMMITTED', 1, 0, NULL, NULL, NULL, NULL, '[]', 0),
+        ('billing', 10, 'INFLIGHT', 1, 0, NULL, NULL, '2099-01-01 00:00+00', NULL, '[]', 0)
+    ) AS x(grp, n, state, count, reconsume, level, due, lease, error, attempts, redriven)
+    JOIN consumer_groups g ON g.name = x.grp
+    JOIN messages m ON m.key = 'k' || x.n
+    UNION ALL
+    SELECT m.id, g.id, m.topic_id,
+           CASE WHEN g.name = 'audit' THEN 'COMMITTED' ELSE 'READY' END::delivery_state,
+           CASE WHEN g.name = 'audit' THEN 1 ELSE 0 END, 0, NULL, NULL, NULL, NULL, '[]'::jsonb, 0,
+           m.published_at
+    FROM messages m JOIN topics t ON t.id = m.topic_id AND t.name = 'orders'
+    JOIN consumer_groups g ON g.name = 'audit' OR (g.name = 'late' AND m.key NOT IN ('k1', 'k2'));
+    INSERT INTO dead_letter_queues (name, table_created_at) VALUES ('%DLQ%billing', now());
+    """
+
+
+def _old_store(url: str) -> None:
+    with db.connect(url, autocommit=True) as conn:
+        conn.execute(_OLD_STORE)  # no parameters: the % of the DLQ's name is sent as it is
+        conn.execute("SELECT setval('messages_id_seq', 100)")  # ids a deleted topic had taken
+        [dlq_id] = conn.execute("SELECT id FROM dead_letter_queues").fetchone()
+        conn.execute(
+            sql.SQL("CREATE TABLE {} PARTITION OF dlq_messages FOR VALUES IN ({})").format(
+                sql.Identifier("redelivery_dlq", "%DLQ%billing"), sql.Literal(dlq_id)
+            )
+        )
+        conn.execute(
+            "INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,"
+            " content_type, properties, published_at, reason, last_error, delivery_count, reconsume_times,"
+            " attempts, redrive_count)"
+            " SELECT %s, d.group_id, m.id, m.topic_id, m.id, m.key, m.body, m.content_type, m.properties,"
+            " m.published_at, 'REJECTED', d.last_error, d.delivery_count, d.reconsume_times, d.attempts, 0"
+            " FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.state = 'DLQ'",
+            (dlq_id,),
+        )
+
+
+#: The old layout's counts per (topic, group, state), as its STATE_COUNTS read them.
+_OLD_COUNTS = """
+    SELECT t.name, g.name, d.state::text, count(*) FROM deliveries d
+    JOIN topics t ON t.id = d.topic_id JOIN consumer_groups g ON g.id = d.group_id GROUP BY 1, 2, 3"""
+
+
+def test_the_log_migration_keeps_every_message_state_per_group(fresh_url):
+    """0012 converts a populated store: each message keeps its state per group (the unfinished
+    rows with their counts, leases and histories; COMMITTED history becomes offsets; dead letters
+    stay), ``stats`` and the group totals are what they were, old receipts still answer, and the
+    log goes on from the last id."""
+    from helpers import message_state
+    from redelivery.client import Client
+    from redelivery.messaging.codec import ReceivedMessage
+    from redelivery.redrive import RedriveRequest, redrive
+
+    db.migrate(fresh_url, "0011")
+    _old_store(fresh_url)
+    with db.connect(fresh_url) as conn:
+        before = {(t, g, s): n for t, g, s, n in conn.execute(_OLD_COUNTS)}
+        totals = conn.execute("SELECT name, promoted, dead_lettered, redriven, stale_receipts"
+                              " FROM consumer_groups ORDER BY 1").fetchall()  # fmt: skip
+        rows = {(m, g): r for m, g, *r in conn.execute(
+            "SELECT d.message_id, g.name, d.state::text, d.delivery_count, d.reconsume_times, d.delay_level,"
+            " d.due_at, d.invisible_until, d.attempts, d.redrive_count"
+            " FROM deliveries d JOIN consumer_groups g ON g.id = d.group_id")}  # fmt: skip
+    db.migrate(fresh_url)
+    with Client(fresh_url) as client:
+        after = {(t, g, s): n for t, groups in client.stats().items() for g, c in groups.items()
+                 for s, n in c.items() if n}  # fmt: skip
+        assert after == before
+        assert client.conn.execute("SELECT name, promoted, dead_lettered, redriven, stale_receipts"
+                                   " FROM consumer_groups ORDER BY 1").fetchall() == totals  # fmt: skip
+        for (m, group), (state, count, reconsume, level, due, lease, attempts, redriven) in rows.items():
+            now = message_state(client.conn, m, group)
+            if state == "COMMITTED":
+                assert now["state"] == "COMMITTED", (m, group, now)
+                continue
+            kept = (
+                now["state"],
+                now["delivery_count"],
+                now["reconsume_times"],
+                now["attempts"],
+                now["redrive_count"],
+            )
+            assert kept == (state, count, reconsume, attempts, redriven), (m, group)
+            if state != "DLQ":
+                assert (now["delay_level"], now["due_at"], now["invisible_until"]) == (level, due, lease)
+        inflight = client.conn.execute(
+            "SELECT message_id FROM deliveries WHERE state = 'INFLIGHT' AND delivery_count = 2"
+        ).fetchone()[0]
+        # an old consumer's receipt: its delivery, received before the upgrade
+        receipt = ReceivedMessage(message_id=inflight, group="billing", topic="orders", key=None, body=None,
+                                  content_type="application/json", properties={}, published_at=None,
+                                  delivery_count=2, reconsume_times=1, delay_level=None, invisible_until=None,
+                                  origin_message_id=inflight, last_error=None, redrive_count=0)  # fmt: skip
+        assert client.ack("billing", [receipt]) == 1
+        got = client.receive("billing", "orders", 10, 30)  # the READY rows, each one more delivery
+        assert sorted((m.body["n"], m.delivery_count, m.redrive_count) for m in got) == [
+            (3, 1, 0),
+            (7, 5, 1),
+            (8, 1, 0),
+        ]
+        assert len(client.receive("late", "orders", 10, 30)) == 6  # never the two before it subscribed
+        assert client.receive("audit", "orders", 10, 30) == []
+        [new] = client.publish("orders", [{"n": 11}])
+        assert new > 100  # never an id the old sequence gave (redrive_moves may still name it)
+        assert [m.message_id for m in client.receive("audit", "orders", 10, 30)] == [new]
+    moved = redrive(RedriveRequest(group="billing", dry_run=False, rate_limit=None), run_key="after",
+                    url=fresh_url, log=lambda *_: None)  # fmt: skip
+    assert moved["moved"] == 1
+    with Client(fresh_url) as client:
+        again, new_one = client.receive("billing", "orders", 10, 30)  # the READY row first, then the log
+        assert (again.body["n"], again.delivery_count, again.redrive_count) == (6, 3, 1)
+        assert (new_one.body["n"], new_one.delivery_count) == (11, 1)
+
+
+# ---- migration 0013: batches as id ranges, fingerprinted by PostgreSQL -----------------------------
+
+#: Batches of the layout before 0013 (every message tagged with its batch id, fingerprints made by
+#: the client): 'whole' (3 messages, all in the log), 'partial' (2 of its 3 messages left: the third
+#: was dropped), 'gone' (no message left), 'odd' and 'even' (published at once before 0012, their
+#: ids interleaved); and a Spark publish's staged row of the old format.
+_TAGGED_BATCHES = """
+    INSERT INTO topics (name) VALUES ('orders');
+    INSERT INTO consumer_groups (name) VALUES ('billing');
+    INSERT INTO subscriptions (topic_id, group_id) SELECT t.id, g.id FROM topics t, consumer_groups g;
+    CREATE TABLE redelivery_log.messages_old PARTITION OF messages
+        FOR VALUES FROM ('2026-03-01 12:00+00') TO ('2026-03-01 13:00+00');
+    INSERT INTO log_partitions (partition_name, starts_at, ends_at)
+    VALUES ('messages_old', '2026-03-01 12:00+00', '2026-03-01 13:00+00');
+    INSERT INTO messages (topic_id, key, body, content_type, publish_batch, published_at)
+    SELECT t.id, 'k' || i, convert_to('{"n": ' || i || '}', 'UTF8'), 'application/json',
+           CASE WHEN i <= 3 THEN 'whole' ELSE 'partial' END, '2026-03-01 12:00+00'
+    FROM generate_series(1, 5) i, topics t;
+    INSERT INTO messages (topic_id, key, body, content_type, publish_batch, published_at)
+    SELECT t.id, 'i' || i, convert_to('{"i": ' || i || '}', 'UTF8'), 'application/json',
+           CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END, '2026-03-01 12:00+00'
+    FROM generate_series(1, 4) i, topics t;
+    INSERT INTO publish_batches (batch_id, topic_id, message_count, fingerprint, published_at)
+    SELECT b, t.id, CASE WHEN b IN ('even', 'odd') THEN 2 ELSE 3 END, '3:0123456789abcdef',
+           '2026-03-01 12:00+00'
+    FROM unnest(ARRAY['whole', 'partial', 'gone', 'even', 'odd']) b, topics t;
+    INSERT INTO publish_staging (batch_id, run_id, part, seq, key, body, content_type)
+    VALUES ('unfinished', 'r', 0, 0, NULL, '\\x7b7d', 'application/json');
+    """
+
+
+def test_the_range_migration_keeps_every_batch_published_once(fresh_url):
+    """0013 on a store with tagged batches: a batch whose messages are all in the log gets their
+    range and PostgreSQL's fingerprint (the same content publishes nothing more, other content is a
+    conflict); one whose messages partly left keeps its count to compare; the log refuses a body
+    that is not JSON; an old-format staged row is gone."""
+    from redelivery.client import Client, Message
+    from redelivery.errors import BatchConflictError, MalformedMessageError
+
+    db.migrate(fresh_url, "0012")
+    with db.connect(fresh_url, autocommit=True) as conn:
+        conn.execute(_TAGGED_BATCHES)
+    db.migrate(fresh_url)
+    with Client(fresh_url) as client:
+        ids = [r[0] for r in client.conn.execute("SELECT id FROM messages ORDER BY id")]
+        at = client.conn.execute("SELECT '2026-03-01 12:30+00'::timestamptz").fetchone()[0]
+        messages = [Message(f'{{"n": {i}}}', key=f"k{i}", content_type="application/json") for i in (1, 2, 3)]
+        assert client.publish("orders", messages, batch_id="whole", at=at) == ids[:3]
+        with pytest.raises(BatchConflictError, match="other content"):
+            client.publish("orders", [Message('{"n": 9}', key="k1")] + messages[1:], batch_id="whole", at=at)
+        partial = [Message({"n": i}, key=f"k{i}") for i in (4, 5, 6)]
+        # 3 messages, 2 still in the log: compared by its count
+        assert client.publish("orders", partial, batch_id="partial", at=at) == ids[3:5]
+        with pytest.raises(BatchConflictError, match="other content"):
+            client.publish("orders", partial[:2], batch_id="partial", at=at)
+        assert client.publish("orders", partial, batch_id="gone", at=at) == []  # recorded, nothing left
+        odd = [Message(f'{{"i": {i}}}', key=f"i{i}", content_type="application/json") for i in (1, 3)]
+        assert client.publish("orders", odd, batch_id="odd", at=at) == [ids[5], ids[7]]  # not ids[6]
+        with pytest.raises(BatchConflictError, match="other content"):
+            client.publish("orders", odd[:1] * 2, batch_id="odd", at=at)
+        assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 9
+        with pytest.raises(MalformedMessageError, match="message 0: body is not valid application/json"):
+            client.publish("orders", [Message("{broken", content_type="application/json")], at=at)
+        assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
+        [new] = client.publish("orders", [{"n": 7}], batch_id="new", at=at)
+        assert client.publish("orders", [{"n": 7}], batch_id="new", at=at) == [new]
