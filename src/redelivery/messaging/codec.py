@@ -81,29 +81,16 @@ def check_json_text(text: str) -> None:
         raise ValueError("a \\u0000 character cannot be stored in PostgreSQL's jsonb")
 
 
-#: What only jsonb refuses in a JSON text that PostgreSQL's ``IS JSON`` takes: a \u0000 escape, an
-#: escape of half a surrogate pair (\ud800-\udfff, paired or not), and a number past numeric's range,
-#: which needs an exponent of four digits or more or a text of more than 15,000 characters (with an
-#: exponent under 1,000, a number needs over 15,000 digits to pass numeric's 16,383 after the point).
+#: What only jsonb refuses in a JSON text that PostgreSQL's ``IS JSON`` takes (a publish looks for it
+#: a chunk of bodies at a time: ``copy_rows.check_json_bodies``): a \u0000 escape, an escape of half
+#: a surrogate pair (\ud800-\udfff, paired or not), and a number past numeric's range, which needs
+#: an exponent of four digits or more or a text of more than 15,000 characters (with an exponent
+#: under 1,000, a number needs over 15,000 digits to pass numeric's 16,383 after the point).
 JSONB_HAZARD = re.compile(r"\\u(?:0000|[dD][89a-fA-F])|[eE][-+]?[0-9]{4}")
 JSONB_SAFE_LENGTH = 15_000
 #: Brackets a text may hold before it could nest deeper than Python decodes (orjson stops at 1,024
 #: levels, the json module at the interpreter's recursion limit): a body a consumer could not read.
 SAFE_BRACKETS = 500
-
-
-def check_jsonb_hazards(text: str) -> None:
-    """Raise ``ValueError`` (or ``RecursionError``) if ``text``, taken by ``IS JSON``, holds what
-    only jsonb refuses (see ``JSONB_HAZARD``) or nests deeper than Python decodes; PostgreSQL checks
-    the rest (the log's ``messages_json_body`` constraint, in C, as the row is written). A text
-    with a hazard is checked exactly (``check_json_text``), so only a real refusal raises. (A
-    publish looks for the hazards of a whole chunk of bodies at once: ``copy_rows``.)"""
-    if (
-        len(text) > JSONB_SAFE_LENGTH
-        or JSONB_HAZARD.search(text) is not None
-        or (len(text) > SAFE_BRACKETS and text.count("[") + text.count("{") > SAFE_BRACKETS)
-    ):
-        check_json_text(text)
 
 
 #: The properties of a message published without any (shared: it cannot change).

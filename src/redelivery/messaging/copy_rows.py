@@ -173,5 +173,5 @@ def refusal(error: psycopg.Error, column: str | None) -> str:
         and error.diag.constraint_name == "messages_json_body"
     ):
         return "body is not valid application/json (PostgreSQL's IS JSON refuses it)"
-    what = {"key": "key", "body": "body", "properties": "properties"}.get(column or "", "message")
+    what = column if column in ("key", "body", "properties") else "message"
     return f"{what} refused by PostgreSQL: {error.diag.message_primary}"

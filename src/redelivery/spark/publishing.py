@@ -19,7 +19,7 @@ is atomic across partitions, so the rules are:
 
 What a task checks, with vectorized Arrow functions: keys are UTF-8 without NUL, content types are
 known, properties are absent, and JSON bodies hold none of what only jsonb refuses
-(``codec.check_jsonb_hazards``). A batch that any of these cannot vouch for (properties, a text
+(``copy_rows.check_json_bodies``). A batch that any of these cannot vouch for (properties, a text
 body, a hazard) is checked message by message as the API checks it. That a JSON body is JSON,
 PostgreSQL checks as the driver's COPY writes it, and its error names the row.
 """
