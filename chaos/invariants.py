@@ -37,6 +37,10 @@ STALE = "an answer the API called stale changed nothing, and was counted"
 REPORTED = "what tier runs and redrives reported is what the state store holds"
 WORKERS = "no worker died of an error or exited unexpectedly"
 COMMITTED_HANDED = "a message COMMITTED for a group was handed to that group"
+COMMITTED_ACKED = (
+    "a message COMMITTED for a group was acked at its last delivery to that group: a failed delivery"
+    " (nacked, rejected, its lease run out) ends COMMITTED only by a later delivery, handed and acked"
+)
 RETAINED = "a message retention dropped had ended for every group (handed, or a dead letter)"
 FINAL = "after draining, every message ended exactly once per group (COMMITTED or DLQ)"
 
@@ -44,7 +48,7 @@ FINAL = "after draining, every message ended exactly once per group (COMMITTED o
 INVARIANTS = (
     ONE_PLACE, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
     DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, COMMITTED_HANDED,
-    RETAINED, FINAL,
+    COMMITTED_ACKED, RETAINED, FINAL,
 )  # fmt: skip
 
 #: name -> statement returning one row per violation
@@ -74,10 +78,12 @@ CHECKS = {
     DLQ_ROWS: """
         SELECT message_id, group_id, count(*) FROM dlq_messages GROUP BY 1, 2 HAVING count(*) > 1""",
     # a batch's messages (its topic's ids in its range, or those it lists: recorded before 0013)
-    # are all in one partition (one publish time): all of them, or none once retention dropped it
-    # (no partition holds its time any more); a batch of messages knows them; and every message
-    # published (a copy to another topic aside) is in exactly one batch, from the oldest recorded
-    # range on: a batch applied twice leaves messages in none
+    # are all in one partition (one publish time): all of them, unless retention dropped a
+    # partition of its time (chaos.dropped_partitions; a partition of that time may have been made
+    # again since, by a publish at that time or a redrive putting some of them back); a batch of
+    # messages knows them; and every message published (a copy to another topic aside) is in
+    # exactly one batch, from the oldest recorded range on: a batch applied twice leaves messages
+    # in none
     BATCH_COUNT: """
         WITH batch_messages AS (
           SELECT b.batch_id, m.id FROM publish_batches b
@@ -86,15 +92,15 @@ CHECKS = {
           SELECT b.batch_id, m.id FROM publish_batches b
           JOIN messages m ON m.topic_id = b.topic_id AND m.id = ANY(b.message_ids)),
         batches AS (
-          SELECT b.*, EXISTS (SELECT 1 FROM log_partitions l
+          SELECT b.*, EXISTS (SELECT 1 FROM chaos.dropped_partitions l
                               WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
-                                AND l.ends_at > b.published_at) AS retained
+                                AND l.ends_at > b.published_at) AS dropped
           FROM publish_batches b)
         SELECT b.batch_id, b.message_count, count(x.id) FROM batches b
         LEFT JOIN batch_messages x ON x.batch_id = b.batch_id
-        GROUP BY b.batch_id, b.message_count, b.retained, b.first_id, b.message_ids
-        HAVING (count(x.id) <> b.message_count AND (count(x.id) > 0 OR b.retained))
-            OR (b.message_count > 0 AND b.first_id IS NULL AND b.message_ids IS NULL AND b.retained)
+        GROUP BY b.batch_id, b.message_count, b.dropped, b.first_id, b.message_ids
+        HAVING (count(x.id) <> b.message_count AND NOT b.dropped)
+            OR (b.message_count > 0 AND b.first_id IS NULL AND b.message_ids IS NULL AND NOT b.dropped)
         UNION ALL
         SELECT 'message ' || m.id, 1, count(x.batch_id) FROM messages m
         LEFT JOIN batch_messages x ON x.id = m.id
@@ -114,6 +120,35 @@ CHECKS = {
         LEFT JOIN redrive_moves m ON m.message_id = x.message_id AND m.group_id = x.group_id
         GROUP BY x.message_id, x.group_id, x.redrive_count HAVING count(m.run_id) <> x.redrive_count""",
 }
+#: The partitions retention dropped, recorded by a trigger in the transaction that forgets each one
+#: (a partition of the same times may be made again later: a publish at an old time, a redrive
+#: putting a dead letter's message back). ``install`` sets it up on the suite's database.
+_RECORD_DROPS = """
+    CREATE SCHEMA IF NOT EXISTS chaos;
+    CREATE TABLE IF NOT EXISTS chaos.dropped_partitions (
+        partition_name text, starts_at timestamptz, ends_at timestamptz,
+        dropped_at timestamptz DEFAULT now());
+    TRUNCATE chaos.dropped_partitions;
+    CREATE OR REPLACE FUNCTION chaos.record_dropped_partition() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO chaos.dropped_partitions (partition_name, starts_at, ends_at)
+      VALUES (OLD.partition_name, OLD.starts_at, OLD.ends_at);
+      RETURN OLD;
+    END $$;
+    CREATE OR REPLACE TRIGGER chaos_record_dropped AFTER DELETE ON redelivery.log_partitions
+        FOR EACH ROW EXECUTE FUNCTION chaos.record_dropped_partition()"""
+
+
+def install(conn: psycopg.Connection) -> None:
+    """Record the partitions retention drops from now on (``chaos.dropped_partitions``), emptied."""
+    conn.execute(_RECORD_DROPS)
+
+
+def uninstall(conn: psycopg.Connection) -> None:
+    """Stop recording dropped partitions (a test database shared with other tests)."""
+    conn.execute("DROP TRIGGER IF EXISTS chaos_record_dropped ON redelivery.log_partitions")
+
+
 HISTORY_LIMIT = 20  # the attempt history keeps the last 20 failed deliveries
 #: The attempt history's outcome of a consumer's failing answer (client._MODES).
 FAILED_OUTCOME = {"nack": "nack", "reject": "rejected"}
@@ -242,12 +277,26 @@ def delivery_states(conn: psycopg.Connection) -> dict:
     }
 
 
+def deleted_since(calls: list[Call]):
+    """Whether a publish call's topic was deleted (or a delete of it began) after the call began: its
+    messages, batch record and deliveries may be gone with the topic."""
+    deletes = [(c.asked["topic"], c.began) for c in events(calls, "delete_topic", phase=None)]
+
+    def deleted(call: Call) -> bool:
+        return any(topic == call.asked["topic"] and began > call.began for topic, began in deletes)
+
+    return deleted
+
+
 def published(conn, calls: list[Call], states) -> list:
     """Each publish a producer saw answered: its batch holds exactly the ids the API gave, with the
-    keys the producer asked for, as many as it asked for (none once retention dropped them: the
-    ids it gave are then all gone, and RETAINED judges them)."""
-    bad = []
+    keys the producer asked for, as many as it asked for (once retention dropped a partition of its
+    time, only ids it gave, those a redrive put back: RETAINED judges the others; nothing once its
+    topic was deleted)."""
+    bad, deleted = [], deleted_since(calls)
     for call in events(calls, "publish"):
+        if deleted(call):
+            continue
         rows = conn.execute(
             """SELECT m.id, m.key FROM publish_batches b
                JOIN messages m ON m.topic_id = b.topic_id
@@ -255,7 +304,10 @@ def published(conn, calls: list[Call], states) -> list:
                WHERE b.batch_id = %s ORDER BY m.id""",
             (call.asked["batch"],),
         ).fetchall()
-        if not rows and _dropped(conn, call):
+        if _dropped(conn, call):  # gone, or some put back by a redrive: none but the ids it gave
+            given = set(call.answer.get("ids", [r[0] for r in rows]))
+            if not {r[0] for r in rows} <= given:
+                bad.append((call.worker, call.asked["batch"], call.asked["count"], len(rows)))
             continue
         if (
             len(rows) != call.asked["count"]
@@ -270,9 +322,9 @@ def _dropped(conn, call: Call) -> bool:
     """Whether retention dropped the messages of an answered publish: no partition holds the time
     its batch was published at."""
     row = conn.execute(
-        """SELECT NOT EXISTS (SELECT 1 FROM log_partitions l
-                              WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
-                                AND l.ends_at > b.published_at)
+        """SELECT EXISTS (SELECT 1 FROM chaos.dropped_partitions l
+                          WHERE coalesce(l.starts_at, '-infinity') <= b.published_at
+                            AND l.ends_at > b.published_at)
            FROM publish_batches b WHERE b.batch_id = %s""",
         (call.asked["batch"],),
     ).fetchone()
@@ -311,8 +363,11 @@ def increasing(conn, calls: list[Call], states) -> list:
 def _holds(verb: str, receipt: tuple, states: dict) -> bool:
     """Whether the state store shows ``verb`` applied to receipt (message, group, delivery): an
     ack, the message COMMITTED (or dropped by retention, which only drops what every group ended);
-    a nack or reject, its outcome in the history of the delivery row or dead letter (a message
-    committed since keeps no history: nothing contradicts it)."""
+    a nack or reject, its outcome in the history of the delivery row or dead letter. A message
+    COMMITTED since keeps no history, and nothing here contradicts the answer: whether it was
+    committed by a later delivery, handed and acked, and not by a lost row or dead letter, is
+    COMMITTED_ACKED's to judge (``committed_acked``), so that a lost row is reported once, as what
+    it is."""
     m, g, c = receipt
     state, _, attempts = states.get((m, g), (None, None, {}))
     if verb == "ack":
@@ -391,6 +446,48 @@ def committed_handed(conn, calls: list[Call], states) -> list:
     return [(m, g) for (m, g), (state, _, _) in states.items() if state == "COMMITTED" and (m, g) not in seen]
 
 
+#: (message id, group name) of the dead letters a redrive copied to another topic: COMMITTED
+#: for their group with no ack (``REDRIVE_MOVE_BATCH``).
+_COPIED_AWAY = """
+    SELECT m.message_id, g.name FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
+    JOIN consumer_groups g ON g.id = m.group_id WHERE r.filter->>'destination_topic' IS NOT NULL"""
+
+
+def committed_acked(conn, calls: list[Call], states) -> list:
+    """A message COMMITTED for a group was acked at its last delivery the ledger shows for that
+    group (the highest delivery count handed to it, or named by an answer): some ack of that very
+    delivery applied, or may have (cut short by a kill, lost in a commit answer, or a Spark task's:
+    outcome unknown), as in ``stale``. Only an ack ends a delivery COMMITTED, and nothing comes
+    after COMMITTED; a delivery that failed (nacked, rejected, its lease run out unanswered) is
+    followed by a higher count if its message is received again (after a retry, or a redrive of
+    its dead letter). So a failed last delivery, or one the ledger shows unanswered, ending
+    COMMITTED is a lost delivery row or dead letter: a message that looks processed and never was.
+    The crash suite's clients record every ack they make (an ack made outside the ledger would be
+    reported). A dead letter a redrive copied to another topic ends COMMITTED unacked: left out."""
+    last: dict[tuple, int] = {}
+    for _, m, g, c in handed(calls):
+        last[(m, g)] = max(c, last.get((m, g), c))
+    verbs: dict[tuple, set] = defaultdict(set)
+    for call in events(calls, "answer", phase=None):
+        verb, group = call.asked["verb"], call.asked["group"]
+        if verb == "ack" and call.phase == "ok" and call.answer["applied"] == 0:
+            verb = "stale ack"  # the API applied none of its receipts
+        elif verb == "ack":
+            verb = "ack" if call.phase == "ok" else "ack of unknown outcome"
+        for m, c in call.asked["receipts"]:
+            last[(m, group)] = max(c, last.get((m, group), c))
+            verbs[(m, group, c)].add(verb)
+    copied = set(conn.execute(_COPIED_AWAY).fetchall())
+    bad = []
+    for (m, g), c in sorted(last.items()):
+        if states.get((m, g), (None,))[0] != "COMMITTED" or (m, g) in copied:
+            continue
+        answered = verbs[(m, g, c)]
+        if not answered & {"ack", "ack of unknown outcome"}:
+            bad.append((m, g, c, sorted(answered) or ["unanswered"]))
+    return bad
+
+
 def retained(conn, calls: list[Call], states) -> list:
     """Every message an answered publish gave an id to and the log no longer holds was, for every
     group subscribed to its topic, handed to it or is its dead letter: retention drops only what
@@ -405,8 +502,10 @@ def retained(conn, calls: list[Call], states) -> list:
     ended = {(m, g) for _, m, g, _ in handed(calls)}
     ended |= set(conn.execute("SELECT q.message_id, g.name FROM dlq_messages q"
                               " JOIN consumer_groups g ON g.id = q.group_id").fetchall())  # fmt: skip
-    bad = []
+    bad, deleted = [], deleted_since(calls)
     for call in events(calls, "publish"):
+        if deleted(call):  # gone with its topic, not by retention
+            continue
         for m in call.answer.get("ids", []):
             if m not in in_log:
                 bad += [(m, g) for g in sorted(groups[call.asked["topic"]]) if (m, g) not in ended]
@@ -421,5 +520,6 @@ LEDGER_CHECKS = {
     STALE: stale,
     REPORTED: reported,
     COMMITTED_HANDED: committed_handed,
+    COMMITTED_ACKED: committed_acked,
     RETAINED: retained,
 }

@@ -66,7 +66,7 @@ class LedgeredClient:
 
     def publish(self, topic: str, messages: list, *, batch_id: str, at=None) -> list[int]:
         keys = [getattr(m, "key", None) for m in messages]
-        asked = {"topic": topic, "batch": batch_id, "count": len(messages), "keys": keys}
+        asked = {"topic": topic, "batch": batch_id, "count": len(messages), "keys": keys, "at": at}
         return self.ledger.record(
             "publish", asked, lambda: self.client.publish(topic, messages, batch_id=batch_id, at=at),
             lambda ids: {"ids": ids},
@@ -100,6 +100,13 @@ class LedgeredClient:
             "extend", asked, lambda: self.client.extend_lease(group, messages, invisible_duration),
             lambda n: {"extended": n},
         )  # fmt: skip
+
+    def delete_topic(self, topic: str) -> None:
+        """``delete_topic``: its messages go legitimately (the checks leave the topic's publishes
+        made before it out)."""
+        self.ledger.record(
+            "delete_topic", {"topic": topic}, lambda: self.client.delete_topic(topic), lambda _: {}
+        )
 
     def close(self) -> None:
         self.client.close()

@@ -32,7 +32,17 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from scenarios import GROUPS, LOG_GROUP, LOG_TOPIC, TOPIC, KillPoints
+from scenarios import (
+    AGAIN_GROUP,
+    AGAIN_TOPIC,
+    GROUPS,
+    LOG_GROUP,
+    LOG_GROUPS,
+    LOG_TOPIC,
+    SUBSCRIBED,
+    TOPIC,
+    KillPoints,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "chaos" / "worker.py"
@@ -60,6 +70,10 @@ KINDS = (
     "log: a partition made and attached, before its record commits",
     "retention: inside a partition's concurrent detach",
     "retention: a partition detached, inside its drop",
+    "retention: waiting for the publishers of a partition",
+    "backdated publish: waiting for retention to be done with its partition",
+    "topic delete: waiting for the receives of its subscriptions",
+    "redrive: paced, of dead letters whose messages left the log",
 )
 
 
@@ -234,7 +248,9 @@ class Controller(KillPoints):
             conn.execute("CREATE DATABASE chaos")
         migrate(self.url())
         with self.connect() as conn:
-            conn.execute("CREATE SCHEMA chaos")
+            from invariants import install
+
+            install(conn)  # the schema chaos, with the record of dropped partitions
             conn.execute("CREATE TABLE chaos.gates (name text PRIMARY KEY)")
             conn.execute("CREATE TABLE chaos.received (gate text, ids bigint[])")
         with Client(self.url()) as client:
@@ -243,8 +259,12 @@ class Controller(KillPoints):
                 client.create_group(group, max_reconsume_times=1 if group == "g2" else None)
                 client.subscribe(group, TOPIC)
             client.create_topic(LOG_TOPIC)
-            client.create_group(LOG_GROUP)
-            client.subscribe(LOG_GROUP, LOG_TOPIC)
+            for group in LOG_GROUPS:
+                client.create_group(group)
+                client.subscribe(group, LOG_TOPIC)
+            client.create_topic(AGAIN_TOPIC)
+            client.create_group(AGAIN_GROUP)
+            client.subscribe(AGAIN_GROUP, AGAIN_TOPIC)
         shutil.rmtree(self.ledger_dir, ignore_errors=True)
         self.client = self.ledgered_client()
         self.conn = self.connect()
@@ -370,6 +390,10 @@ class Controller(KillPoints):
         "partition_before_its_record": 3,
         "retention_inside_detach": 3,
         "retention_inside_drop": 3,
+        "backdated_publish_racing_retention:retention": 2,
+        "backdated_publish_racing_retention:publish": 2,
+        "recreate_topic": 2,
+        "redrive_after_retention": 2,
     }
     SPARK_SCENARIOS = {
         "spark_publish_driver:before": 1,
@@ -409,7 +433,7 @@ class Controller(KillPoints):
             self.held_back = []
         while time.monotonic() < deadline:
             self.tier_run_now("drain")
-            for topic, group in [*((TOPIC, g) for g in GROUPS), (LOG_TOPIC, LOG_GROUP)]:
+            for topic, group in SUBSCRIBED:
                 while batch := self.client.receive(group, topic, 500, 30):
                     self.client.answer("ack", group, batch)
             left = final(self.conn)
@@ -441,6 +465,8 @@ class Controller(KillPoints):
                     forced.insert(0, name)  # no kill happened (nothing to freeze): once more
                 if self.rng.random() < 0.3:
                     self.churn()
+                if self.rng.random() < 0.1:
+                    self.retention_now()
             rounds += 1
             found = self.check(previous)
             previous = counts(self.conn)

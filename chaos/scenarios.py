@@ -18,8 +18,17 @@ if TYPE_CHECKING:  # the controller's worker handle (chaos/run.py imports this m
 
 TOPIC, GROUPS = "chaos", ("g1", "g2", "capped")
 #: A topic of its own for retention: published at times long past, consumed, then its partitions
-#: dropped (the chaos topic's messages are all recent: retention never drops them).
-LOG_TOPIC, LOG_GROUP = "chaos-log", "log-reader"
+#: dropped; two groups, whose dead letters of one message are redriven at once after it left the log.
+LOG_TOPIC, LOG_GROUP, LOG_AUDIT = "chaos-log", "log-reader", "log-audit"
+LOG_GROUPS = (LOG_GROUP, LOG_AUDIT)
+#: A topic another process deletes and makes again under the controller's long-lived client.
+AGAIN_TOPIC, AGAIN_GROUP = "chaos-again", "again-reader"
+#: Every (topic, group) the suite subscribes, as the drain reads them.
+SUBSCRIBED = (
+    *((TOPIC, g) for g in GROUPS),
+    *((LOG_TOPIC, g) for g in LOG_GROUPS),
+    (AGAIN_TOPIC, AGAIN_GROUP),
+)
 BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
 
 
@@ -287,21 +296,27 @@ class KillPoints:
                 "%redelivery:REGISTER_LOG_PARTITION%",
             )  # fmt: skip
 
-    def old_log(self, leave: int = 0) -> None:
+    def old_log(self, leave: int = 0, reject: int = 0) -> None:
         """Messages of the retention topic published two days and more ago (a partition of the
-        log of their own), received and acknowledged but for ``leave`` of them (which then hold the
-        partition: a group that lags)."""
+        log of their own), received by both of its groups: the first ``reject`` of them rejected by
+        both (dead letters of the same messages), the rest acknowledged, but for ``leave`` of them
+        by the reader (which then hold the partition: a group that lags)."""
         from redelivery.client import Message
 
         now = self.conn.execute("SELECT now()").fetchone()[0]
         when = now - timedelta(days=2, hours=self.rng.randint(0, 200))
         batch = f"old-{uuid.uuid4().hex[:8]}"
-        self.client.publish(LOG_TOPIC, [Message({"n": i}) for i in range(5)], batch_id=batch, at=when)
-        while got := self.client.receive(LOG_GROUP, LOG_TOPIC, 50, 600):
-            kept, leave = got[:leave], max(leave - len(got), 0)
-            if got[len(kept) :]:
-                self.client.answer("ack", LOG_GROUP, got[len(kept) :])
-            if kept:
+        ids = self.client.publish(LOG_TOPIC, [Message({"n": i}) for i in range(5)], batch_id=batch, at=when)
+        for group in LOG_GROUPS:
+            while got := self.client.receive(group, LOG_TOPIC, 50, 600):
+                dead = [m for m in got if m.message_id in ids[:reject]]
+                if dead:
+                    self.client.answer("reject", group, dead, error="chaos")
+                got = [m for m in got if m not in dead]
+                kept = got[:leave] if group == LOG_GROUP else []
+                leave -= len(kept)
+                if got[len(kept) :]:
+                    self.client.answer("ack", group, got[len(kept) :])
                 self.held_back.extend(kept)
 
     def retention_inside_detach(self) -> None:
@@ -336,6 +351,109 @@ class KillPoints:
             self.client.answer("ack", LOG_GROUP, self.held_back)
             self.held_back = []
         drop_expired_partitions(self.conn, self.client.client.config.retention.seconds("messages"))
+
+    def retention_now(self) -> None:
+        """A retention run of ours (never killed), between scenarios: partitions of every topic go
+        while publishes, receives and redrives go on."""
+        from redelivery.store.log import drop_expired_partitions
+
+        drop_expired_partitions(self.conn, self.client.client.config.retention.seconds("messages"))
+
+    def backdated_publish_racing_retention(self, frozen: str) -> None:
+        """Issue 27's loss: a publish at a time past retention (a backfill's ``at``) and a retention
+        run that comes to its partition. Either the publish is frozen at its COPY and the retention
+        run, waiting for the partition's publishers, is killed there; or the controller holds the
+        partition's retirement lock, as a retention run does, and the publish, waiting for it, is
+        killed there (and published again, at times): ``frozen`` says which ("retention" or
+        "publish"). Then a consumer and a retention run race the publish to its end: RETAINED and
+        COMMITTED_HANDED see a message dropped unseen."""
+        from redelivery.store import statements as S
+        from redelivery.store.log import RETIRE_LOCK, ensure_partition
+
+        self.top_up()
+        ago = self.rng.randint(200, 900)
+        when = self.conn.execute("SELECT now()").fetchone()[0] - timedelta(seconds=ago)
+        ensure_partition(self.conn, when, self.client.client.config.retention.seconds("partition"))
+        name = self.conn.execute(S.LOG_PARTITION_AT, {"at": when}).fetchone()[0]
+        publish = ("publish", "--batch", f"back-{uuid.uuid4().hex[:8]}", "--count", "5", "--ago", str(ago))
+        if frozen == "retention":
+            with self.holding(f"LOCK TABLE redelivery_log.{name} IN SHARE MODE"):
+                publisher = self.spawn(*publish)
+                if self.wait_until(lambda: self.waiting(publisher.tag, "%redelivery:COPY_MESSAGES%")):
+                    retention = self.spawn("retention")
+                    self.freeze_and_kill(
+                        retention, "retention: waiting for the publishers of a partition",
+                        "%LOCK_LOG_PARTITION_FOR_RETENTION%", wait_event="advisory",
+                    )  # fmt: skip
+        else:
+            with self.holding("SELECT pg_advisory_lock(%s, hashtext(%s))", (RETIRE_LOCK, name)):
+                publisher = self.spawn(*publish)
+                killed = self.freeze_and_kill(
+                    publisher, "backdated publish: waiting for retention to be done with its partition",
+                    "%LOCK_LOG_PARTITION_FOR_PUBLISH%", wait_event="advisory",
+                )  # fmt: skip
+            if killed and self.rng.random() < 0.5:  # the producer tries again with the same batch id
+                publisher = self.spawn(*publish)
+        racing = [
+            self.spawn("consume", "--group", self.rng.choice(["g1", "g2"]), "--max", "10", "--lease", "2"),
+            self.spawn("retention"),
+        ]
+        for worker in [publisher, *racing]:
+            self.run_to_end(worker)
+
+    def recreate_topic(self) -> None:
+        """A topic deleted and made again by another process under the controller's long-lived
+        client, which keeps the topic's id from its last call (issue 27: its publish then raised
+        UnknownTopicError, its receive returned nothing forever). The delete is killed first while
+        it waits for a receive holding the topic's subscription, then runs to its end; the
+        long-lived client then publishes to the new topic and receives it (the drain and FINAL see
+        what it could not)."""
+        from redelivery.client import Message
+
+        def publish_and_take(n: int) -> None:
+            batch = f"again-{uuid.uuid4().hex[:8]}"
+            self.client.publish(AGAIN_TOPIC, [Message({"n": i}) for i in range(n)], batch_id=batch)
+            got = self.client.receive(AGAIN_GROUP, AGAIN_TOPIC, 10, 30)
+            if got:
+                self.client.answer("ack", AGAIN_GROUP, got[: len(got) // 2 + 1])  # the rest in flight
+
+        publish_and_take(3)
+        recreate = ("recreate", "--topic", AGAIN_TOPIC, "--group", AGAIN_GROUP)
+        with self.holding(
+            "SELECT 1 FROM subscriptions s JOIN topics t ON t.id = s.topic_id"
+            " WHERE t.name = %s FOR UPDATE OF s",
+            (AGAIN_TOPIC,),
+        ):
+            self.freeze_and_kill(
+                self.spawn(*recreate), "topic delete: waiting for the receives of its subscriptions",
+                "%LOCK_SUBSCRIPTIONS_FOR_DELETE%",
+            )  # fmt: skip
+        self.run_to_end(self.spawn(*recreate))
+        publish_and_take(2)
+
+    def redrive_after_retention(self) -> None:
+        """Dead letters of both groups of the retention topic whose messages retention dropped,
+        redriven by two paced redrives at once (each puts the same messages back into the log: the
+        second finds them there), with retention runs during their pauses (a partition made for a
+        later batch may go: the batch makes it again); one of them killed between two batches at
+        times (its dead letters stay, and a later run moves them)."""
+        self.old_log(reject=3)
+        self.finish_retention()
+        redrives = [
+            self.spawn(
+                "redrive", "--group", group, "--run-key", f"late-{uuid.uuid4().hex[:8]}", "--rate", "1"
+            )
+            for group in LOG_GROUPS
+        ]
+        victim = self.rng.choice(redrives)
+        for _ in range(2):  # a batch a second: retention runs inside the pacing
+            time.sleep(self.rng.uniform(0.2, 0.8))
+            self.run_to_end(self.spawn("retention"))
+            if victim.proc.poll() is None and self.rng.random() < 0.5:
+                victim.kill()
+                self.kills["redrive: paced, of dead letters whose messages left the log"] += 1
+        for worker in redrives:
+            self.run_to_end(worker)
 
     # ---- Spark ------------------------------------------------------------------------------
 
@@ -389,13 +507,15 @@ class KillPoints:
         else:
             hold = (f"LOCK TABLE redelivery_log.{self.current_partition()} IN SHARE MODE", ())
             kind, like = "Spark publish: inside the publishing transaction", "%redelivery:COPY_MESSAGES%"
+        # a backfill job at times (its COPY goes to an old partition: only the claim can freeze it)
+        ago = self.rng.choice([0, self.rng.randint(200, 900)]) if where == "before" else 0
         with self.holding(*hold):
-            spark.send({"op": "publish", "batch": batch, "count": 30})
+            spark.send({"op": "publish", "batch": batch, "count": 30, "ago": ago})
             self.freeze_and_kill(spark, kind, like, timeout=60)
             self.spark = None
         if self.rng.random() < 0.5:  # the Airflow task's retry publishes the same batch id
             spark = self.spark_worker()
-            spark.send({"op": "publish", "batch": batch, "count": 30})
+            spark.send({"op": "publish", "batch": batch, "count": 30, "ago": ago})
             self.expect(spark, "PUBLISHED", 120)
 
     def spark_task(self, job: str) -> None:
@@ -403,7 +523,8 @@ class KillPoints:
         if job == "publish":
             batch = f"spark-{uuid.uuid4().hex[:8]}"
             hold, params, like = "LOCK TABLE publish_staging IN SHARE MODE", (), "%redelivery:STAGE_CHUNK%"
-            command, answer = {"op": "publish", "batch": batch, "count": 30}, "PUBLISHED"
+            ago = self.rng.choice([0, self.rng.randint(200, 900)])  # a backfill job, at times
+            command, answer = {"op": "publish", "batch": batch, "count": 30, "ago": ago}, "PUBLISHED"
             kind = "Spark publish: a task killed while it stages"
         elif job == "tier":
             self.make_due_retries()

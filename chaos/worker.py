@@ -1,13 +1,14 @@
 """The crash suite's worker processes: real publishers, consumers, tier runs and redrives, run
 through the public API exactly as a pipeline would, and killed by the controller (chaos/run.py).
 
-    python chaos/worker.py publish --batch B --count N [--first K]
+    python chaos/worker.py publish --batch B --count N [--first K] [--ago SECONDS]
     python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
                                    [--extend]
     python chaos/worker.py tier --run-key K
     python chaos/worker.py redrive --group G --run-key K [--rate R]
     python chaos/worker.py partition --hours-ahead H   (make the log's partition of that time)
     python chaos/worker.py retention                   (drop the log's partitions past retention)
+    python chaos/worker.py recreate --topic T --group G (delete a topic, make it again, subscribe G)
     python chaos/worker.py spark          (a Spark Connect client kept warm: JSON commands on stdin)
 
 The database is REDELIVERY_DATABASE_URL; the config REDELIVERY_CONFIG (chaos/config.yaml). A
@@ -57,13 +58,36 @@ def own_ledger() -> Ledger:
 
 
 def publish(args) -> None:
+    """A batch published now, or ``--ago`` seconds before the database's clock (a backfill: its
+    partition may be past retention, and retention racing it)."""
+    from redelivery.errors import BatchExpiredError
+
     client = ledgered_client()
     messages = [
         Message({"n": args.first + i, "batch": args.batch}, key=f"{args.batch}:{i}")
         for i in range(args.count)
     ]
-    ids = client.publish(TOPIC, messages, batch_id=args.batch)
+    at = None
+    if args.ago:
+        from datetime import timedelta
+
+        at = client.client.conn.execute("SELECT now()").fetchone()[0] - timedelta(seconds=args.ago)
+    try:
+        ids = client.publish(TOPIC, messages, batch_id=args.batch, at=at)
+    except BatchExpiredError:  # published before, and already dropped by retention (recorded)
+        ids = []
     print(f"PUBLISHED {args.batch} {len(ids)}", flush=True)
+
+
+def recreate(args) -> None:
+    """Delete a topic (its messages, deliveries, dead letters) and make it again with its group
+    subscribed, as another process of a pipeline would under the controller's long-lived client."""
+    client = ledgered_client()
+    client.delete_topic(args.topic)
+    client.client.create_topic(args.topic)
+    client.client.create_group(args.group)
+    client.client.subscribe(args.group, args.topic)
+    print(f"RECREATED {args.topic}", flush=True)
 
 
 def reconnected(client: LedgeredClient) -> None:
@@ -192,10 +216,16 @@ def spark(args) -> None:
             df = session.createDataFrame(rows, "key string, body string").repartition(
                 command.get("partitions", 3)
             )
+            at = None
+            if command.get("ago"):  # a backfill job: published at a past time
+                from datetime import timedelta
+
+                with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
+                    at = conn.execute("SELECT now()").fetchone()[0] - timedelta(seconds=command["ago"])
             count = ledger.record(
                 "publish",
                 {"topic": TOPIC, "batch": command["batch"], "count": len(keys), "keys": keys},
-                functools.partial(publish_dataframe, df, TOPIC, command["batch"]),
+                functools.partial(publish_dataframe, df, TOPIC, command["batch"], at=at),
                 lambda n: {"count": n},
             )
             print(f"PUBLISHED {command['batch']} {count}", flush=True)
@@ -286,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", required=True)
     p.add_argument("--count", type=int, default=20)
     p.add_argument("--first", type=int, default=0)
+    p.add_argument("--ago", type=float, default=0, help="publish this many seconds in the past")
     p = roles.add_parser("consume")
     p.add_argument("--group", required=True)
     p.add_argument("--max", type=int, default=20)
@@ -304,10 +335,14 @@ def main(argv: list[str] | None = None) -> None:
     p = roles.add_parser("partition")
     p.add_argument("--hours-ahead", type=int, required=True)
     roles.add_parser("retention")
+    p = roles.add_parser("recreate")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--group", required=True)
     roles.add_parser("spark")
     args = parser.parse_args(argv)
     roles_run = {"publish": publish, "consume": consume, "tier": tier, "redrive": redrive,
-                 "partition": partition, "retention": retention, "spark": spark}  # fmt: skip
+                 "partition": partition, "retention": retention, "recreate": recreate,
+                 "spark": spark}  # fmt: skip
     roles_run[args.role](args)
 
 

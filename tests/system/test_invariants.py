@@ -23,10 +23,10 @@ class State:
 
     billing, batch b1 of 6 (keys b1:0..5), received at 0 s: m[0] acked; m[1] nacked (level 1,
     due 11 s), promoted by tier run t1 (window end 20 s), received again (delivery 2, in flight);
-    m[2] rejected, then redriven (run r1: READY, redrive count 1); m[3] acked without the ledger
-    (an answer the ledger did not see); m[4], m[5] in flight. audit: m[0] rejected, the rest
-    acked. Batch old (key old:0) published two days before, in a partition of its own, past both
-    groups' offsets."""
+    m[2] rejected, then redriven (run r1: READY, redrive count 1); m[3] acked as a Spark task acks
+    (the ledger has the answer's call line only: its outcome unknown); m[4], m[5] in flight. audit:
+    m[0] rejected, the rest acked. Batch old (key old:0) published two days before, in a partition
+    of its own, past both groups' offsets."""
 
     def __init__(self, client, database_url, tmp_path):
         from redelivery.client import Message
@@ -35,7 +35,7 @@ class State:
 
         self.client, self.url, self.dir = client, database_url, tmp_path / "ledger"
         self.ledger = ledger_module.Ledger(self.dir, "consumer-1")
-        lc = ledger_module.LedgeredClient(client, self.ledger)
+        self.lc = lc = ledger_module.LedgeredClient(client, self.ledger)
         client.create_topic(TOPIC)
         for group in ("billing", "audit", "other"):
             client.create_group(group)
@@ -43,11 +43,11 @@ class State:
         client.subscribe("audit", TOPIC)
         messages = [Message({"n": i}, key=f"b1:{i}") for i in range(6)]
         self.ids = lc.publish(TOPIC, messages, batch_id="b1", at=at(0))
-        got = lc.receive("billing", TOPIC, 6, 30, at=at(0))
+        self.got = got = lc.receive("billing", TOPIC, 6, 30, at=at(0))
         lc.answer("ack", "billing", got[0:1])
         lc.answer("nack", "billing", got[1:2], error="later", at=at(1))
         lc.answer("reject", "billing", got[2:3], error="bad", at=at(1))
-        client.ack("billing", got[3:4])  # not in the ledger: a Spark task's answer
+        self.spark_answer("ack", "billing", got[3:4])
         self.ledger.record(
             "tier", {"run_key": "t1"},
             lambda: run_tier_window(tier="seconds", window_end=at(20), run_key="t1", url=database_url),
@@ -65,6 +65,14 @@ class State:
         )  # fmt: skip
         self.old = lc.publish(TOPIC, [Message({"old": 1}, key="old:0")], batch_id="old", at=at(-2 * 86400))
         self.previous = inv.counts(client.conn)
+
+    def spark_answer(self, verb: str, group: str, messages: list) -> None:
+        """An answer as a Spark task of the crash suite makes it: its call line in the ledger (the
+        job settles it later: outcome unknown), then the answer itself, outside the ledger."""
+        self.ledger.write(id=f"spark-{verb}-{messages[0].message_id}-{messages[0].delivery_count}",
+                          op="answer", phase="call", verb=verb, group=group,
+                          receipts=ledger_module.receipts(messages))  # fmt: skip
+        getattr(self.client, verb)(group, messages)
 
     def sql(self, statement: str, params=()) -> None:
         self.client.conn.execute(statement, params)
@@ -96,10 +104,12 @@ class State:
 
 @pytest.fixture()
 def state(client, database_url, tmp_path):
+    inv.install(client.conn)  # the record of dropped partitions, as the crash suite sets it up
     built = State(client, database_url, tmp_path)
     assert built.reported() == set(), "the state must be clean before a violation is planted"
-    assert len(ledger_module.read(built.dir)) == 12
-    return built
+    assert len(ledger_module.read(built.dir)) == 13
+    yield built
+    inv.uninstall(client.conn)
 
 
 def test_every_check_runs_and_the_clean_state_passes(state):
@@ -219,10 +229,18 @@ def plant_decreasing_count(s):
 
 
 def plant_stale_answer_that_changed(s):
-    """An ack the API called stale, yet its delivery is COMMITTED under it (m[3], acked unledgered)."""
-    last = max(c.ended for c in ledger_module.read(s.dir))
-    s.plant_call("answer", {"verb": "ack", "group": "billing", "receipts": [[s.ids[3], 1]]}, {"applied": 0},
+    """A nack the API called stale (and counted so), yet its outcome is in the delivery's history:
+    m[4]'s delivery 1 WAITING_RETRY under it. (A stale ack whose message is COMMITTED with no other
+    ack that could have done it is COMMITTED_ACKED's too: its last delivery is not acked.)"""
+    last = max(c.ended or c.began for c in ledger_module.read(s.dir))
+    s.plant_call("answer", {"verb": "nack", "group": "billing", "receipts": [[s.ids[4], 1]]}, {"applied": 0},
                  last + 1, last + 2)  # fmt: skip
+    s.sql(
+        "UPDATE deliveries SET state = 'WAITING_RETRY', reconsume_times = 1, delay_level = 1,"
+        " due_at = %s, invisible_until = NULL, attempts = %s WHERE message_id = %s AND group_id = %s",
+        (at(40), '[{"delivery": 1, "outcome": "nack", "error": "later"}]', s.ids[4], s.group_id("billing")),
+    )
+    s.sql("UPDATE consumer_groups SET stale_receipts = stale_receipts + 1 WHERE name = 'billing'")
 
 
 def plant_misreported_tier_run(s):
@@ -234,6 +252,22 @@ def plant_committed_unseen(s):
     billing, which never received it."""
     [mid] = s.client.publish(TOPIC, [{"unseen": 1}], batch_id="unseen")
     s.sql("UPDATE subscriptions SET consume_offset = %s WHERE group_id = %s", (mid, s.group_id("billing")))
+
+
+def plant_nacked_then_committed(s):
+    """m[4] nacked (applied: WAITING_RETRY), then its delivery row lost, as if the nack or a promotion
+    never kept it: COMMITTED for billing, never processed successfully."""
+    s.lc.answer("nack", "billing", s.got[4:5], error="later", at=at(2))
+    s.sql(
+        "DELETE FROM deliveries WHERE message_id = %s AND group_id = %s AND state = 'WAITING_RETRY'",
+        (s.ids[4], s.group_id("billing")),
+    )
+
+
+def plant_expired_then_committed(s):
+    """m[5], handed and never answered (its lease runs out: a tier run makes it WAITING_RETRY), its
+    delivery row lost: COMMITTED for billing with no ack of its delivery."""
+    s.sql("DELETE FROM deliveries WHERE message_id = %s AND group_id = %s", (s.ids[5], s.group_id("billing")))
 
 
 def plant_dropped_unfinished(s):
@@ -265,6 +299,8 @@ PLANTED = [
     (plant_stale_answer_that_changed, inv.STALE),
     (plant_misreported_tier_run, inv.REPORTED),
     (plant_committed_unseen, inv.COMMITTED_HANDED),
+    (plant_nacked_then_committed, inv.COMMITTED_ACKED),
+    (plant_expired_then_committed, inv.COMMITTED_ACKED),
     (plant_dropped_unfinished, inv.RETAINED),
 ]
 
@@ -283,6 +319,40 @@ def test_a_worker_that_died_of_an_error_is_reported_and_a_killed_one_is_not(stat
     assert state.reported([killed]) == set()
     assert state.reported([died, killed]) == {inv.WORKERS}
     assert state.reported([("consume-3", 0, False, "Traceback ...")]) == {inv.WORKERS}  # printed one
+
+
+def test_a_failed_message_acked_at_a_later_delivery_ends_committed_cleanly(state, database_url):
+    """Failed deliveries a later delivery acked: m[2] (rejected, redriven) received again and acked,
+    the ack's commit answer lost (its outcome unknown) and the ack made again (stale); m[4] nacked,
+    promoted by tier run t2 (which also runs out m[5]'s lease), received again and acked as a Spark
+    task acks (outcome unknown). Both COMMITTED: nothing reported."""
+    import psycopg
+
+    from redelivery.tiers.run import run_tier_window
+
+    s = state
+    s.lc.answer("nack", "billing", s.got[4:5], error="later", at=at(25))
+    s.ledger.record(
+        "tier", {"run_key": "t2"},
+        lambda: run_tier_window(tier="seconds", window_end=at(40), run_key="t2", url=database_url),
+        lambda summary: {"run_key": "t2", "promoted": summary["promoted"]},
+    )  # fmt: skip
+    again = {m.message_id: m for m in s.lc.receive("billing", TOPIC, 6, 30, at=at(41))}
+    assert (again[s.ids[2]].delivery_count, again[s.ids[4]].delivery_count) == (2, 2)
+    redriven = [again[s.ids[2]]]
+
+    def commit_answer_lost():
+        s.client.ack("billing", redriven)
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    asked = {"verb": "ack", "group": "billing", "receipts": ledger_module.receipts(redriven)}
+    with pytest.raises(psycopg.OperationalError):
+        s.ledger.record("answer", asked, commit_answer_lost, lambda n: {"applied": n})
+    assert s.lc.answer("ack", "billing", redriven) == 0  # answered again: stale
+    s.spark_answer("ack", "billing", [again[s.ids[4]]])
+    states = inv.delivery_states(s.client.conn)
+    assert {states[(s.ids[i], "billing")][0] for i in (2, 4)} == {"COMMITTED"}
+    assert s.reported() == set()
 
 
 def test_every_invariant_has_its_planted_violation():
