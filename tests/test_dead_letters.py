@@ -7,7 +7,8 @@ tests/test_redrive.py; the pages in HTML: tests/airflow/ui/test_dead_letter_page
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 
@@ -23,6 +24,7 @@ from redelivery.dead_letters import (
     browse,
     count,
     export,
+    json_line,
     jsonable,
     message,
     pretty_json,
@@ -307,11 +309,78 @@ def test_export_streams_the_rows_dlq_list_prints(dead):
     client, _ = dead
     request = DlqFilter(group="billing", reasons=["REJECTED"])
     streamed = list(export(client.conn, request, limit=25))
-    assert streamed == jsonable(select(client.conn, request, limit=25, with_body=True))
-    assert len(streamed) == 25 and streamed[0]["body"] == {"n": 0}
-    assert json.loads(json.dumps(streamed)) == streamed  # JSON-ready
+    assert all("\n" not in line and line.isascii() for line in streamed)  # JSON Lines
+    assert [json.loads(line) for line in streamed] == jsonable(
+        select(client.conn, request, limit=25, with_body=True)
+    )
+    assert len(streamed) == 25 and json.loads(streamed[0])["body"] == {"n": 0}
     with pytest.raises(UnknownGroupError):
         next(export(client.conn, DlqFilter(group="nobody"), limit=1))
+
+
+#: A JSON body with what a parsed and re-written body would change: integers past 64 bits, a number
+#: past float's range (Python writes Infinity, no JSON), 10.10 and -0 as written, a line break
+#: between values, and strings holding a long digit string, non-ASCII and line separators that
+#: str.splitlines breaks at (U+2028, U+0085).
+STORED = (
+    '{"id": 123456789012345678901234567891, "x": 1e400, "n": -9223372036854775809,\n'
+    '  "amount": 10.10, "zero": -0, "s": "12345678901234567890123 é\u2028\x85😀 \\n"}'
+)
+
+
+def exact(line: str):
+    """A line as JSON, every number exact (``Decimal``); Infinity or NaN refused."""
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(line, parse_float=Decimal, parse_constant=refuse)
+
+
+def test_a_json_body_is_exported_as_it_is_stored(client, topic_group):
+    """The download writes a JSON body's stored text: every value as published."""
+    dead_letter(client, STORED, content_type="application/json")
+    [line] = export(client.conn, DlqFilter(group="billing"), limit=10)
+    assert line.isascii() and len(line.splitlines()) == 1
+    assert '"id": 123456789012345678901234567891, "x": 1e400, "n": -9223372036854775809,' in line
+    assert exact(line)["body"] == exact(STORED) == {
+        "id": 123456789012345678901234567891, "x": Decimal("1e400"), "n": -9223372036854775809,
+        "amount": Decimal("10.10"), "zero": 0, "s": "12345678901234567890123 é\u2028\x85😀 \n",
+    }  # fmt: skip
+    assert exact(line) | {"body": None} == jsonable(select(client.conn, DlqFilter(group="billing"),
+                                                           with_body=True))[0] | {"body": None}  # fmt: skip
+
+
+def raw_row(body: bytes, content_type: str) -> dict:
+    """A row as ``DLQ_SELECT`` reads it."""
+    at_ = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    return {"message_id": 7, "topic": "orders", "dead_letter_queue": "%DLQ%billing", "reason": "REJECTED",
+            "last_error": "bad\n\u2028", "delivery_count": 1, "reconsume_times": 0, "dead_lettered_at": at_,
+            "first_failure_at": at_, "last_failure_at": at_, "redrive_count": 0, "origin_message_id": 7,
+            "key": "k", "body": body, "content_type": content_type, "properties": {"p": "v"},
+            "attempts": [{"delivery": 1, "outcome": "rejected"}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "body,content_type,shown",
+    [
+        (STORED.encode(), "application/json", exact(STORED)),
+        (b"[1,\r\n\t2]", "application/json", [1, 2]),
+        (b"\x00\xff", "application/octet-stream", "00ff"),
+        ("text é\n".encode(), "text/plain", "text é\n"),
+        (b"[" * 3000 + b"]" * 3000, "application/json", "[" * 3000 + "]" * 3000),  # undecodable
+        (b'\xef\xbb\xbf{"a": 1}', "application/json", {"a": 1}),  # older than the IS JSON check:
+        ('{"a": 1}'.encode("utf-16"), "application/json", {"a": 1}),  # the json module reads these
+    ],
+)
+def test_json_line_writes_a_row_with_its_body_as_stored(body, content_type, shown):
+    line = json_line(raw_row(body, content_type))
+    assert line.isascii() and len(line.splitlines()) == 1
+    row = exact(line)
+    assert row.pop("body") == shown
+    assert row.pop("body_error", "").startswith("not decodable as application/json") is (len(body) == 6000)
+    stored = jsonable([raw_row(body, content_type)])[0]
+    assert row == {k: v for k, v in stored.items() if k not in ("body", "content_type")}
 
 
 # ---- plans ---------------------------------------------------------------------------------------

@@ -117,11 +117,12 @@ def select(
     return [_selected(dict(zip(names, values, strict=True)), with_body) for values in cur.fetchall()]
 
 
-def export(conn: psycopg.Connection, request: DlqFilter, limit: int) -> Iterator[dict]:
-    """``jsonable(select(conn, request, limit, with_body=True))`` row by row, read through a
-    server-side cursor ``EXPORT_BATCH`` rows at a time: a download of many dead letters never holds
-    them all in memory. Runs in a transaction of its own on ``conn`` (which must not be in one);
-    raises UnknownGroupError / UnknownTopicError before the first row."""
+def export(conn: psycopg.Connection, request: DlqFilter, limit: int) -> Iterator[str]:
+    """The rows of ``select(conn, request, limit, with_body=True)`` as JSON Lines, one ``json_line``
+    (a ``str`` without its newline) a row, read through a server-side cursor ``EXPORT_BATCH`` rows
+    at a time: a download of many dead letters never holds them all in memory. Runs in a
+    transaction of its own on ``conn`` (which must not be in one); raises UnknownGroupError /
+    UnknownTopicError before the first row."""
     params = {**filter_params(conn, request), "limit": limit}
     with conn.transaction(), conn.cursor(name="redelivery_export") as cur:
         cur.itersize = EXPORT_BATCH
@@ -129,7 +130,50 @@ def export(conn: psycopg.Connection, request: DlqFilter, limit: int) -> Iterator
         names = None
         for values in cur:
             names = names or [c.name for c in cur.description]
-            yield jsonable([_selected(dict(zip(names, values, strict=True)), True)])[0]
+            yield json_line(dict(zip(names, values, strict=True)))
+
+
+def json_line(row: dict) -> str:
+    """A dead letter as one line of JSON (no newline, ASCII only): a row as ``DLQ_SELECT`` reads it
+    (``body`` as stored bytes, ``content_type``) made the row ``jsonable(select(..., with_body=True))``
+    gives, but with a JSON body written as it is stored, so every value is as published (Python
+    would write 1e400 as Infinity, which is no JSON, 10.10 as 10.1, -0 as 0). Only line breaks
+    between values become spaces, and characters outside ASCII \\u escapes (inside strings, where
+    they only can be: the same value). A body that does not decode keeps ``select``'s form (the
+    stored text as a string, ``body_error``). Raises nothing of its own."""
+    stored, content_type = row["body"], row["content_type"]
+    shaped = _selected(dict(row), True)
+    text = _stored_json(stored) if content_type == JSON and "body_error" not in shaped else None
+    if text is None:
+        return json.dumps(jsonable([shaped])[0], default=str)
+    del shaped["body"]  # the last key (``_selected`` sets it): the stored text goes in its place
+    head = json.dumps(jsonable([shaped])[0], default=str)
+    return f'{head[:-1]}, "body": {text}}}'
+
+
+#: What keeps a JSON text from being one ASCII line: a line break (only between values: a string
+#: holds none) and a character outside ASCII (only inside a string).
+_ONE_ASCII_LINE = re.compile(r"[\r\n]|[^\x00-\x7f]")
+
+
+def _stored_json(stored: bytes) -> str | None:
+    """A JSON body that decoded, as one ASCII line of its stored text; None when that text is not
+    UTF-8 without a byte order mark, as PostgreSQL checks a JSON body since migration 0013 (the
+    json module also reads UTF-16 and UTF-32 and skips the mark: an older row may be so)."""
+    try:
+        text = bytes(stored).decode()
+    except UnicodeDecodeError:
+        return None
+    if text.isascii() and "\n" not in text and "\r" not in text:
+        return text
+    return None if text.startswith("\ufeff") else _ONE_ASCII_LINE.sub(_one_ascii_line, text)
+
+
+def _one_ascii_line(match: re.Match) -> str:
+    """A space for a line break, the \\u escape (two for a pair of surrogates) for a character
+    outside ASCII: as ``json.dumps`` writes it, so Unicode line separators (U+2028, U+0085, which
+    ``str.splitlines`` breaks at) never split a line either."""
+    return " " if match[0] in "\r\n" else json.dumps(match[0])[1:-1]
 
 
 #: Rows a server-side cursor of ``export`` fetches at a time.

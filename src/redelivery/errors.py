@@ -65,6 +65,11 @@ class BatchConflictError(RedeliveryError, ValueError):
     """A batch id already published to another topic or with other content: a batch id means one batch."""
 
 
+class BatchExpiredError(RedeliveryError, LookupError):
+    """A batch id published before whose messages retention has since dropped from the log: it is
+    not published again, and its ids (returned by the first publish) cannot be given again."""
+
+
 class BatchTooLargeError(RedeliveryError, ValueError):
     """A publish batch larger than a subscribed group's ready-backlog cap: it can never fit, so it
     is refused at once rather than retried as flow control."""

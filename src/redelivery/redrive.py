@@ -139,11 +139,30 @@ def _room(conn: psycopg.Connection, lane: Lane) -> int | None:
     return max(min(cap - catalog.ready_count(conn, g, lane.target) for g, cap in lane.caps), 0)
 
 
+#: How often a batch runs again after a retention run dropped a partition it writes to.
+PARTITION_ATTEMPTS = 3
+
+
 def _move_batch(
     conn: psycopg.Connection, params: dict, run_id: int, size: int, bounds=None, lane: Lane | None = None
 ) -> tuple[int, bool]:
     """Move up to ``size`` selected dead letters in one transaction: (moved, the lane's cap is
-    reached)."""
+    reached). A batch that finds no partition of the log for a message it puts back (made before
+    the first batch, then dropped by a retention run during a pause: still empty, nothing held it)
+    rolls back, makes the partitions again and runs again."""
+    for _ in range(PARTITION_ATTEMPTS - 1):
+        try:
+            return _move_batch_once(conn, params, run_id, size, bounds, lane)
+        except psycopg.errors.CheckViolation as error:
+            if error.diag.constraint_name:  # a real check, not "no partition ... found for row"
+                raise
+            _make_partitions(conn, params, params["partition_span"])
+    return _move_batch_once(conn, params, run_id, size, bounds, lane)
+
+
+def _move_batch_once(
+    conn: psycopg.Connection, params: dict, run_id: int, size: int, bounds=None, lane: Lane | None = None
+) -> tuple[int, bool]:
     params = {
         **params,
         "batch_size": size,

@@ -1,15 +1,17 @@
 """``ReadyMessagesTrigger`` against the real state store, run with asyncio as the triggerer runs it:
-it fires on edges (READY deliveries new since its last event), never again for the same ones,
-not after a restart from its serialized kwargs either, and it waits for a transaction that could
-still make older deliveries READY. In Airflow's ack mode (driven here by Airflow's own
-``SharedStreamManager``, the test confirming what the triggerer would have stored) the watermark
-moves only once Airflow stored the event, and an event it did not store fires again."""
+it fires on edges (messages new in the log by id, whatever their publish time, and deliveries
+READY again since its last event), never again for the same ones, not after a restart from its
+serialized kwargs either, and it waits for a transaction that could still make older deliveries
+READY (not for one that could publish: its ids come later). In Airflow's ack mode (driven here by
+Airflow's own ``SharedStreamManager``, the test confirming what the triggerer would have stored)
+the watermarks move only once Airflow stored the event, and an event it did not store fires again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -93,8 +95,6 @@ def confirmed(client):
 
 async def confirmed_soon(client, until: str, timeout: float = 10):
     """Wait until the confirmed watermark is the ISO time ``until`` (an event's)."""
-    from datetime import datetime
-
     deadline = time.monotonic() + timeout
     while (value := await asyncio.to_thread(confirmed, client)) != datetime.fromisoformat(until):
         assert time.monotonic() < deadline, f"confirmed: {value}, waited for {until}"
@@ -110,7 +110,7 @@ async def until_total(watches, count: int, timeout: float = 10) -> None:
 
 
 #: The statements of a trigger's poll that end it when nothing fires (``ReadyMessagesTrigger.poll``):
-#: the horizon, then, if it moved, the count of READY deliveries.
+#: the horizon, then the count of what became READY.
 POLL_STATEMENTS = ("READY_HORIZON", "READY_SINCE")
 
 
@@ -140,15 +140,17 @@ def _wait_for_polls(url: str, count: int, copies: int, timeout: float) -> None:
 async def polls(client, count: int, copies: int = 1, timeout: float = 30) -> None:
     """Until each of ``copies`` running copies of the trigger has polled at least ``count`` more
     times, as PostgreSQL shows their sessions (``pg_stat_activity``): a poll that fires nothing runs
-    one or two of ``POLL_STATEMENTS``, and the last one stays shown while it sleeps, so ``2 * count
+    the two ``POLL_STATEMENTS``, and the last one stays shown while it sleeps, so ``2 * count
     - 1`` statements seen are ``count`` polls at least. Instead of sleeping for a number of poll
     intervals: a slow machine polls less in that time, and a check that nothing fired would then
     prove nothing."""
     await asyncio.to_thread(_wait_for_polls, client.url, count, copies, timeout)
 
 
-async def publish(client, n: int) -> list[int]:
-    return await asyncio.to_thread(client.publish, "orders", [{"n": i} for i in range(n)])
+async def publish(client, n: int, hours_ago: float = 0) -> list[int]:
+    """``hours_ago``: with an ``at`` that long ago (as a Spark publish stamps its job's start)."""
+    at = datetime.now(UTC) - timedelta(hours=hours_ago) if hours_ago else None
+    return await asyncio.to_thread(client.publish, "orders", [{"n": i} for i in range(n)], at=at)
 
 
 def stored(client) -> tuple:
@@ -212,23 +214,24 @@ def test_a_restart_from_serialized_kwargs_neither_fires_again_nor_misses(client,
     assert stored(client)[1] == 2
 
 
+def make_ready(conn, message_id: int) -> None:
+    """What a promotion does to a delivery: READY as of its transaction's start."""
+    update = "UPDATE deliveries SET state = 'READY', invisible_until = NULL, ready_at = now()"
+    conn.execute(update + " WHERE message_id = %s", (message_id,))
+
+
 def test_waits_for_a_transaction_that_can_still_make_older_deliveries_ready(client, topic_group, clean_db):
-    [late] = client.publish("orders", [{"late": True}])
-    client.receive("billing", "orders", 1, 60)  # INFLIGHT: nothing READY
+    late, early = client.publish("orders", [{"late": True}, {"early": True}])
+    client.receive("billing", "orders", 2, 60)  # INFLIGHT: nothing READY
 
     async def scenario():
         async with Watch(make_trigger()) as watch:
             with psycopg.connect(clean_db, options="-c search_path=redelivery") as slow:
-                slow.execute("SELECT 1")  # a transaction starts (a promotion, a long publish)
-                await publish(client, 1)  # ready after it started, committed first
+                slow.execute("SELECT 1")  # a transaction starts (a promotion, a redrive)
+                make_ready(client.conn, early)  # ready after it started, committed first (autocommit)
                 await polls(client, 4)  # polls while the transaction is open
                 held = list(watch.events)
-                # the slow transaction makes a delivery READY as of its start, then commits
-                slow.execute(
-                    "UPDATE deliveries SET state = 'READY', invisible_until = NULL, ready_at = now() "
-                    "WHERE message_id = %s",
-                    (late,),
-                )
+                make_ready(slow, late)  # the slow transaction's, as of its start; then it commits
             await watch.until(1)
             await polls(client, 3)
             return held, watch.events
@@ -236,6 +239,97 @@ def test_waits_for_a_transaction_that_can_still_make_older_deliveries_ready(clie
     held, events = asyncio.run(scenario())
     assert held == []  # the watermark did not pass the open transaction's start
     assert [e["ready"] for e in events] == [2]  # both, in one event: the late one is not lost
+
+
+def test_a_publish_does_not_wait_for_an_open_transaction(client, topic_group, clean_db):
+    """New messages are told by their ids, which grow in commit order: one published while an older
+    transaction is open fires at once, not once the settle timeout let the horizon pass it."""
+
+    async def scenario():
+        async with Watch(make_trigger(settle_timeout=60.0)) as watch:
+            with psycopg.connect(clean_db) as slow:
+                slow.execute("SELECT 1")  # open from before the publish until the end
+                await polls(client, 2)
+                await publish(client, 2)
+                await watch.until(1)
+            return watch.events
+
+    assert [e["ready"] for e in asyncio.run(scenario())] == [2]
+
+
+def test_a_backdated_publish_fires_whenever_it_commits(client, topic_group):
+    """Issue 27.4: messages published with an ``at`` two hours in the past (as a DataFrame publish
+    stamps its job's start) after the trigger polled fire, and so do those published while no
+    trigger runs (started again); the payload names the ids the event covers."""
+
+    async def scenario():
+        async with AckModeWatch(make_trigger()) as acked:
+            await polls(client, 2)
+            first = await publish(client, 3, hours_ago=2)
+            await acked.until(1)
+            acked.confirm()
+            await confirmed_soon(client, acked.events[0]["until"])
+        more = await publish(client, 2, hours_ago=2)  # while no trigger runs
+        async with Watch(make_trigger()) as again:
+            await again.until(1)
+            await polls(client, 3)
+        return first, more, [acked.events, again.events]
+
+    first, more, found = asyncio.run(scenario())
+    assert [[e["ready"] for e in events] for events in found] == [[3], [2]]
+    assert [(e["since_id"], e["until_id"]) for [e] in found] == [(None, first[-1]), (first[-1], more[-1])]
+    row = client.conn.execute("SELECT id_watermark, id_confirmed FROM asset_watermarks").fetchone()
+    assert row == (more[-1], first[-1])  # the second watch ran outside ack mode: nothing confirmed
+
+
+def tap_statements(monkeypatch, after) -> None:
+    """The trigger's connections run ``await after(query)`` once each statement's answer arrived
+    (an error raised there: the answer lost with the connection)."""
+    from redelivery.airflow import triggers
+
+    connect = triggers.connect
+
+    class Tapped:
+        def __init__(self, conn):
+            self.conn = conn
+
+        async def execute(self, query, params=None):
+            cursor = await self.conn.execute(query, params)
+            await after(query)
+            return cursor
+
+        async def close(self):
+            await self.conn.close()
+
+    async def connect_tapped(url, **kwargs):
+        return Tapped(await connect(url, **kwargs))
+
+    monkeypatch.setattr(triggers, "connect", connect_tapped)
+
+
+@pytest.mark.parametrize("between,nth", [("READY_HORIZON", 2), ("READY_SINCE", 1)])
+def test_a_backdated_publish_between_two_reads_fires(client, topic_group, monkeypatch, between, nth):
+    """A backdated publish commits while a poll is between two reads: after it read the horizon
+    (the second poll's, once the watermark moved), or after it counted a backlog and before its
+    claim. The messages fire, in that poll's event or the next one's."""
+    seen, published = [], []
+
+    async def publish_between(query):
+        if query.startswith(f"/* redelivery:{between} */"):
+            seen.append(query)
+            if len(seen) == nth:
+                published.extend(await publish(client, 3, hours_ago=2))
+
+    tap_statements(monkeypatch, publish_between)
+
+    async def scenario():
+        await publish(client, 2)  # a backlog: the first poll fires for it
+        async with Watch(make_trigger()) as watch:
+            await watch.until(2)
+            await polls(client, 3)
+        return watch.events
+
+    assert [e["ready"] for e in asyncio.run(scenario())] == [2, 3] and len(published) == 3
 
 
 def test_a_transaction_open_past_the_settle_timeout_stops_holding_it_back(client, topic_group, clean_db):
@@ -464,29 +558,16 @@ def test_in_ack_mode_a_database_error_before_the_first_claim_keeps_the_repeat(
 def test_in_ack_mode_a_claim_whose_answer_was_lost_still_fires(client, topic_group, monkeypatch):
     """The claim commits, its answer is lost with the connection: the trigger reconnects and the
     next claim covers the range again."""
-    from redelivery.airflow import triggers
     from redelivery.store import statements as S
 
-    connect, lost = triggers.connect, []
+    lost = []
 
-    class AnswerLost:
-        def __init__(self, conn):
-            self.conn = conn
+    async def lose_the_claims_answer(query):
+        if query == S.ADVANCE_ASSET_WATERMARK and not lost:
+            lost.append(True)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
 
-        async def execute(self, query, params=None):
-            cursor = await self.conn.execute(query, params)
-            if query == S.ADVANCE_ASSET_WATERMARK and not lost:
-                lost.append(True)
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
-            return cursor
-
-        async def close(self):
-            await self.conn.close()
-
-    async def connect_losing_an_answer(url, **kwargs):
-        return AnswerLost(await connect(url, **kwargs))
-
-    monkeypatch.setattr(triggers, "connect", connect_losing_an_answer)
+    tap_statements(monkeypatch, lose_the_claims_answer)
 
     async def scenario():
         await publish(client, 3)

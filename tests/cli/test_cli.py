@@ -221,3 +221,29 @@ def test_a_key_or_property_postgresql_cannot_store_is_one_line_and_publishes_not
 
     with db.connect(clean_db) as conn:
         assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+
+
+def test_dlq_list_and_show_print_a_json_body_as_stored(client, topic_group, clean_db):
+    """``dlq list --json`` and ``dlq show`` write a JSON body's stored text (the download's lines):
+    integers past 64 bits in full, 1e400 as written (Python would write Infinity, no JSON)."""
+    from decimal import Decimal
+
+    from redelivery.client import Message
+
+    body = '{"id": 123456789012345678901234567891, "x": 1e400,\n "n": -9223372036854775809}'
+    client.publish("orders", [Message(body, content_type="application/json"), Message({"a": 1})])
+    client.reject("billing", client.receive("billing", "orders", 2, 30), error="bad")
+    exact = {"id": 123456789012345678901234567891, "x": Decimal("1e400"), "n": -9223372036854775809}
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    listed = run("dlq", "list", "--group", "billing", "--json", database_url=clean_db)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout, parse_float=Decimal, parse_constant=refuse)
+    assert [r["body"] for r in rows] == [exact, {"a": 1}]
+    assert f'"body": {body.replace(chr(10), " ")}' in listed.stdout  # the line break made a space
+    shown = run("dlq", "show", str(rows[0]["message_id"]), "--group", "billing", database_url=clean_db)
+    assert json.loads(shown.stdout, parse_float=Decimal, parse_constant=refuse) == rows[0]
+    empty = run("dlq", "list", "--group", "billing", "--json", "--key", "none", database_url=clean_db)
+    assert json.loads(empty.stdout) == []

@@ -1,9 +1,11 @@
 """Bad input gets a clear error and changes nothing."""
 
+from datetime import UTC, date, datetime, timedelta, timezone
+
 import pytest
 
 from helpers import snapshot
-from redelivery.client import Message
+from redelivery.client import Message, Outcome
 from redelivery.errors import (
     BatchTooLargeError,
     InvalidBatchIdError,
@@ -329,3 +331,50 @@ def test_a_json_body_is_published_from_spark_exactly_when_jsonb_takes_it(
     assert published == jsonb_takes(database_url, text)
     assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == (2 if published else 0)
     assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
+
+
+#: Every client call that takes ``at``, with the receipts of the ``inflight`` fixture where it answers.
+AT_CALLS = {
+    "publish": lambda c, m, when: c.publish("orders", [{"n": 9}], at=when),
+    "receive": lambda c, m, when: c.receive("billing", "orders", 1, 30, at=when),
+    "lease_rows": lambda c, m, when: c.lease_rows("billing", "orders", 1, 30, at=when),
+    "nack": lambda c, m, when: c.nack("billing", m, at=when),
+    "reconsume_later": lambda c, m, when: c.reconsume_later("billing", m, delay=5, at=when),
+    "reject": lambda c, m, when: c.reject("billing", m, at=when),
+    "settle": lambda c, m, when: c.settle("billing", [Outcome(x, "ack") for x in m], at=when),
+    "extend_lease": lambda c, m, when: c.extend_lease("billing", m, 60, at=when),
+}
+BAD_AT = [  # (value, error, what the one line says)
+    (datetime(9999, 12, 31, tzinfo=UTC), ValueError, "from 1970 to 9000"),  # was a raw OverflowError
+    (datetime(9001, 1, 1, tzinfo=UTC), ValueError, "from 1970 to 9000"),
+    (datetime(1969, 12, 31, 23, 59, tzinfo=UTC), ValueError, "from 1970 to 9000"),
+    (datetime(2026, 3, 1, 12), ValueError, "timezone-aware"),  # was taken as UTC silently
+    ("yesterday", TypeError, "got 'yesterday'"),  # was PostgreSQL's word for it
+    (date(2026, 3, 1), TypeError, "datetime"),
+    (1_772_366_400, TypeError, "datetime"),
+]
+
+
+@pytest.mark.parametrize("when,error,needle", BAD_AT, ids=lambda v: str(v)[:20])
+@pytest.mark.parametrize("name", sorted(AT_CALLS))
+def test_a_bad_at_is_refused_in_one_line_and_changes_nothing(client, inflight, name, when, error, needle):
+    """Issue 27 item 9: ``at`` replaces the database clock: a timezone-aware datetime of years
+    1970..9000 (``check_at``), else a one-line error naming the argument, before anything is written."""
+    before = snapshot(client.conn)
+    with pytest.raises(error, match=needle) as refused:
+        AT_CALLS[name](client, inflight, when)
+    assert str(refused.value).startswith("at must be") and "\n" not in str(refused.value)
+    assert snapshot(client.conn) == before
+
+
+def test_check_at_takes_any_timezone_within_its_years():
+    from redelivery.messaging.receipts import check_at
+
+    east = timezone(timedelta(hours=14))
+    for good in (None, datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 12, 31, 23, 59, tzinfo=UTC),
+                 datetime(2026, 3, 1, 12, tzinfo=east)):  # fmt: skip
+        assert check_at(good) is good
+    with pytest.raises(ValueError, match="from 1970 to 9000"):  # 1969 in UTC
+        check_at(datetime(1970, 1, 1, 5, tzinfo=east))
+    with pytest.raises(TypeError, match="at must be"):
+        check_at(date(2026, 3, 1))

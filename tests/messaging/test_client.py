@@ -1,9 +1,11 @@
 """Every client state change against a real PostgreSQL."""
 
 import psycopg
+import pytest
 
 from helpers import at, message_state
 from redelivery.client import Client, Message
+from redelivery.errors import UnknownTopicError
 
 FIELDS = ("state", "delivery_count", "reconsume_times", "delay_level", "due_at", "last_error")
 
@@ -204,3 +206,30 @@ def test_clients_share_nothing_but_the_database(clean_db, topic_group):
         [got] = other.receive("billing", "orders", 1, 30)
         other.ack("billing", got)
         assert other.stats()["orders"]["billing"]["COMMITTED"] == 1
+
+
+def test_a_long_lived_client_follows_a_topic_deleted_and_made_again_elsewhere(client, topic_group, clean_db):
+    """Issue 27, defect 5: another process deletes the topic and makes it again (a new id). The
+    client that kept the old id looks it up again: its receive gets the new topic's messages (it
+    returned [] forever), its publish writes to the topic that exists (it raised
+    UnknownTopicError), its subscribe subscribes the new one."""
+    client.publish("orders", [{"n": 0}])
+    assert len(client.receive("billing", "orders", 10, 30)) == 1  # the old id is kept
+    with Client(clean_db) as admin:
+        admin.delete_topic("orders")
+        admin.create_topic("orders")
+        admin.create_group("audit")
+        admin.subscribe("billing", "orders")
+        admin.publish("orders", [{"n": 1}])
+    assert [m.body["n"] for m in client.receive("billing", "orders", 10, 30)] == [1]
+    [mid] = client.publish("orders", [{"n": 2}])
+    client.subscribe("audit", "orders")
+    assert [(m.message_id, m.body["n"]) for m in client.receive("billing", "orders", 10, 30)] == [(mid, 2)]
+    client.publish("orders", [{"n": 3}])
+    assert [m.body["n"] for m in client.receive("audit", "orders", 10, 30)] == [3]
+    with Client(clean_db) as admin:
+        admin.delete_topic("orders")
+    with pytest.raises(UnknownTopicError, match="unknown topic 'orders'"):
+        client.publish("orders", [{"n": 4}])
+    with pytest.raises(UnknownTopicError, match="unknown topic 'orders'"):
+        client.receive("billing", "orders", 10, 30)

@@ -1,6 +1,8 @@
-"""Messages as stored and as received: encode, decode, retry properties. Pure: no server."""
+"""Messages as stored and as received: encode, decode, retry properties. Pure (no server), but for
+one publish and receive through the real client."""
 
 from datetime import UTC
+from decimal import Decimal
 
 import pytest
 
@@ -130,3 +132,54 @@ def test_a_message_pickles_and_copies_as_it_was_made():
 
     for message in (Message({"a": 1}), Message(b"x", key="k", properties={"p": "v"})):
         assert pickle.loads(pickle.dumps(message)) == message == copy.deepcopy(message)
+
+
+#: Numbers orjson reads wrongly (as floats: integers outside [-2**63, 2**64 - 1]) or not at all (past
+#: float's range), which PostgreSQL's JSON takes.
+EXACT_TEXT = '{"id": 123456789012345678901234567891, "x": 1e400, "n": -9223372036854775809}'
+EXACT = {"id": 123456789012345678901234567891, "x": Decimal("1e400"), "n": -9223372036854775809}
+
+
+def exactly(value) -> list:
+    """``value`` with the type of every number, so ``1.0 == 1`` or ``Decimal(1) == 1`` cannot pass."""
+    if isinstance(value, dict):
+        return [(k, exactly(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [exactly(v) for v in value]
+    return [type(value).__name__, value]
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        (EXACT_TEXT, EXACT),
+        (
+            '{"id": 123456789012345678901234567891, "n": -9223372036854775809}',  # orjson: two floats
+            {"id": 123456789012345678901234567891, "n": -9223372036854775809},
+        ),
+        ("[18446744073709551616, -1e400, 1.5]", [2**64, Decimal("-1e400"), 1.5]),
+        ("[18446744073709551615, -9223372036854775808, 0.1]", [2**64 - 1, -(2**63), 0.1]),  # orjson's
+        (
+            '{"s": "12345678901234567890123", "f": 0.1, "e": 1E+308}',
+            {"s": "12345678901234567890123", "f": 0.1, "e": 1e308},
+        ),
+        ("[3.14159265358979323846264, -0.0, 10.10]", [3.141592653589793, -0.0, 10.1]),
+        ("[-9223372036854775809,9999999999999999999]", [-(2**63) - 1, 9999999999999999999]),
+        ('{"a":-12345678901234567890123,"b":"x-1"}', {"a": -12345678901234567890123, "b": "x-1"}),
+        ("[1700000000000000000, 1.7976931348623157e308]", [1700000000000000000, 1.7976931348623157e308]),
+        ("[1.8e308, 1e-5]", [Decimal("1.8e308"), 1e-5]),  # 1.8e308 is inf as a float
+    ],
+)
+def test_json_numbers_decode_value_for_value(text, value):
+    """Every integer exactly, whatever its size; a number past float's range as a ``Decimal``
+    (exact; ``inf`` is no JSON value); every other number a float, as always."""
+    assert exactly(decode(text.encode(), JSON)) == exactly(value)
+
+
+def test_a_consumer_receives_what_was_published_value_for_value(client, topic_group):
+    """Through the real client and database: a JSON text, and a value (its integers written in
+    full by ``encode``)."""
+    big = {"id": EXACT["id"], "n": EXACT["n"], "u": 2**64}
+    client.publish("orders", [Message(EXACT_TEXT, content_type=JSON), Message(big)])
+    received = client.receive("billing", "orders", 2, 30)
+    assert [exactly(m.body) for m in received] == [exactly(EXACT), exactly(big)]

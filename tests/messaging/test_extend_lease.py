@@ -41,7 +41,8 @@ def test_a_stale_receipt_extends_nothing_and_is_counted(client, topic_group, dat
     assert client.extend_lease("billing", [first, second], 600) == 0  # answered; a delivery before
     assert snapshot(client.conn, leave_out=("redelivery.consumer_groups",)) == before
     assert client.stale_receipts("billing") == 2
-    assert client.extend_lease("billing", [Receipt(again.message_id, 2, "orders", "billing")], 60) == 1
+    receipt = Receipt(again.message_id, 2, "orders", "billing")
+    assert client.extend_lease("billing", [receipt], 60, at=at(41)) == 1  # its lease runs to 70 s
 
 
 @pytest.mark.parametrize("seconds", [0, 0.5, 43_201, True, "60"])
@@ -69,3 +70,21 @@ def test_a_foreign_receipt_is_refused_and_changes_nothing(client, topic_group):
     with pytest.raises(TypeError):
         client.extend_lease("billing", [(got.message_id, 1)], 60)
     assert snapshot(client.conn) == before
+
+
+def test_a_lease_that_ended_is_not_renewed_and_its_receipt_is_stale(client, topic_group):
+    """Issue 27 item 9: only a lease still running at the call's time (``at``, or now) is extended
+    (SQS answers MessageNotInflight); a lease that ended, even with no tier run since, keeps its
+    end, and the receipt is counted stale."""
+    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
+    [got] = client.receive("billing", "orders", 1, 10, at=at(0))  # the lease ends at 10 s
+    before = snapshot(client.conn, leave_out=("redelivery.consumer_groups",))
+    assert client.extend_lease("billing", got, 600, at=at(3600)) == 0  # an hour after it ended
+    assert client.extend_lease("billing", got, 600, at=at(10)) == 0  # at its very end: ended
+    assert client.extend_lease("billing", got, 600) == 0  # the database's clock: long after
+    assert snapshot(client.conn, leave_out=("redelivery.consumer_groups",)) == before
+    state = message_state(client.conn, mid)
+    assert (state["state"], state["delivery_count"], state["invisible_until"]) == ("INFLIGHT", 1, at(10))
+    assert client.stale_receipts("billing") == 3
+    assert client.extend_lease("billing", got, 600, at=at(9)) == 1  # still running at 9 s
+    assert message_state(client.conn, mid)["invisible_until"] == at(609)

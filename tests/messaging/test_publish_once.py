@@ -22,9 +22,9 @@ def count_messages(client):
 def test_a_batch_id_is_one_batch_in_the_api(client, topic_group):
     client.create_topic("refunds")
     first = client.publish("orders", [{"n": 1}, {"n": 2}], batch_id="b-1")
-    assert (
-        client.publish("orders", [{"n": 2}, {"n": 1}], batch_id="b-1") == first
-    )  # same rows: the same batch
+    assert client.publish("orders", [{"n": 1}, {"n": 2}], batch_id="b-1") == first
+    # the same rows in another order: the same batch, its ids in the caller's order (issue 27, 8)
+    assert client.publish("orders", [{"n": 2}, {"n": 1}], batch_id="b-1") == first[::-1]
     before = snapshot(client.conn)
     with pytest.raises(BatchConflictError, match="other content"):
         client.publish("orders", [{"n": 1}, {"n": 3}], batch_id="b-1")
@@ -219,3 +219,32 @@ def test_a_batch_takes_its_messages_once(client, topic_group):
     with pytest.raises(PublishError, match="recorded already"), client.conn.transaction():
         record_published_batch(client.conn, topic_id, "once", first - 1, 1, partition)
     assert client.publish("orders", [{"n": 1}], batch_id="once") == [first]
+
+
+def test_a_repeat_gives_the_ids_in_the_callers_order_with_equal_messages_too(client, topic_group):
+    """Issue 27, defect 8: publish promises the ids in the caller's order; equal messages keep
+    theirs in order among themselves."""
+    a, b, c = {"n": 1}, {"n": 1}, Message({"n": 2}, key="k")
+    first = client.publish("orders", [a, b, c], batch_id="dups")
+    assert client.publish("orders", [c, a, b], batch_id="dups") == [first[2], first[0], first[1]]
+    assert count_messages(client) == 3
+
+
+def test_a_repeat_after_retention_dropped_the_batch_says_so(client, topic_group):
+    """Issue 27, defect 8: a batch id published again after retention dropped its messages from
+    the log gets a one-line error saying so (its ids cannot be given: they were returned then),
+    not an empty list for a 3-message batch, and publishes nothing."""
+    from helpers import at
+    from redelivery.errors import BatchExpiredError
+    from redelivery.store import log
+
+    ids = client.publish("orders", [{"n": i} for i in range(3)], batch_id="old", at=at(0))
+    client.publish("orders", [{"n": 9}], at=at(2 * 86400))
+    client.ack("billing", client.receive("billing", "orders", 3, 30, at=at(10)))
+    assert log.drop_expired_partitions(client.conn, 86400, at=at(2 * 86400 + 60)).dropped
+    before = snapshot(client.conn)
+    with pytest.raises(BatchExpiredError, match=f"ids {ids[0]}..{ids[-1]}.*left the log"):
+        client.publish("orders", [{"n": i} for i in range(3)], batch_id="old", at=at(0))
+    with pytest.raises(BatchConflictError, match="other content"):  # still compared
+        client.publish("orders", [{"n": 5}], batch_id="old", at=at(0))
+    assert snapshot(client.conn) == before

@@ -17,6 +17,7 @@ from helpers import (
     wait_for_session,
     waiting_for_a_lock,
 )
+from redelivery.client import Outcome, Receipt
 from redelivery.errors import ForeignReceiptError
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.tiers.run import run_tier_window
@@ -278,3 +279,61 @@ def test_settle_locks_its_group_row_only_after_the_deliveries_it_changes(client,
         settling.join(10)
     assert not settling.is_alive()
     assert done["counts"] == {"acked": 0, "retried": 1, "dead_lettered": 0, "stale": 1}
+
+
+def _received(got, **fields):
+    """``got`` (a ReceivedMessage) with other receipt fields, as a caller could build one."""
+    import dataclasses
+
+    return dataclasses.replace(got, **fields)
+
+
+@pytest.mark.parametrize(
+    "call,error,needle",
+    [  # a string id used to become array text: "5,6" two receipts; a float or a bool a raw psycopg error
+        (lambda c, m, R: c.extend_lease("billing", [R("5,6", 1)], 60), TypeError, "message_id must be an"),
+        (lambda c, m, R: c.ack("billing", [_received(m[0], message_id="5,6")]), TypeError, "message_id"),
+        (lambda c, m, R: c.nack("billing", [m[0], _received(m[1], message_id=2.0)]), TypeError, "got 2.0"),
+        (lambda c, m, R: c.reject("billing", [_received(m[0], delivery_count=True)]), TypeError,
+         "delivery_count must be an int"),
+        (lambda c, m, R: c.settle("billing", [Outcome(m[0], "ack"), Outcome(R(m[1].message_id, "1"), "ack")]),
+         TypeError, "delivery_count"),
+        (lambda c, m, R: c.reconsume_later("billing", [_received(m[0], delivery_count=0)], delay=5),
+         ValueError, "delivery_count must be an int from 1 to 2147483647, got 0"),
+        (lambda c, m, R: c.extend_lease("billing", [m[0], R(m[1].message_id, 2**31)], 60), ValueError,
+         "2147483647"),
+        (lambda c, m, R: c.settle("billing", [Outcome(R(m[0].message_id, -1), "retry")]), ValueError,
+         "delivery_count"),
+        (lambda c, m, R: c.extend_lease("billing", [R(2**63, 1)], 60), ValueError,
+         "message_id must be an int from 1 to 9223372036854775807"),
+        (lambda c, m, R: c.ack("billing", [m[0], _received(m[1], message_id=0)]), ValueError, "got 0"),
+        (lambda c, m, R: c.extend_lease("billing", [R(None, 1)], 60), TypeError, "got None"),
+    ],
+)  # fmt: skip
+def test_a_receipt_whose_fields_are_not_ints_in_range_is_refused_and_changes_nothing(
+    client, topic_group, call, error, needle
+):
+    """Issue 27 item 9: a receipt's message id (bigint, from 1) and delivery count (int4, from 1)
+    are checked before any statement: a one-line error, nothing changed, the valid receipts of the
+    call not answered either."""
+
+    def receipt(message_id, delivery_count):
+        return Receipt(message_id, delivery_count, "orders", "billing")
+
+    client.publish("orders", [{"n": 1}, {"n": 2}])
+    got = client.receive("billing", "orders", 2, 30)
+    before = snapshot(client.conn)
+    with pytest.raises(error, match=needle) as refused:
+        call(client, got, receipt)
+    assert "\n" not in str(refused.value)
+    assert snapshot(client.conn) == before
+
+
+def test_array_text_is_built_only_from_ints():
+    from redelivery.messaging.receipts import int_array
+
+    assert int_array([1, 2, 2**63 - 1]) == "{1,2,9223372036854775807}"
+    assert int_array(()) == "{}"
+    for bad in ("5,6", 1.0, True, None, "{1}"):
+        with pytest.raises(TypeError, match="not an int"):
+            int_array([1, bad])

@@ -167,6 +167,52 @@ def test_the_log_migration_keeps_every_message_state_per_group(fresh_url):
         assert (new_one.body["n"], new_one.delivery_count) == (11, 1)
 
 
+def test_the_log_migration_gives_a_future_publish_time_a_partition_of_its_own(fresh_url):
+    """Issue 27, defect 10: one message published at 2099 in an old store. Before, 0012's partition
+    ran from the beginning of time to the hour after the newest message (2099): every later message
+    landed in it and retention could drop nothing. Now it ends with the current hour, and the
+    message of 2099 gets the partition of its own hour."""
+    from datetime import timedelta
+
+    from redelivery.client import Client
+    from redelivery.store import log
+
+    db.migrate(fresh_url, "0011")
+    with db.connect(fresh_url, autocommit=True) as conn:
+        conn.execute("""
+            INSERT INTO topics (name) VALUES ('orders');
+            INSERT INTO consumer_groups (name) VALUES ('billing');
+            INSERT INTO subscriptions (topic_id, group_id) SELECT t.id, g.id FROM topics t, consumer_groups g;
+            INSERT INTO messages (topic_id, key, body, content_type, published_at)
+            SELECT t.id, k, convert_to('{}', 'UTF8'), 'application/json', p::timestamptz
+            FROM topics t,
+                 (VALUES ('now', now() - interval '2 days'), ('future', '2099-06-01 10:30+00')) x(k, p);
+            INSERT INTO deliveries (message_id, group_id, topic_id, state, delivery_count, ready_at)
+            SELECT m.id, g.id, m.topic_id, 'COMMITTED', 1, m.published_at FROM messages m, consumer_groups g;
+            """)
+    db.migrate(fresh_url)
+    with Client(fresh_url) as client:
+        now = client.conn.execute("SELECT now()").fetchone()[0]
+        upgraded, future = log.partitions(client.conn)
+        assert upgraded.name == "messages_upgraded" and upgraded.ends_at <= now + timedelta(hours=1)
+        assert (future.name, future.ends_at - future.starts_at) == (
+            "messages_20990601t100000",
+            timedelta(hours=1),
+        )
+        assert client.conn.execute(
+            "SELECT tableoid::regclass::text FROM messages WHERE key = 'future'"
+        ).fetchone() == ("redelivery_log.messages_20990601t100000",)
+        [new] = client.publish("orders", [{"n": 1}], at=now + timedelta(hours=3))
+        where = client.conn.execute("SELECT tableoid::regclass::text FROM messages WHERE id = %s", (new,))
+        assert where.fetchone()[0] not in (
+            "redelivery_log.messages_upgraded",
+            "redelivery_log.messages_20990601t100000",
+        )
+        client.ack("billing", client.receive("billing", "orders", 10, 30))
+        dropped = log.drop_expired_partitions(client.conn, 86400, at=now + timedelta(days=3)).dropped
+        assert dropped[0] == "messages_upgraded" and "messages_20990601t100000" not in dropped
+
+
 # ---- migration 0013: batches as id ranges, fingerprinted by PostgreSQL -----------------------------
 
 #: Batches of the layout before 0013 (every message tagged with its batch id, fingerprints made by
@@ -204,7 +250,7 @@ def test_the_range_migration_keeps_every_batch_published_once(fresh_url):
     conflict); one whose messages partly left keeps its count to compare; the log refuses a body
     that is not JSON; an old-format staged row is gone."""
     from redelivery.client import Client, Message
-    from redelivery.errors import BatchConflictError, MalformedMessageError
+    from redelivery.errors import BatchConflictError, BatchExpiredError, MalformedMessageError
 
     db.migrate(fresh_url, "0012")
     with db.connect(fresh_url, autocommit=True) as conn:
@@ -218,11 +264,14 @@ def test_the_range_migration_keeps_every_batch_published_once(fresh_url):
         with pytest.raises(BatchConflictError, match="other content"):
             client.publish("orders", [Message('{"n": 9}', key="k1")] + messages[1:], batch_id="whole", at=at)
         partial = [Message({"n": i}, key=f"k{i}") for i in (4, 5, 6)]
-        # 3 messages, 2 still in the log: compared by its count
-        assert client.publish("orders", partial, batch_id="partial", at=at) == ids[3:5]
+        # 3 messages, 2 still in the log: compared by its count, and said to have left the log (its
+        # ids, given by its first publish, cannot all be given again)
+        with pytest.raises(BatchExpiredError, match="left the log"):
+            client.publish("orders", partial, batch_id="partial", at=at)
         with pytest.raises(BatchConflictError, match="other content"):
             client.publish("orders", partial[:2], batch_id="partial", at=at)
-        assert client.publish("orders", partial, batch_id="gone", at=at) == []  # recorded, nothing left
+        with pytest.raises(BatchExpiredError, match="left the log"):  # recorded, nothing left
+            client.publish("orders", partial, batch_id="gone", at=at)
         odd = [Message(f'{{"i": {i}}}', key=f"i{i}", content_type="application/json") for i in (1, 3)]
         assert client.publish("orders", odd, batch_id="odd", at=at) == [ids[5], ids[7]]  # not ids[6]
         with pytest.raises(BatchConflictError, match="other content"):

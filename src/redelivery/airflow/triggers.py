@@ -1,9 +1,9 @@
 """``ReadyMessagesTrigger``: an event trigger (``AssetWatcher``) that starts a consumer DAG when a
-topic has new READY messages for a consumer group. It fires on edges (deliveries that became
-READY since its watermark, kept in ``asset_watermarks``), never on "rows exist"; in the triggerer
-it runs in Airflow's ack mode (``ReadyMessagesProducer``), so each edge fires at least once. The
-design (the watermark, the horizon of open transactions, ack mode, why polling and not
-LISTEN/NOTIFY): docs/asset-watcher.md.
+topic has new READY messages for a consumer group. It fires on edges (messages new in the log
+since its id watermark, deliveries that became READY again since its time watermark, both kept in
+``asset_watermarks``), never on "rows exist"; in the triggerer it runs in Airflow's ack mode
+(``ReadyMessagesProducer``), so each edge fires at least once. The design (the watermarks, the
+horizon of open transactions, ack mode, why polling and not LISTEN/NOTIFY): docs/asset-watcher.md.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import itertools
 import math
 from collections.abc import AsyncIterator, Hashable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -28,13 +28,28 @@ from redelivery.store.db import session_options
 #: Seconds between polls (default), and the bounds accepted.
 DEFAULT_POLL_SECONDS = 5.0
 MIN_POLL_SECONDS, MAX_POLL_SECONDS = 0.1, 3600.0
-#: Seconds an open transaction may hold the watermark back (default), and the bounds accepted.
+#: Seconds an open transaction may hold the time watermark (READY delivery rows') back (default),
+#: and the bounds accepted.
 DEFAULT_SETTLE_SECONDS = 120.0
 MAX_SETTLE_SECONDS = 86_400.0
 #: Longest wait, in seconds, between attempts while the database cannot be reached.
 MAX_BACKOFF_SECONDS = 60.0
 #: Seconds a confirmation may wait for a connection (it holds up the trigger's later ones).
 CONFIRM_TIMEOUT_SECONDS = 10
+
+
+class Watermarks(NamedTuple):
+    """How far an event reached: READY delivery rows with ``ready_at`` before ``time``, new log
+    messages with ids up to ``id`` (None: no message seen yet). ``ReadyMessagesProducer``'s
+    broker payload: what a confirmation moves the confirmed watermarks to."""
+
+    time: datetime
+    id: int | None
+
+
+def _later(mine, stored):
+    """The later of two watermarks of one kind (None: none yet)."""
+    return stored if mine is None or (stored is not None and stored > mine) else mine
 
 
 def _seconds(name: str, value: object, low: float, high: float) -> float:
@@ -46,17 +61,22 @@ def _seconds(name: str, value: object, low: float, high: float) -> float:
 
 
 class ReadyMessagesTrigger(BaseEventTrigger):
-    """Fires when deliveries of ``topic`` for consumer group ``group`` became READY since its last
-    event (see the module's documentation for the watermark).
+    """Fires when messages of ``topic`` became READY for consumer group ``group`` since its last
+    event: messages new in the log (past the group's consume offset), or delivery rows READY again
+    (a retry promoted, a redrive). See the module's documentation for the watermarks.
 
     ``poll_interval``: seconds between polls (0.1 to 3600, default 5). ``settle_timeout``: seconds
-    an open transaction may hold the watermark back (at least ``poll_interval``, at most 86400,
-    default 120). ``conn_id``: the Airflow connection of the application database (default
+    an open transaction may hold the time watermark of the READY delivery rows back (at least
+    ``poll_interval``, at most 86400, default 120; new log messages are told by id, which no open
+    transaction holds back). ``conn_id``: the Airflow connection of the application database (default
     ``redelivery_db``; without it ``REDELIVERY_DATABASE_URL`` or the embedded PostgreSQL).
 
-    Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None (from the
-    beginning: the first event, or a repeat before any event was confirmed), "until": ISO
-    time}``: n deliveries became READY with ``ready_at`` in ``[since, until)``. Raises
+    Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None, "until": ISO
+    time, "since_id": int or None, "until_id": int or None}``: n messages became READY, the delivery
+    rows with ``ready_at`` in ``[since, until)`` and the messages of the log past the group's consume
+    offset with ids in ``(since_id, until_id]``. ``since`` None: from the beginning, ``since_id``
+    None: from the consume offset (the first event, or a repeat before any event was confirmed);
+    ``until_id`` None: no message seen yet (then ``since_id`` is None too). Raises
     ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs. A database that
     cannot be reached is retried (waits double up to 60 s); the trigger never ends on its own,
     except in ack mode for an event Airflow did not confirm stored (Airflow re-creates the
@@ -83,7 +103,9 @@ class ReadyMessagesTrigger(BaseEventTrigger):
             raise ValueError(f"conn_id must be a connection id, got {conn_id!r}")
         self.conn_id = conn_id
         self.watermark: datetime | None = None  # in memory: moves on every poll
-        self._stored: datetime | None = None  # the claimed watermark, as last read or written
+        self.id_watermark: int | None = None  # in memory: the highest message id counted
+        self._stored: datetime | None = None  # the claimed watermarks, as last read or written
+        self._stored_id: int | None = None
         self._loaded = False
         self._url: str | None = None  # the state store's, once resolved
         #: Airflow's ack mode (``create_shared_stream_producer``): the first load starts from the
@@ -125,9 +147,9 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         async for payload, _ in self.events():
             yield TriggerEvent(payload)
 
-    async def events(self) -> AsyncIterator[tuple[dict, datetime]]:
-        """Poll forever: ``(payload, horizon)`` for each edge this copy claimed. A database that
-        cannot be reached is retried (waits double up to 60 s)."""
+    async def events(self) -> AsyncIterator[tuple[dict, Watermarks]]:
+        """Poll forever: ``(payload, watermarks)`` for each edge this copy claimed, the watermarks
+        its claim moved to. A database that cannot be reached is retried (waits double up to 60 s)."""
         url = self._url = await RedeliveryHook(self.conn_id).aget_database_url()
         backoff = self.poll_interval
         conn: psycopg.AsyncConnection | None = None
@@ -138,9 +160,10 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                         conn = await connect(url)
                         await self.load(conn)
                         self.log.info(
-                            "watching READY deliveries of %s from watermark %s, every %s s",
+                            "watching READY messages of %s from watermarks %s and id %s, every %s s",
                             self.asset_uri,
                             self.watermark,
+                            self.id_watermark,
                             self.poll_interval,
                         )
                     payload = await self.poll(conn)
@@ -154,63 +177,86 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                     backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
                     continue
                 if payload is not None:
-                    self.log.info("%s: %s new READY deliveries", self.asset_uri, payload["ready"])
-                    yield payload, self.watermark
+                    self.log.info("%s: %s new READY messages", self.asset_uri, payload["ready"])
+                    yield payload, Watermarks(self.watermark, self.id_watermark)
                 await asyncio.sleep(self.poll_interval)
         finally:
             if conn is not None:
                 await conn.close()
 
     async def load(self, conn: psycopg.AsyncConnection) -> None:
-        """Read the claimed watermark (None: this asset never fired), the ``previous`` of the next
-        claim. Only the first load sets the watermark in memory: the claimed one, or in ack mode
-        the confirmed one (events claimed but never stored fire again). A reload after a database
-        error keeps the watermark in memory, so the next claim covers a range whose claim
-        committed unanswered, or that was to be fired again."""
+        """Read the claimed watermarks (None: this asset never fired; the id one None too for a row
+        from before migration 0014), the ``previous`` ones of the next claim. Only the first load
+        sets the watermarks in memory: the claimed ones, or in ack mode the confirmed ones (events
+        claimed but never stored fire again). A reload after a database error keeps those in
+        memory, so the next claim covers a range whose claim committed unanswered, or that was to
+        be fired again."""
         row = await (await conn.execute(S.ASSET_WATERMARK, {"asset_uri": self.asset_uri})).fetchone()
-        self._stored, confirmed = row if row else (None, None)
+        self._stored, confirmed, self._stored_id, id_confirmed = row if row else (None,) * 4
         if not self._loaded:
-            self.watermark, self._loaded = confirmed if self.ack_mode else self._stored, True
+            if self.ack_mode:
+                self.watermark, self.id_watermark = confirmed, id_confirmed
+            else:
+                self.watermark, self.id_watermark = self._stored, self._stored_id
+            self._loaded = True
 
     async def poll(self, conn: psycopg.AsyncConnection) -> dict | None:
-        """One poll: the event's payload when deliveries became READY in ``[watermark, horizon)``
-        and this copy of the trigger claimed the range (moved the claimed watermark); else None."""
+        """One poll: the event's payload when delivery rows became READY in ``[watermark, horizon)``
+        or messages past the consume offset were published with ids past ``id_watermark``, and this
+        copy of the trigger claimed the range (moved the claimed watermarks); else None."""
         # Two statements, two snapshots: the horizon is read before the deliveries are counted, so
         # that every transaction that started before it has committed (or aborted) by the count.
+        # The new messages are counted on every poll, whatever the horizon: by id (READY_SINCE
+        # says why no open transaction can hold an id back), so a long publish or a forgotten
+        # session delays only the READY rows' part, and a publish whose ``at`` lies in the past
+        # (a Spark publish's job start) still counts.
         horizon = (await (await conn.execute(S.READY_HORIZON, {"settle": self.settle_timeout})).fetchone())[0]
-        if self.watermark is not None and horizon <= self.watermark:
+        since, since_id = self.watermark, self.id_watermark
+        # never back: the horizon can lie before a watermark read from the store (an open
+        # transaction older than another copy's claim); the READY rows' range is then empty
+        until = _later(since, horizon)
+        params = {
+            "topic": self.topic,
+            "group": self.group,
+            "watermark": since,
+            "horizon": horizon,
+            "id_watermark": since_id,
+        }
+        promoted, published, last_id = await (await conn.execute(S.READY_SINCE, params)).fetchone()
+        until_id = _later(since_id, last_id)
+        if not promoted + published:
+            self.watermark = until  # nothing there to fire for: no write
             return None
-        since = self.watermark
-        params = {"topic": self.topic, "group": self.group, "watermark": since, "horizon": horizon}
-        ready = (await (await conn.execute(S.READY_SINCE, params)).fetchone())[0]
-        if not ready:
-            self.watermark = horizon  # nothing there to fire for: no write
-            return None
-        moved = await (
-            await conn.execute(
-                S.ADVANCE_ASSET_WATERMARK,
-                {"asset_uri": self.asset_uri, "watermark": horizon, "previous": self._stored},
-            )
-        ).fetchone()
-        if moved is None:  # another copy of this trigger fired first: take its watermark
+        claim = {
+            "asset_uri": self.asset_uri,
+            "watermark": until,
+            "id_watermark": until_id,
+            "previous": self._stored,
+            "previous_id": self._stored_id,
+        }
+        moved = await (await conn.execute(S.ADVANCE_ASSET_WATERMARK, claim)).fetchone()
+        if moved is None:  # another copy of this trigger fired first: take its watermarks
             await self.load(conn)
-            if self._stored is not None and (self.watermark is None or self._stored > self.watermark):
-                self.watermark = self._stored
+            self.watermark = _later(self.watermark, self._stored)
+            self.id_watermark = _later(self.id_watermark, self._stored_id)
             return None
-        self.watermark, self._stored = horizon, moved[0]
+        self.watermark, self.id_watermark = until, until_id
+        self._stored, self._stored_id = moved
         return {
             "topic": self.topic,
             "group": self.group,
-            "ready": ready,
+            "ready": promoted + published,
             "since": since.isoformat() if since else None,
-            "until": horizon.isoformat(),
+            "until": until.isoformat(),
+            "since_id": since_id,
+            "until_id": until_id,
         }
 
-    async def confirm(self, watermark: datetime) -> None:
-        """Ack mode: Airflow stored the events up to ``watermark``; the confirmed watermark moves
-        forward to it. Raises ``psycopg.Error``."""
+    async def confirm(self, watermarks: Watermarks) -> None:
+        """Ack mode: Airflow stored the events up to ``watermarks``; the confirmed watermarks move
+        forward to them. Raises ``psycopg.Error``."""
         url = self._url or await RedeliveryHook(self.conn_id).aget_database_url()
-        params = {"asset_uri": self.asset_uri, "watermark": watermark}
+        params = {"asset_uri": self.asset_uri, "watermark": watermarks.time, "id_watermark": watermarks.id}
         async with await connect(url, connect_timeout=CONFIRM_TIMEOUT_SECONDS) as conn:
             await conn.execute(S.CONFIRM_ASSET_WATERMARK, params)
 
@@ -220,18 +266,18 @@ class EventNotStoredError(RuntimeError):
 
 
 class ReadyMessagesProducer(SharedStreamProducer):
-    """``ReadyMessagesTrigger``'s poll in Airflow's ack mode: yields ``(payload, horizon)`` for each
-    edge it claimed, and confirms the horizons of the events Airflow stored (``advance``)."""
+    """``ReadyMessagesTrigger``'s poll in Airflow's ack mode: yields ``(payload, watermarks)`` for
+    each edge it claimed, and confirms the watermarks of the events Airflow stored (``advance``)."""
 
     def __init__(self, trigger: ReadyMessagesTrigger) -> None:
         self.trigger = trigger
 
-    async def open_stream(self) -> AsyncIterator[tuple[dict, datetime]]:
-        async for payload, horizon in self.trigger.events():
-            yield payload, horizon
+    async def open_stream(self) -> AsyncIterator[tuple[dict, Watermarks]]:
+        async for payload, watermarks in self.trigger.events():
+            yield payload, watermarks
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Confirm the last horizon of the events of ``batch`` (in poll order) that Airflow stored,
+        """Confirm the last watermarks of the events of ``batch`` (in poll order) that Airflow stored,
         up to the first it did not; then raise ``EventNotStoredError`` for that one (Airflow ends
         this poll and the trigger; the re-created trigger starts from the confirmed watermark).
 
@@ -245,10 +291,10 @@ class ReadyMessagesProducer(SharedStreamProducer):
             except Exception as exc:  # the database's refusal or the connection's lookup
                 self.trigger.log.error("%s: confirming the watermark failed: %s", self.trigger.asset_uri, exc)
         if len(stored) < len(batch):
-            item = batch[len(stored)]
+            item, until = batch[len(stored)], batch[len(stored)].broker_payload
             raise EventNotStoredError(
-                f"{self.trigger.asset_uri}: the event until {item.broker_payload.isoformat()} was not "
-                f"confirmed stored ({item.outcome}); it fires again from the confirmed watermark"
+                f"{self.trigger.asset_uri}: the event until {until.time.isoformat()} and id {until.id} "
+                f"was not confirmed stored ({item.outcome}); it fires again from the confirmed watermarks"
             )
 
 

@@ -45,6 +45,16 @@ def _emit(data, as_json: bool, text: str | None = None) -> None:
         typer.echo(text)
 
 
+def _emit_lines(lines) -> None:
+    """JSON ``lines`` (each one JSON value on one line, e.g. ``dead_letters.json_line``'s) as a JSON
+    array, a line each, as they come: printed as they are, never parsed and written again."""
+    first = True
+    for line in lines:
+        typer.echo(("[" if first else ",\n ") + line, nl=False)
+        first = False
+    typer.echo("[]" if first else "]")
+
+
 def _filter(group, topic, since, before, reason, error_contains, message_id, key=None, **extra):
     from redelivery.dead_letters import DlqFilter
     from redelivery.redrive import RedriveRequest

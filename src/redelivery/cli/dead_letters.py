@@ -19,6 +19,7 @@ from redelivery.cli.common import (
     SinceOpt,
     TopicOpt,
     _emit,
+    _emit_lines,
     _filter,
     _migrated,
     app,
@@ -41,12 +42,15 @@ def dlq_list(
     as_json: JsonOpt = False,
 ) -> None:
     """The oldest dead letters of a group that match the filters."""
-    from redelivery.dead_letters import jsonable, select
+    from redelivery.dead_letters import export, jsonable, select
     from redelivery.store.db import connect
 
     request = _filter(group, topic, since, before, reason, error_contains, message_id, key)
     _migrated()
     with connect() as conn:
+        if as_json:  # the download's lines: each JSON body as stored, every number as written
+            _emit_lines(export(conn, request, limit))
+            return
         rows = jsonable(select(conn, request, limit=limit, with_body=True))
     text = (
         "\n".join(
@@ -62,17 +66,15 @@ def dlq_list(
 @dlq_app.command("show")
 def dlq_show(message_id: int, group: GroupOpt, as_json: JsonOpt = False) -> None:
     """One dead letter in full: body, properties, counts and its attempt history."""
-    from redelivery.dead_letters import jsonable, select
+    from redelivery.dead_letters import export
     from redelivery.store.db import connect
 
     _migrated()
     with connect() as conn:
-        rows = jsonable(
-            select(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1, with_body=True)
-        )
-    if not rows:
+        lines = list(export(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1))
+    if not lines:
         raise RedeliveryError(f"no dead letter {message_id} in group {group!r}")
-    _emit(rows[0], True)
+    typer.echo(lines[0])  # its body as stored (``dead_letters.json_line``)
 
 
 @dlq_app.command("count")

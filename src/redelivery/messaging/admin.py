@@ -8,6 +8,7 @@ from redelivery.errors import (
     ConfigError,
     InvalidNameError,
     NotSubscribedError,
+    UnknownTopicError,
 )
 from redelivery.messaging.codec import (
     STATES,
@@ -46,7 +47,8 @@ class Administration:
     def create_topic(self, name: str) -> int:
         """Create topic ``name`` if it does not exist; return its id. ``InvalidNameError`` on a bad name."""
         check_name("topic", name)
-        return self._get_or_create(S.CREATE_TOPIC, {"name": name})
+        self._topics[name] = self._get_or_create(S.CREATE_TOPIC, {"name": name})
+        return self._topics[name]
 
     def create_group(self, name: str, max_reconsume_times: int | None = None) -> int:
         """Create consumer group ``name`` if it does not exist; return its id.
@@ -108,13 +110,19 @@ class Administration:
         if start not in ("latest", "earliest"):
             raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
         group_id, own_max = self._group(group)
+        self._topic_renamed(topic)  # a rare call: never subscribe a topic id that is gone
         topic_id = self._topic(topic)
         try:
             self.config.policy_for(topic, group, own_max)
         except ConfigError as exc:
             raise InvalidNameError(f"cannot subscribe group {group!r} to topic {topic!r}: {exc}") from None
         subscription = {"topic_id": topic_id, "group_id": group_id, "from_beginning": start == "earliest"}
-        self.conn.execute(S.SUBSCRIBE, {**subscription, **RETENTION_LOCK})
+        with self.conn.transaction():  # the offset read after the topic's publishes and retention
+            if not self.conn.execute(
+                S.LOCK_TOPIC_FOR_SUBSCRIBE, {**subscription, **RETENTION_LOCK}
+            ).fetchone():
+                raise UnknownTopicError(f"unknown topic {topic!r}")
+            self.conn.execute(S.SUBSCRIBE, subscription)
         self._policies.pop((topic_id, group_id), None)
         self._caps.pop(topic_id, None)
 
@@ -141,6 +149,18 @@ class Administration:
         if name not in self._topics:
             self._topics[name] = catalog.topic_id(self.conn, name)
         return self._topics[name]
+
+    def _topic_renamed(self, name: str) -> bool:
+        """Whether the id this client keeps for topic ``name`` no longer names it (another process
+        deleted the topic and made it again): the new id is kept from now on. A call that found
+        nothing under the old id (an empty receive, a publish lock on a deleted topic) runs again.
+        Raises ``UnknownTopicError`` when the topic is gone."""
+        kept = self._topics.pop(name, None)
+        if self._topic(name) == kept:
+            return False
+        self._caps.pop(kept, None)
+        self._policies = {k: v for k, v in self._policies.items() if k[0] != kept}
+        return True
 
     def _group(self, name: str) -> tuple[int, int | None]:
         """(id, own max_reconsume_times) of group ``name``; ``UnknownGroupError`` if there is none."""

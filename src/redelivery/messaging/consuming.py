@@ -22,6 +22,8 @@ from redelivery.messaging.codec import (
 )
 from redelivery.messaging.receipts import (
     Outcome,
+    check_at,
+    check_receipt,
     error_texts,
     int_array,
     plan_outcome,
@@ -96,11 +98,13 @@ class Consuming(Administration):
         flight for a message the caller does not get (a crash in between leaves it in flight until
         its lease ends). Raises ``UnknownGroupError``,
         ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError`` (max_messages < 1 or a lease
-        out of range)."""
+        out of range), what ``check_at`` raises for a bad ``at``."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy, table = self._policy(topic_id, group_id, topic, group)  # NotSubscribedError
 
         rows = self._leased(params)
+        if not rows and self._topic_renamed(topic):  # made again elsewhere: ask under its new id
+            return self.receive(group, topic, max_messages, invisible_duration, at)
         out, bad = self._decode_received(rows, group, topic, policy.retry_name)
         if bad:
             try:
@@ -140,6 +144,8 @@ class Consuming(Administration):
 
         leased = []
         rows = self._leased(params)
+        if not rows and self._topic_renamed(topic):  # made again elsewhere: ask under its new id
+            return self.lease_rows(group, topic, max_messages, invisible_duration, at)
         for (message_id, key, body, content_type, properties, published_at, delivery_count,
              reconsume_times, _, _, origin_message_id, last_error, redrive_count) in rows:  # fmt: skip
             binary = content_type == BINARY
@@ -165,6 +171,7 @@ class Consuming(Administration):
         group_id, _ = self._group(group)
         topic_id = self._topic(topic)
         self._check_lease(max_messages, invisible_duration)
+        check_at(at)
         params = {
             "group_id": group_id,
             "topic_id": topic_id,
@@ -242,9 +249,11 @@ class Consuming(Administration):
 
         An ack counts only for the delivery it answers (same delivery count) while that delivery is
         still INFLIGHT; a late or repeated ack changes nothing and is counted as a stale receipt,
-        so no message is ever committed twice. Raises ``ForeignReceiptError`` for a message another
-        group received or a receipt naming another topic than its message's, ``TypeError`` for
-        anything but a ``ReceivedMessage``, before anything changes."""
+        so no message is ever committed twice; so is the late receipt of a message retention has
+        dropped from the log since. Raises ``ForeignReceiptError`` for a message another group
+        received or a receipt naming another topic than its message's, ``TypeError`` for anything
+        but a ``ReceivedMessage`` and ``TypeError`` / ``ValueError`` for a message id or delivery
+        count that is not an int in range (``check_receipt``), before anything changes."""
         group_id, _ = self._group(group)
         items = receipts_of(group, messages)
         if not items:
@@ -260,15 +269,19 @@ class Consuming(Administration):
     ) -> int:
         """Keep received messages invisible for ``invisible_duration`` seconds from now (or
         ``at``), for work longer than the lease (SQS ``ChangeMessageVisibility``, Kafka KIP-1222's
-        ``RENEW``): each delivery still INFLIGHT under its receipt gets its new end; its delivery
-        count does not change. A late or repeated receipt (the lease ended and a tier run moved the
-        message on, or it was answered) changes nothing and is counted as a stale receipt.
-        ``messages``: ``ReceivedMessage`` objects or ``Receipt`` tuples (message id, delivery
-        count, topic, group). Returns how many leases were extended. Raises, before anything
-        changes, ``ValueError`` (``invisible_duration`` outside 1..43200 seconds, the lease's
-        bounds), ``TypeError`` (not a receipt), ``ForeignReceiptError`` (a receipt of another
-        group, or naming another topic than its message's)."""
+        ``RENEW``): each delivery still INFLIGHT under its receipt whose lease has not ended at the
+        call's time (``invisible_until`` after ``at``, or now) gets its new end; its delivery count
+        does not change. A late or repeated receipt (the lease ended, whether or not a tier run
+        moved the message on since: SQS's MessageNotInflight; or it was answered) changes nothing
+        and is counted as a stale receipt. ``messages``: ``ReceivedMessage`` objects or ``Receipt``
+        tuples (message id, delivery count, topic, group). Returns how many leases were extended.
+        Raises, before anything changes, ``ValueError`` (``invisible_duration`` outside 1..43200
+        seconds, the lease's bounds; a receipt's number out of range), ``TypeError`` (not a
+        receipt, a receipt's number not an int: ``check_receipt``), what ``check_at`` raises,
+        ``ForeignReceiptError`` (a receipt of another group, or naming another topic than its
+        message's)."""
         self._check_lease(1, invisible_duration)
+        check_at(at)
         group_id, _ = self._group(group)
         items = receipts_of(group, messages, also=Receipt)
         if not items:
@@ -302,7 +315,9 @@ class Consuming(Administration):
         """Report failed deliveries; each retry waits as the group's policy says for its retry
         number (default: RocketMQ 5 table, seeds/001), and a message whose reconsume times are used
         up is dead-lettered. Returns how many were retried or dead-lettered (stale receipts change
-        nothing and are counted as stale). ``error``: one text, or one per message."""
+        nothing and are counted as stale). ``error``: one text, or one per message. Raises, before
+        anything changes, what ``ack`` raises for the receipts, what ``check_at`` raises for
+        ``at``, ``ValueError`` (an error text PostgreSQL cannot store, or not one per message)."""
         return self._fail(group, messages, error, at, mode="next")
 
     def reconsume_later(
@@ -325,7 +340,7 @@ class Consuming(Administration):
         its last level, the other presets refuse it; ``0`` is the next level (RocketMQ
         ``delayLevel == 0``: ``3 + reconsumeTimes``); a negative level dead-letters at once
         (reason NEGATIVE_LEVEL). Raises ``InvalidDelayError``, ``InvalidLevelError``,
-        ``ValueError`` (both given) before changing anything."""
+        ``ValueError`` (both given), and what ``nack`` raises, before changing anything."""
         mode, seconds, level = retry_mode(delay, level)
         return self._fail(group, messages, error, at, mode=mode, delay=seconds, level=level)
 
@@ -336,10 +351,12 @@ class Consuming(Administration):
         error: str | Sequence[str] | None = None,
         at: datetime | None = None,
     ) -> int:
-        """Dead-letter received messages at once (reason REJECTED), whatever their attempts."""
+        """Dead-letter received messages at once (reason REJECTED), whatever their attempts.
+        Returns how many were dead-lettered; raises what ``nack`` raises."""
         return self._fail(group, messages, error, at, mode="reject")
 
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
+        check_at(at)
         group_id, _ = self._group(group)
         items = receipts_of(group, messages)
         self._check_receipt_topics(group_id, items)
@@ -456,7 +473,8 @@ class Consuming(Administration):
         counts: a Spark task that runs twice settles its partition once.
 
         Returns ``{"acked", "retried", "dead_lettered", "stale"}``. Raises, before changing
-        anything, what ``check_outcomes`` raises."""
+        anything, what ``check_outcomes`` and ``check_at`` raise."""
+        check_at(at)
         group_id, _ = self._group(group)
         items = list(outcomes)
         acks, failures = self._sort_outcomes(group, items)
@@ -475,8 +493,9 @@ class Consuming(Administration):
     def check_outcomes(self, group: str, outcomes: Iterable[Outcome]) -> None:
         """Check ``outcomes`` as ``settle`` does before it changes anything, changing nothing (a
         Spark settle checks every partition this way before any of them settles). Raises
-        ``ForeignReceiptError`` (a receipt of another group, or naming another topic than its
-        message's), ``UnknownTopicError`` / ``NotSubscribedError`` (a receipt's topic),
+        ``TypeError`` / ``ValueError`` (a receipt's message id or delivery count not an int in
+        range: ``check_receipt``), ``ForeignReceiptError`` (a receipt of another group, or naming
+        another topic than its message's), ``UnknownTopicError`` / ``NotSubscribedError`` (a receipt's topic),
         ``ValueError``, ``InvalidDelayError``, ``InvalidLevelError`` (``plan_outcome``; a level the
         group's policy refuses on that topic), each naming the message."""
         self._sort_outcomes(group, list(outcomes))
@@ -488,6 +507,7 @@ class Consuming(Administration):
         acks, failures, levels_ok = [], {}, set()
         for item in items:
             receipt = item.receipt
+            check_receipt(receipt)
             if receipt.group != group:
                 raise ForeignReceiptError(
                     f"message {receipt.message_id} was received by group {receipt.group!r}: "
@@ -511,8 +531,10 @@ class Consuming(Administration):
     def _check_receipt_topics(self, group_id: int, receipts: Sequence) -> None:
         """``ForeignReceiptError`` unless each receipt names the topic of its message (a delivery
         row, a message in the topic's log or a dead letter of it): an answer on the wrong topic
-        would otherwise be applied in part and counted stale in part. A receipt so old that
-        retention dropped its message from the log is refused too."""
+        would otherwise be applied in part and counted stale in part. A message that is nowhere
+        (retention dropped it, its group done with it) at or below the group's offset on the named
+        topic was handed to the group: its receipt is the topic's, and stale; one in another
+        topic's log, or past the offset, is refused (``RECEIPT_OF_ANOTHER_TOPIC``)."""
         if not receipts:
             return
         params = {
@@ -523,8 +545,8 @@ class Consuming(Administration):
         row = self.conn.execute(S.RECEIPT_OF_ANOTHER_TOPIC, params).fetchone()
         if row is not None:
             raise ForeignReceiptError(
-                f"message {row[0]} is not a message of topic {row[1]!r} (another topic's, or dropped "
-                "from the log by retention): a receipt naming another topic cannot answer for it"
+                f"message {row[0]} is not a message of topic {row[1]!r} (another topic's, or never "
+                "handed to the group): a receipt naming another topic cannot answer for it"
             )
 
     def _ensure_dlq_table(self, params: dict) -> None:

@@ -15,15 +15,18 @@ from psycopg import sql
 
 from redelivery.errors import (
     BatchConflictError,
+    BatchExpiredError,
     BatchTooLargeError,
     InvalidBatchIdError,
     MalformedMessageError,
     PublishError,
     TooManyRequestsError,
+    UnknownTopicError,
 )
 from redelivery.messaging.admin import Administration
 from redelivery.messaging.codec import JSON, Message, check_json_text, encode
 from redelivery.messaging.producer import MIN_CONNECT_TIMEOUT, retrying
+from redelivery.messaging.receipts import check_at
 from redelivery.rules.policies import EffectivePolicy
 from redelivery.store import catalog, db, log
 from redelivery.store import statements as S
@@ -79,14 +82,14 @@ def check_repeated_batch(
     ``topic_id`` with the content ``rows`` (``count`` messages in the binary COPY format); raise
     ``BatchConflictError`` if not: a batch id means one batch. The content goes into a temporary
     table, never into the log, for PostgreSQL to fingerprint it as it fingerprinted the batch."""
-    topic, published_count, published = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()
+    topic, published_count, published, *_ = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()
     if topic != topic_id:
         raise BatchConflictError(f"batch id {batch_id!r} was published to another topic (id {topic})")
+    conn.execute(S.CREATE_REPEATED_CONTENT)
     if published is None:  # recorded before 0013 and its messages gone: its count is what is known
         content = f"{count}:(not compared)"
         same = published_count == count
     else:
-        conn.execute(S.CREATE_REPEATED_CONTENT)
         write_copy(conn, S.COPY_REPEATED_CONTENT, rows)
         content = conn.execute(S.REPEATED_FINGERPRINT).fetchone()[0]
         same = content == published
@@ -96,6 +99,21 @@ def check_repeated_batch(
             f"fingerprint {published}; this batch: {content}): a batch id means one batch"
         )
     return published_count
+
+
+def repeated_ids(conn: psycopg.Connection, batch_id: str, count: int) -> list[int]:
+    """The ids of batch ``batch_id`` published again with the same content (``check_repeated_batch``
+    passed, in this transaction), in the order of the repeat's messages. Raises
+    ``BatchExpiredError`` when retention dropped its messages from the log."""
+    ids = [r[0] for r in conn.execute(S.REPEATED_IDS, {"batch": batch_id})]
+    if len(ids) == count:
+        return ids
+    _, _, _, first, last = conn.execute(S.PUBLISHED_BATCH, {"batch": batch_id}).fetchone()
+    where = f"ids {first}..{last}, " if first is not None else ""
+    raise BatchExpiredError(
+        f"batch id {batch_id!r} was published before ({where}{count} messages) and its messages have "
+        "left the log (retention.messages): nothing was published again, and its ids cannot be given again"
+    )
 
 
 def record_published_batch(
@@ -196,20 +214,22 @@ class Publishing(Administration):
         ``BatchTooLargeError`` when the batch is larger than a subscribed group's
         ``max_ready_backlog``. ``TooManyRequestsError`` (530) when a group's ready backlog would
         pass its cap, after the retries; the last transient ``psycopg.OperationalError`` when the
-        attempts are used up."""
-        topic_id = self._topic(topic)
+        attempts are used up. ``TypeError`` / ``ValueError`` for an ``at`` that is not a
+        timezone-aware datetime of years 1970..9000 (``check_at``)."""
+        check_at(at)
+        self._topic(topic)  # UnknownTopicError before anything is encoded
         if batch_id is not None:
             check_batch_id(batch_id)
         columns = encoded_columns(messages)
         if not retry:
-            return self._publish_once(topic_id, columns, batch_id, at)
+            return self._publish_once(topic, columns, batch_id, at)
         batch_id = batch_id or f"auto-{uuid.uuid4()}"
         self.publish_waits = []
         for attempt_ in retrying(
             self.config.producer, before_retry=self._before_publish_retry, sleep=self._sleep
         ):
             with attempt_:
-                return self._publish_once(topic_id, columns, batch_id, at)
+                return self._publish_once(topic, columns, batch_id, at)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _before_publish_retry(self, retry_state) -> None:
@@ -217,15 +237,27 @@ class Publishing(Administration):
         if self.conn.closed or self.conn.broken:
             self.conn = db.connect(self.url, autocommit=True, connect_timeout=MIN_CONNECT_TIMEOUT)
 
-    def _publish_once(self, topic_id: int, columns: tuple, batch_id: str | None, at) -> list[int]:
+    def _publish_once(self, topic: str, columns: tuple, batch_id: str | None, at) -> list[int]:
+        """One publish of the encoded ``columns``; a topic id this client keeps that no longer names
+        ``topic`` (another process deleted it and made it again) is looked up again, once."""
+        try:
+            return self._publish_to(self._topic(topic), columns, batch_id, at)
+        except UnknownTopicError:  # rolled back: nothing was written
+            if not self._topic_renamed(topic):
+                raise
+            return self._publish_to(self._topic(topic), columns, batch_id, at)
+
+    def _publish_to(self, topic_id: int, columns: tuple, batch_id: str | None, at) -> list[int]:
         count = len(columns[1])
         self._check_fits(topic_id, count)  # not transient: the retry loop lets it through at once
-        batch_id = batch_id or f"auto-{uuid.uuid4()}"  # PUBLISHED_IDS finds a repeat's rows by it
+        batch_id = batch_id or f"auto-{uuid.uuid4()}"  # a repeat's rows are found by it
         for _ in range(3):  # a partition made for the publish time, then the publish again
             try:
                 return self._publish_transaction(topic_id, columns, batch_id, at)
             except NeedPartition as need:  # rolled back: nothing was written
                 log.ensure_partition(self.conn, need.at, self.config.retention.seconds("partition"))
+            except log.PartitionChanged:  # retention dropped it while we waited: rolled back, again
+                continue
         raise AssertionError("a partition of the log was made three times and is still missing")
 
     def _publish_transaction(self, topic_id: int, columns: tuple, batch_id: str, at) -> list[int]:
@@ -242,12 +274,12 @@ class Publishing(Administration):
         with self.conn.transaction():
             catalog.lock_topic_for_publish(self.conn, topic_id)
             claim = {"batch": batch_id, "topic_id": topic_id, "count": count, "at": at}
-            published_at, partition = self.conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            published_at, partition = log.lock_partition_for_publish(self.conn, at)
             data = copy_rows.chunks(topic_id, published_at, columns)
             if self.conn.execute(S.CLAIM_PUBLISH_BATCH, claim).fetchone() is None:
                 with refused_rows(_describe_refusal(columns)):
                     check_repeated_batch(self.conn, batch_id, topic_id, count, data)
-                return [r[0] for r in self.conn.execute(S.PUBLISHED_IDS, {"batch": batch_id})]
+                return repeated_ids(self.conn, batch_id, count)
             self._check_backlog(topic_id, count)
             if partition is None:
                 raise NeedPartition(published_at)

@@ -1,11 +1,13 @@
 """Receipts and outcomes, the checks every answer to a delivery shares (``ack``, ``nack`` /
 ``reconsume_later``, ``reject``, ``settle``, ``extend_lease``): which receipts, which error texts,
-which retry; pure functions, nothing is read or written here."""
+which retry; and the check of the ``at`` every timed client call takes (``check_at``). Pure
+functions, nothing is read or written here."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
 
@@ -27,17 +29,73 @@ class Outcome:
 
 
 _RECEIPT_ORDER = attrgetter("message_id", "delivery_count")
+#: A receipt's numbers: a message id is a bigint from ``message_ids`` (which starts at 1), a
+#: delivery count an int4 of at least 1 (the first delivery's).
+MAX_MESSAGE_ID, MAX_DELIVERY_COUNT = 2**63 - 1, 2**31 - 1
+#: The times ``at`` may give (``check_at``): from the Unix epoch (nothing redelivery keeps is
+#: older) to the end of year 9000, so that every time computed from one (a lease end, a retry's due
+#: time, up to 10 days later; a partition's end) stays far inside Python's datetime (year 9999) and
+#: PostgreSQL's timestamptz when it is read back.
+MIN_AT, MAX_AT = datetime(1970, 1, 1, tzinfo=UTC), datetime(9001, 1, 1, tzinfo=UTC)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    """``value``'s repr on one line, at most 60 characters."""
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_at(at: object) -> datetime | None:
+    """Return ``at`` (``None``: the database's clock) if it is a timezone-aware ``datetime`` of
+    years 1970 to 9000 (``MIN_AT`` <= at < ``MAX_AT``, in any timezone); else raise ``TypeError``
+    (not a datetime: a ``date``, a string, a number) or ``ValueError`` (naive, or out of those
+    years), one line naming the argument. The check of every client call taking ``at``."""
+    if at is None:
+        return None
+    if not isinstance(at, datetime):
+        raise TypeError(f"at must be a timezone-aware datetime or None, got {_shown(at)}")
+    if at.utcoffset() is None:
+        raise ValueError(
+            f"at must be a timezone-aware datetime (a naive one has no time zone), got {_shown(at)}"
+        )
+    if not MIN_AT <= at < MAX_AT:
+        raise ValueError(f"at must be a datetime from 1970 to 9000, got {_shown(at)}")
+    return at
+
+
+def check_receipt(receipt: Any) -> None:
+    """Raise unless ``receipt``'s ``message_id`` is an int (not a bool) of 1..2**63-1 (bigint) and
+    its ``delivery_count`` one of 1..2**31-1 (int4): ``TypeError`` for another type, ``ValueError``
+    out of range, one line naming the field (and the message, when its id is good)."""
+    message_id, count = receipt.message_id, receipt.delivery_count
+    if not _is_int(message_id) or not 1 <= message_id <= MAX_MESSAGE_ID:
+        error = ValueError if _is_int(message_id) else TypeError
+        raise error(
+            f"a receipt's message_id must be an int from 1 to {MAX_MESSAGE_ID}, got {_shown(message_id)}"
+        )
+    if not _is_int(count) or not 1 <= count <= MAX_DELIVERY_COUNT:
+        error = ValueError if _is_int(count) else TypeError
+        raise error(
+            f"message {message_id}: a receipt's delivery_count must be an int from 1 to "
+            f"{MAX_DELIVERY_COUNT}, got {_shown(count)}"
+        )
 
 
 def receipts_of(group: str, messages, also: type | None = None) -> list:
-    """The receipts, checked (``TypeError``, ``ForeignReceiptError``) and in message-id order: every
-    statement then locks rows in the order the tier job's range scans do. ``ReceivedMessage``
-    objects, or ``also`` instances (``Receipt`` tuples, for a lease extension)."""
+    """The receipts, checked (``TypeError``, ``ValueError``: ``check_receipt``;
+    ``ForeignReceiptError``) and in message-id order: every statement then locks rows in the order
+    the tier job's range scans do. ``ReceivedMessage`` objects, or ``also`` instances (``Receipt``
+    tuples, for a lease extension)."""
     kinds = (ReceivedMessage,) if also is None else (ReceivedMessage, also)
     items = [messages] if isinstance(messages, kinds) and not isinstance(messages, list) else list(messages)
     for item in items:
         if not isinstance(item, kinds):
             raise TypeError(f"expected ReceivedMessage objects (from receive), got {type(item).__name__}")
+        check_receipt(item)
         if item.group != group:
             raise ForeignReceiptError(
                 f"message {item.message_id} was received by group {item.group!r}: "
@@ -49,8 +107,13 @@ def receipts_of(group: str, messages, also: type | None = None) -> list:
 def int_array(values: Iterable[int]) -> str:
     """Integers as PostgreSQL's array text (``{1,2,3}``), for a ``%(x)s::bigint[]`` parameter: the
     server parses it in C, where psycopg would dump a Python list element by element (about a
-    third of an ack's client time for 500 receipts)."""
-    return "{" + ",".join(map(str, values)) + "}"
+    third of an ack's client time for 500 receipts). Only ints (not bools) make array text:
+    ``TypeError`` for anything else (a str ``"5,6"`` would be two elements)."""
+    items = list(values)
+    for value in items:
+        if not _is_int(value):
+            raise TypeError(f"array text is made of ints only: {_shown(value)} is not an int")
+    return "{" + ",".join(map(int.__repr__, items)) + "}"
 
 
 def check_error(error: object) -> str | None:

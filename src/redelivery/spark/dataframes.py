@@ -27,6 +27,7 @@ from redelivery.client import Client, Outcome
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import MalformedMessageError
 from redelivery.messaging.codec import Receipt
+from redelivery.messaging.receipts import check_at
 from redelivery.spark.publishing import publish_dataframe
 from redelivery.spark.session import functions_for
 from redelivery.store import db
@@ -118,7 +119,9 @@ def settle(
     Raises, before anything is settled: ``MalformedMessageError`` for a missing column,
     ``ForeignReceiptError`` for a row of another group or a message of another topic, and the
     ``ValueError`` subclass ``Client.settle`` would raise for a bad outcome, delay, level or error
-    text, naming the first bad row's message."""
+    text, naming the first bad row's message; ``TypeError`` / ``ValueError`` for an ``at`` that is
+    not a timezone-aware datetime of years 1970 to 9000 (``receipts.check_at``)."""
+    check_at(at)  # in the driver: a one-line error, not one wrapped by Spark from each task
     F = functions_for(df)  # noqa: N806
     missing = {"message_id", "delivery_count", "outcome"} - set(df.columns)
     if missing:

@@ -53,7 +53,7 @@ from redelivery.messaging.publishing import (
 from redelivery.spark.session import functions_for
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
-from redelivery.store.log import ensure_partition
+from redelivery.store.log import PartitionChanged, ensure_partition, lock_partition_for_publish
 
 RESULT_SCHEMA = "part long, rows long, staged boolean, error string"
 
@@ -275,6 +275,8 @@ def publish_staged(url: str, topic_id: int, batch_id: str, run_id: str, reports:
                     break
                 except NeedPartition as need:  # rolled back: nothing was written
                     ensure_partition(conn, need.at, span)
+                except PartitionChanged:  # retention dropped it while we waited: rolled back, again
+                    continue
             else:
                 raise AssertionError("a partition of the log was made three times and is still missing")
         except BaseException:
@@ -324,7 +326,7 @@ def _publish_transaction(conn: psycopg.Connection, topic_id: int, staged: _Stage
                 count = check_repeated_batch(conn, batch_id, topic_id, staged.rows, staged.chunks())
         else:
             _check_staged(conn, staged)
-            _, partition = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()
+            _, partition = lock_partition_for_publish(conn, at)
             if partition is None:
                 raise NeedPartition(at)
             floor = conn.execute(S.ID_FLOOR).fetchone()[0]

@@ -24,6 +24,9 @@ PARTITION_LOCK = 7_424_004  # advisory lock namespace: making or dropping a part
 #: The advisory lock of a retention run (session-scoped, exclusive); a subscription from the
 #: beginning takes it shared for its transaction (``statements.SUBSCRIBE``).
 RETENTION_LOCK = {"namespace": PARTITION_LOCK, "key": 1}
+#: Advisory lock namespace of each partition's retirement (keyed by the hash of its name): writers of
+#: new messages hold it shared, a retention run exclusively (``statements.LOCK_LOG_PARTITION_FOR_*``).
+RETIRE_LOCK = 7_424_005
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -80,6 +83,26 @@ def ensure_partitions_ahead(conn: psycopg.Connection, span_seconds: int, at: dat
         ensure_partition(conn, when, span_seconds) for when in (now, now + timedelta(seconds=span_seconds))
     ]
     return [name for name in made if name]
+
+
+class PartitionChanged(Exception):
+    """The log's partition of a publish time changed while a publisher waited for its retirement
+    lock (retention dropped it): the publishing transaction rolls back and runs again."""
+
+
+def lock_partition_for_publish(conn: psycopg.Connection, at: datetime | None) -> tuple[datetime, str | None]:
+    """Inside a publishing transaction, before any message is written: (publish time, name of the
+    log's partition that holds it, or None when there is none yet). The partition's retirement lock
+    is held shared until the transaction ends, so retention never looks at a partition while an
+    uncommitted publish writes into it, nor detaches it under one (issue 27: a message committed
+    into a partition being detached was hidden from the receive that moved the offset past it, and
+    dropped). Waits while a retention run retires that partition; raises ``PartitionChanged`` when
+    it was dropped meanwhile (roll back, then publish again: a partition is made for the time)."""
+    locked = conn.execute(S.LOCK_LOG_PARTITION_FOR_PUBLISH, {"at": at, "namespace": RETIRE_LOCK}).fetchone()
+    published_at, partition = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()  # after the wait
+    if partition != (locked[0] if locked else None):
+        raise PartitionChanged(f"the log's partition of {published_at.isoformat()} changed; publish again")
+    return published_at, partition
 
 
 @dataclass(frozen=True)
@@ -142,10 +165,13 @@ def drop_expired_partitions(
     """Drop every partition past retention that no subscription needs (``conn`` in autocommit,
     outside a transaction: a concurrent detach cannot run inside one).
 
-    For each: check its holders; detach it CONCURRENTLY (waiting for every transaction that may
-    still read it, while the log goes on); check again on its own table, now that no new reader can
-    find it, so that a writer that needed it meanwhile (a redrive reviving one of its dead letters,
-    a subscription from the beginning) is seen; then drop it and forget it in one transaction, or
+    For each, under its retirement lock (exclusive; every publisher into it holds it shared, so
+    the publishes writing into it have committed before the first check sees the partition, and no
+    new one writes into it until it is dropped or attached again): check its holders; detach it
+    CONCURRENTLY (waiting for every transaction that may still read it, while the log goes on);
+    check again on its own table, now that no new reader can find it, so that a writer that needed
+    it meanwhile (a redrive reviving one of its dead letters, a subscription from the beginning) is
+    seen; then drop it and forget it in one transaction, or
     attach it again. A detach cut off halfway is finished first (FINALIZE), and a partition left
     detached by a run cut off before its drop is checked and dropped or attached again the same
     way: nothing unfinished is ever dropped. Retention runs take turns with each other and with a
@@ -169,23 +195,36 @@ def drop_expired_partitions(
 def _drop_expired(conn: psycopg.Connection, retention_seconds: int, at: datetime | None) -> RetentionResult:
     result = RetentionResult()
     for partition in expired(conn, retention_seconds, at):  # none pending detach: finished before
-        table = _table(partition.name)
-        if partition.attached:
-            held = partition_holders(conn, partition)
-            if held:
-                for holder in held:
-                    result.held.setdefault(holder, []).append(partition.name)
-                continue
-            conn.execute(S.DETACH_LOG_PARTITION.format(partition=table))
-        held = partition_holders(conn, partition)  # detached: no reader can find it any more
+        lock = {"namespace": RETIRE_LOCK, "partition_name": partition.name}
+        conn.execute(S.LOCK_LOG_PARTITION_FOR_RETENTION, lock)  # its publishers committed, new ones wait
+        try:
+            _retire(conn, partition, result)
+        finally:
+            conn.execute(S.UNLOCK_LOG_PARTITION_FOR_RETENTION, lock)
+    return result
+
+
+def _retire(conn: psycopg.Connection, partition: Partition, result: RetentionResult) -> None:
+    """Drop one partition past retention unless a subscription holds it (see
+    ``drop_expired_partitions``), under its retirement lock: no message is being written into it."""
+    table = _table(partition.name)
+    if partition.attached:
+        held = partition_holders(conn, partition)
         if held:
-            conn.execute(S.ATTACH_LOG_PARTITION.format(partition=table, **partition.bounds()))
-            result.reattached.append(partition.name)
             for holder in held:
                 result.held.setdefault(holder, []).append(partition.name)
-            continue
-        with conn.transaction():
-            conn.execute(S.DROP_LOG_PARTITION.format(partition=table))
-            conn.execute(S.FORGET_LOG_PARTITION, {"partition_name": partition.name})
-        result.dropped.append(partition.name)
-    return result
+            return
+        conn.execute(S.DETACH_LOG_PARTITION.format(partition=table))
+    # detached: no reader can find it any more; a redrive that wrote into it meanwhile left a
+    # delivery row, which holds it
+    held = partition_holders(conn, partition)
+    if held:
+        conn.execute(S.ATTACH_LOG_PARTITION.format(partition=table, **partition.bounds()))
+        result.reattached.append(partition.name)
+        for holder in held:
+            result.held.setdefault(holder, []).append(partition.name)
+        return
+    with conn.transaction():
+        conn.execute(S.DROP_LOG_PARTITION.format(partition=table))
+        conn.execute(S.FORGET_LOG_PARTITION, {"partition_name": partition.name})
+    result.dropped.append(partition.name)

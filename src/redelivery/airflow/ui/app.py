@@ -517,7 +517,8 @@ def dead_letter_list(request: Request, user: GetUserDep) -> HTMLResponse:
 @app.get("/dlq/messages.jsonl", name="dead_letter_download", response_model=None)
 def dead_letter_download(request: Request) -> Response:
     """The selection (the ticked ids, or all matching the filter) as JSON Lines: the rows
-    ``redelivery dlq list --json`` prints, oldest first, at most ``DOWNLOAD_ROWS``, streamed."""
+    ``redelivery dlq list --json`` prints (``dead_letters.json_line``: a JSON body as stored, every
+    number as written), oldest first, at most ``DOWNLOAD_ROWS``, streamed."""
     try:
         chosen = selection_filter(parse_query(request.query_params.multi_items(), SELECTION_FIELDS))
     except BadQuery as exc:
@@ -534,10 +535,10 @@ def dead_letter_download(request: Request) -> Response:
 
     def lines():
         with conn:
-            for row in [first] if first is not None else []:
-                yield json.dumps(row, default=str) + "\n"
-            for row in rows:
-                yield json.dumps(row, default=str) + "\n"
+            for line in [first] if first is not None else []:
+                yield line + "\n"
+            for line in rows:
+                yield line + "\n"
 
     name = f"dead-letters-{chosen.group}.jsonl".replace("%", "_")
     return StreamingResponse(

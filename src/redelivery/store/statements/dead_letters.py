@@ -132,9 +132,9 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       SELECT r.topic_id, r.message_id, r.key, r.body, r.content_type, r.properties,
              nullif(r.origin_message_id, r.message_id), r.published_at
       FROM removed r
-      WHERE %(dest)s::int IS NULL AND NOT EXISTS (
-        SELECT 1 FROM messages m
-        WHERE m.topic_id = r.topic_id AND m.id = r.message_id AND m.published_at = r.published_at)),
+      WHERE %(dest)s::int IS NULL
+      -- another group's redrive put it back (or is putting it back: this waits for its commit)
+      ON CONFLICT DO NOTHING),
     revived AS (
       INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, delivery_count,
                               reconsume_times, redrive_count, first_failure_at, last_failure_at, last_error,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from redelivery.store.statements._shared import _named
+from redelivery.store.statements._shared import AT, _named
 
 # The statements keep the layout of SQL, not of Python.
 # fmt: off
@@ -98,6 +98,23 @@ PARTITION_HOLDERS = sql.SQL("""/* redelivery:PARTITION_HOLDERS */
       WHERE d.published_at >= {starts_at} AND d.published_at < {ends_at}) h
     JOIN topics t ON t.id = h.topic_id JOIN consumer_groups g ON g.id = h.group_id
     ORDER BY 1, 2""")
+#: A partition's retirement lock (advisory, namespace ``log.RETIRE_LOCK``, keyed by the partition's
+#: name): every writer of new messages into a partition holds it shared for its transaction
+#: (LOCK_LOG_PARTITION_FOR_PUBLISH), a retention run holds it exclusively from its first look at
+#: the partition to its drop or attach (a session lock: a concurrent detach runs outside any
+#: transaction). So retention sees every message committed into the partition before it looks, and
+#: no message enters it while it is detached, hidden from the receives that move the offsets.
+LOCK_LOG_PARTITION_FOR_RETENTION = _named("LOCK_LOG_PARTITION_FOR_RETENTION", """
+    SELECT pg_advisory_lock(%(namespace)s, hashtext(%(partition_name)s))""")
+UNLOCK_LOG_PARTITION_FOR_RETENTION = _named("UNLOCK_LOG_PARTITION_FOR_RETENTION", """
+    SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s))""")
+#: A publisher's share of the retirement lock of the partition that holds publish time ``at`` (or
+#: now), for its transaction; it waits while a retention run is retiring that partition. Returns the
+#: partition's name (nothing: no partition holds that time).
+LOCK_LOG_PARTITION_FOR_PUBLISH = _named("LOCK_LOG_PARTITION_FOR_PUBLISH", f"""
+    SELECT l.partition_name, pg_advisory_xact_lock_shared(%(namespace)s, hashtext(l.partition_name))
+    FROM log_partitions l
+    WHERE coalesce(l.starts_at, '-infinity') <= {AT} AND l.ends_at > {AT}""")
 #: Detaching waits for every transaction that may read the partition, without blocking the log
 #: (two transactions: it cannot run inside one). A detach cut off halfway is finished by FINALIZE.
 DETACH_LOG_PARTITION = sql.SQL(
@@ -111,9 +128,10 @@ FORGET_LOG_PARTITION = _named("FORGET_LOG_PARTITION", """
     DELETE FROM log_partitions WHERE partition_name = %(partition_name)s""")
 
 # ---- asset watchers -------------------------------------------------------------------------------
-# ``airflow.triggers.ReadyMessagesTrigger``: new READY deliveries of a subscription since a watermark.
+# ``airflow.triggers.ReadyMessagesTrigger``: what (topic, group) can receive that is new since an
+# asset's watermarks: READY delivery rows by ready_at (a time watermark), new log messages by id.
 
-#: The watermark's horizon: the start of the oldest transaction open in this database (client
+#: The time watermark's horizon: the start of the oldest transaction open in this database (client
 #: sessions but this one), or now; never more than ``settle`` seconds ago. A delivery's ready_at is
 #: its transaction's start, so every delivery with an older ready_at is committed by then.
 READY_HORIZON = _named("READY_HORIZON", """
@@ -122,39 +140,59 @@ READY_HORIZON = _named("READY_HORIZON", """
     FROM pg_stat_activity a
     WHERE a.datname = current_database() AND a.backend_type = 'client backend'
       AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL""")
-#: How many messages (topic, group) can receive that became ready in [watermark, horizon)
-#: (watermark NULL: from the beginning): its READY rows by ready_at, and the messages past its
-#: consume offset by publish time.
+#: What (topic, group) can receive that is new: (READY rows with ready_at in [watermark, horizon)
+#: (watermark NULL: from the beginning), messages of the log past its consume offset with ids past
+#: ``id_watermark`` (NULL: every one past the offset), the highest id among those (NULL: none)).
+#: The ids need no horizon: a topic's ids are taken under its publish lock, which a publisher
+#: holds until its commit is visible, so a message this snapshot does not see commits later with
+#: an id above every one it sees, past the new id watermark; a message's published_at cannot tell
+#: (a publish's ``at``, a Spark publish's job start, or a long transaction's start).
 READY_SINCE = _named("READY_SINCE", """
     WITH s AS (
       SELECT s.topic_id, s.group_id, s.consume_offset FROM subscriptions s
       WHERE s.group_id = (SELECT id FROM consumer_groups WHERE name = %(group)s)
-        AND s.topic_id = (SELECT id FROM topics WHERE name = %(topic)s))
+        AND s.topic_id = (SELECT id FROM topics WHERE name = %(topic)s)),
+    published AS (
+      SELECT count(*) AS n, max(m.id) AS last_id FROM messages m JOIN s ON m.topic_id = s.topic_id
+      WHERE m.id > greatest(s.consume_offset, %(id_watermark)s::bigint))
     SELECT (SELECT count(*) FROM deliveries d JOIN s ON d.topic_id = s.topic_id AND d.group_id = s.group_id
             WHERE d.state = 'READY' AND d.ready_at >= coalesce(%(watermark)s::timestamptz, '-infinity')
-              AND d.ready_at < %(horizon)s)
-         + (SELECT count(*) FROM messages m JOIN s ON m.topic_id = s.topic_id
-            WHERE m.id > s.consume_offset
-              AND m.published_at >= coalesce(%(watermark)s::timestamptz, '-infinity')
-              AND m.published_at < %(horizon)s)""")
-#: An asset's claimed watermark (events left the trigger up to it) and its confirmed one (Airflow
-#: stored the events up to it; NULL: none confirmed yet).
+              AND d.ready_at < %(horizon)s),
+           p.n, p.last_id
+    FROM published p""")
+#: An asset's watermarks: the claimed ones (events left the trigger up to them: a time, an id) and
+#: the confirmed ones (Airflow stored the events up to them; NULL: none confirmed yet; the ids NULL
+#: too for rows from before migration 0014).
 ASSET_WATERMARK = _named("ASSET_WATERMARK", """
-    SELECT watermark, confirmed FROM asset_watermarks WHERE asset_uri = %(asset_uri)s""")
-#: Claim an event: move an asset's watermark from ``previous`` (NULL: none stored yet) forward to
-#: ``watermark`` (never back: a repeat from the confirmed watermark can end below it) and count the
-#: event; returns the claimed watermark, or nothing when the stored one is no longer ``previous``
-#: (another copy of the trigger fired first).
+    SELECT watermark, confirmed, id_watermark, id_confirmed FROM asset_watermarks
+    WHERE asset_uri = %(asset_uri)s""")
+#: Claim an event: move an asset's watermarks from ``previous`` and ``previous_id`` (NULL: none
+#: stored yet) forward to ``watermark`` and ``id_watermark`` (never back: a repeat from the
+#: confirmed ones can end below them) and count the event; returns the claimed watermarks (time,
+#: id), or nothing when the stored ones are no longer the previous ones (another copy of the
+#: trigger fired first).
 ADVANCE_ASSET_WATERMARK = _named("ADVANCE_ASSET_WATERMARK", """
-    INSERT INTO asset_watermarks (asset_uri, watermark) VALUES (%(asset_uri)s, %(watermark)s)
+    INSERT INTO asset_watermarks (asset_uri, watermark, id_watermark)
+    VALUES (%(asset_uri)s, %(watermark)s, %(id_watermark)s)
     ON CONFLICT (asset_uri) DO UPDATE
         SET watermark = greatest(asset_watermarks.watermark, EXCLUDED.watermark),
+            id_watermark = greatest(asset_watermarks.id_watermark, EXCLUDED.id_watermark),
             events = asset_watermarks.events + 1, fired_at = now()
         WHERE asset_watermarks.watermark IS NOT DISTINCT FROM %(previous)s::timestamptz
-    RETURNING watermark""")
-#: Move an asset's confirmed watermark forward to ``watermark`` (never back, never past the claimed
-#: one): Airflow stored the events before it (``ReadyMessagesProducer.advance``).
+          AND asset_watermarks.id_watermark IS NOT DISTINCT FROM %(previous_id)s::bigint
+    RETURNING watermark, id_watermark""")
+#: Move an asset's confirmed watermarks forward to ``watermark`` and ``id_watermark`` (never back,
+#: never past the claimed ones; ``id_watermark`` NULL leaves the confirmed id as it is): Airflow
+#: stored the events before them (``ReadyMessagesProducer.advance``).
 CONFIRM_ASSET_WATERMARK = _named("CONFIRM_ASSET_WATERMARK", """
-    UPDATE asset_watermarks SET confirmed = least(watermark, %(watermark)s::timestamptz)
-    WHERE asset_uri = %(asset_uri)s AND (confirmed IS NULL OR confirmed < %(watermark)s::timestamptz)""")
+    UPDATE asset_watermarks SET
+        confirmed = CASE WHEN confirmed IS NULL OR confirmed < %(watermark)s::timestamptz
+                         THEN least(watermark, %(watermark)s::timestamptz) ELSE confirmed END,
+        -- (least and greatest skip NULLs: a NULL must not stand for "any")
+        id_confirmed = CASE WHEN %(id_watermark)s::bigint IS NULL OR id_watermark IS NULL THEN id_confirmed
+                            ELSE greatest(id_confirmed, least(id_watermark, %(id_watermark)s::bigint)) END
+    WHERE asset_uri = %(asset_uri)s
+      AND (confirmed IS NULL OR confirmed < %(watermark)s::timestamptz
+           OR (%(id_watermark)s::bigint IS NOT NULL
+               AND (id_confirmed IS NULL OR id_confirmed < %(id_watermark)s::bigint)))""")
 # fmt: on

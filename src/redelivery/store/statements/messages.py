@@ -55,9 +55,10 @@ LOCK_TOPIC_FOR_PUBLISH = _named("LOCK_TOPIC_FOR_PUBLISH", """
 #: holds its topic row FOR KEY SHARE: the topic cannot be deleted under it. Nothing: it is gone.
 LOCK_TOPIC_SHARED = _named("LOCK_TOPIC_SHARED", "SELECT 1 FROM topics WHERE id = %(topic_id)s FOR KEY SHARE")
 #: The record of a published batch: (topic id, message count, fingerprint; None for a batch recorded
-#: before 0013 whose messages had left the log).
+#: before 0013 whose messages had left the log, its first and last id; None before 0013).
 PUBLISHED_BATCH = _named("PUBLISHED_BATCH", """
-    SELECT topic_id, message_count, fingerprint FROM publish_batches WHERE batch_id = %(batch)s""")
+    SELECT topic_id, message_count, fingerprint, first_id, last_id FROM publish_batches
+    WHERE batch_id = %(batch)s""")
 #: Claim a batch id for this transaction's publish of ``count`` messages, published at their
 #: publish time (``at`` or the transaction's start, as PUBLISH_TIME); nothing is returned when it
 #: was published before (or is being published: the insert waits for that transaction, then finds
@@ -68,8 +69,7 @@ CLAIM_PUBLISH_BATCH = _named("CLAIM_PUBLISH_BATCH", f"""
     ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id""")
 #: After the COPY of a claimed batch, in its transaction: its messages are the topic's messages past
 #: ``floor`` (ID_FLOOR) in ``{partition}``, the partition of their publish time, read as a table of
-#: its own (a retention run may have begun to detach it since the COPY: the log no longer shows it
-#: to a new snapshot, the table keeps the rows, and retention attaches it again once it sees them).
+#: its own (the publisher holds its retirement lock: retention leaves it alone until the commit).
 #: Their range, and the fingerprint PostgreSQL computes from the rows (their count and the sum of
 #: their ``message_hash`` modulo 2^64: the same rows give the same fingerprint whatever their order
 #: or partitioning), go into the batch's record, once (a record with a range is left alone).
@@ -85,29 +85,36 @@ RECORD_PUBLISHED_BATCH = sql.SQL("""/* redelivery:RECORD_PUBLISHED_BATCH */
     FROM published p
     WHERE b.batch_id = %(batch)s AND b.first_id IS NULL AND b.message_ids IS NULL
     RETURNING p.messages, p.ids""")
-#: The ids of a published batch still in the log, ascending: its topic's ids in its range (or, for a
-#: batch recorded before 0013 whose ids interleave with another's, the ids it lists).
-PUBLISHED_IDS = _named("PUBLISHED_IDS", """
-    SELECT m.id FROM publish_batches b
-    JOIN messages m ON m.topic_id = b.topic_id AND m.id BETWEEN b.first_id AND b.last_id
-    WHERE b.batch_id = %(batch)s
-    UNION ALL
-    SELECT m.id FROM publish_batches b
-    JOIN messages m ON m.topic_id = b.topic_id AND m.id = ANY(b.message_ids)
-    WHERE b.batch_id = %(batch)s
-    ORDER BY 1""")
 #: A batch id published again: its content goes into this session's temporary table (emptied at
-#: commit), never into the log, and its fingerprint is compared with the published one's.
+#: commit), never into the log, and its fingerprint is compared with the published one's. ``ord``
+#: keeps the caller's order (REPEATED_IDS).
 CREATE_REPEATED_CONTENT = _named("CREATE_REPEATED_CONTENT", """
     CREATE TEMPORARY TABLE IF NOT EXISTS publish_repeated (
         topic_id integer, key text, body bytea, content_type text, properties jsonb,
-        published_at timestamptz) ON COMMIT DELETE ROWS""")
+        published_at timestamptz, ord bigint GENERATED ALWAYS AS IDENTITY) ON COMMIT DELETE ROWS""")
 COPY_REPEATED_CONTENT = _named("COPY_REPEATED_CONTENT", """
     COPY publish_repeated (topic_id, key, body, content_type, properties, published_at)
     FROM STDIN (FORMAT BINARY)""")
 REPEATED_FINGERPRINT = _named("REPEATED_FINGERPRINT", """
     SELECT content_fingerprint(count(*), sum(message_hash(key, body, content_type, properties)))
     FROM publish_repeated""")
+#: The ids of a batch published again (its content in publish_repeated, the fingerprints equal), in
+#: the caller's order: each repeated message is matched to a published one with the same
+#: ``message_hash``, equal messages in order (the k-th equal one to the k-th smallest id). Nothing
+#: when retention dropped the batch's messages from the log.
+REPEATED_IDS = _named("REPEATED_IDS", """
+    WITH stored AS (
+      SELECT m.id, message_hash(m.key, m.body, m.content_type, m.properties) AS hash
+      FROM publish_batches b
+      JOIN messages m ON m.topic_id = b.topic_id
+       AND (m.id BETWEEN b.first_id AND b.last_id OR m.id = ANY(b.message_ids))
+      WHERE b.batch_id = %(batch)s),
+    ranked AS (SELECT id, hash, row_number() OVER (PARTITION BY hash ORDER BY id) AS k FROM stored),
+    repeated AS (
+      SELECT r.ord, h.hash, row_number() OVER (PARTITION BY h.hash ORDER BY r.ord) AS k
+      FROM publish_repeated r
+      CROSS JOIN LATERAL (SELECT message_hash(r.key, r.body, r.content_type, r.properties) AS hash) h)
+    SELECT s.id FROM repeated r JOIN ranked s ON s.hash = r.hash AND s.k = r.k ORDER BY r.ord""")
 #: Claim partition ``part`` of publish job run ``run`` for staging. Nothing returned: an earlier
 #: attempt of the task staged it (the insert waited for that attempt's transaction to end).
 PUBLISH_PART_CLAIM = _named("PUBLISH_PART_CLAIM", """
@@ -234,10 +241,11 @@ ACK = _named("ACK", f"""
     {_COUNT_STALE}
     SELECT answered FROM n""")
 #: Keep deliveries invisible longer (SQS ChangeMessageVisibility, Kafka KIP-1222's RENEW): each one
-#: still INFLIGHT under its receipt (message id, delivery count, topic) gets ``invisible_until`` =
-#: ``at`` (or now) + ``invisible_duration`` seconds; its delivery count does not change. Receipts
-#: that match nothing are counted as stale on the group, as ACK counts them. Returns how many
-#: leases were extended.
+#: still INFLIGHT under its receipt (message id, delivery count, topic) whose lease has not ended
+#: at ``at`` (or now: ``invisible_until`` after it; SQS refuses an ended one, MessageNotInflight)
+#: gets ``invisible_until`` = ``at`` (or now) + ``invisible_duration`` seconds; its delivery count
+#: does not change. Receipts that match nothing (an ended lease's among them) are counted as stale
+#: on the group, as ACK counts them. Returns how many leases were extended.
 EXTEND_LEASE = _named("EXTEND_LEASE", f"""
     WITH extended AS (
       UPDATE deliveries d SET invisible_until = {_LEASE_END}, updated_at = now()
@@ -247,14 +255,20 @@ EXTEND_LEASE = _named("EXTEND_LEASE", f"""
         AND d.message_id = ANY(%(ids)s::bigint[])
         AND d.topic_id = i.topic_id AND d.message_id = i.message_id
         AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
+        AND d.invisible_until > {AT}
       RETURNING 1),
     n AS (SELECT count(*) AS answered FROM extended),
     {_COUNT_STALE}
     SELECT answered FROM n""")
 #: The first receipt of group ``group_id`` whose message is not a message of the topic the receipt
 #: names: (message id, the named topic). A receipt with a delivery row of that topic is the topic's;
-#: only the others (stale ones) are looked up in the topic's log and dead letters. A message's topic
-#: never changes, so this read needs no lock.
+#: only the others (stale ones) are looked up in the topic's log and dead letters. A message that
+#: is nowhere (retention dropped it from the log once the group was done with it: acked, or its
+#: lease expired and it moved on) at or below the group's offset on the named topic was handed to
+#: the group (an offset passes only handed messages): the topic's too, its receipt stale. Only a
+#: message in another topic's log (ids are unique across topics: ``message_ids``), or past the
+#: offset (or on a topic the group does not subscribe), is another topic's. A message's topic
+#: never changes and an offset only grows, so this read needs no lock.
 RECEIPT_OF_ANOTHER_TOPIC = _named("RECEIPT_OF_ANOTHER_TOPIC", """
     SELECT i.message_id, t.name
     FROM unnest(%(ids)s::bigint[], %(topic_ids)s::int[]) AS i(message_id, topic_id)
@@ -263,8 +277,13 @@ RECEIPT_OF_ANOTHER_TOPIC = _named("RECEIPT_OF_ANOTHER_TOPIC", """
                               AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
                WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
                THEN false
-               ELSE NOT EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
-                                  AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) END
+               WHEN EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
+                              AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) THEN false
+               WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
+                                             WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
+               THEN true
+               ELSE EXISTS (SELECT 1 FROM topics o JOIN messages m ON m.topic_id = o.id
+                            WHERE o.id <> i.topic_id AND m.id = i.message_id) END
     LIMIT 1""")
 GROUP_STALE_RECEIPTS = _named("GROUP_STALE_RECEIPTS", """
     SELECT stale_receipts FROM consumer_groups WHERE id = %(group_id)s""")

@@ -40,20 +40,31 @@ CREATE_GROUP = _named("CREATE_GROUP", """
 SET_GROUP_MAX = _named("SET_GROUP_MAX", """
     UPDATE consumer_groups SET max_reconsume_times = %(max_reconsume_times)s::int WHERE name = %(name)s
     RETURNING id""")
-#: Subscribe a group to a topic (nothing if it is): its consume offset starts at the log's end
-#: (``from_beginning`` false, Kafka's ``latest``: messages published from now on) or before the
-#: log's first message (``earliest``: every message the log still holds). From the beginning, it
-#: first waits for a retention run (their advisory lock, shared here: ``log.RETENTION_LOCK``): a
+#: Before SUBSCRIBE, in its transaction: wait for the topic's publishers (their publish lock, FOR NO
+#: KEY UPDATE, conflicts with FOR SHARE) so that no publish of the topic is half done, and, from the
+#: beginning, for a retention run (their advisory lock, shared here: ``log.RETENTION_LOCK``): a
 #: partition being detached is not in the log any new snapshot sees, and would be dropped or
-#: attached again under the new offset.
-SUBSCRIBE = _named("SUBSCRIBE", """
+#: attached again under the new offset. Nothing: the topic is gone.
+LOCK_TOPIC_FOR_SUBSCRIBE = _named("LOCK_TOPIC_FOR_SUBSCRIBE", """
     WITH retention AS MATERIALIZED (
       SELECT pg_advisory_xact_lock_shared(%(namespace)s, %(key)s) WHERE %(from_beginning)s)
+    SELECT 1 FROM topics t, (SELECT count(*) FROM retention) waited
+    WHERE t.id = %(topic_id)s FOR SHARE OF t""")
+#: Subscribe a group to a topic (nothing if it is), after LOCK_TOPIC_FOR_SUBSCRIBE: its consume
+#: offset starts at the end of the topic's ids (``from_beginning`` false, Kafka's ``latest``:
+#: messages published from now on), which is the id sequence's position, not the log's largest id
+#: (a dead letter redriven after retention dropped its message comes back under its old id, and must
+#: not go to a group that subscribed after the message had left); or just before the oldest message
+#: the log still holds (``earliest``), the same position when it holds none.
+SUBSCRIBE = _named("SUBSCRIBE", """
+    WITH sequence_end AS (
+      SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS id FROM message_ids)
     INSERT INTO subscriptions (topic_id, group_id, consume_offset)
     SELECT %(topic_id)s, %(group_id)s,
-           CASE WHEN %(from_beginning)s THEN 0
-                ELSE coalesce((SELECT max(id) FROM messages WHERE topic_id = %(topic_id)s), 0) END
-    FROM (SELECT count(*) FROM retention) waited
+           CASE WHEN %(from_beginning)s
+                THEN coalesce((SELECT min(id) - 1 FROM messages WHERE topic_id = %(topic_id)s), e.id)
+                ELSE e.id END
+    FROM sequence_end e
     ON CONFLICT DO NOTHING""")
 #: Deleting a topic first waits for the writers holding its row (LOCK_TOPIC_FOR_PUBLISH,
 #: LOCK_TOPIC_SHARED) and for the receives holding its subscriptions, and keeps new ones out; the

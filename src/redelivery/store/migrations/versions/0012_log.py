@@ -7,9 +7,9 @@ Offline: stop every client (Airflow tasks, Spark jobs, consumers) before it runs
 - ``messages`` becomes a table partitioned by range of ``published_at``, keyed by
   ``(topic_id, id, published_at)``; its partitions live in schema ``redelivery_log`` and are listed
   in ``log_partitions``. Today's messages go into one partition, ``messages_upgraded``, from the
-  beginning of time to the end of the current hour (or of the hour after the newest message);
-  retention drops it like any other once no group needs it. Ids come from the sequence
-  ``message_ids``, continuing where the identity stopped.
+  beginning of time to the end of the current hour, and a message published at a later time into
+  the partition of its hour; retention drops them like any other once no group needs them. Ids
+  come from the sequence ``message_ids``, continuing where the identity stopped.
 - Each subscription keeps ``consume_offset`` (every message of its topic with a smaller or equal
   id was handed to the group or is not the group's), ``messages_taken`` (messages it took past its
   offset, ever) and ``dead_letters_expired`` (dead letters retention deleted): its COMMITTED count
@@ -25,6 +25,8 @@ Offline: stop every client (Airflow tasks, Spark jobs, consumers) before it runs
 Revision ID: 0012
 Revises: 0011
 """
+
+from datetime import UTC, timedelta
 
 from alembic import op
 
@@ -76,16 +78,28 @@ def upgrade() -> None:
     ALTER SEQUENCE message_ids OWNED BY messages.id;
     CREATE INDEX messages_publish_batch ON messages (publish_batch) WHERE publish_batch IS NOT NULL;
     """)
-    # Today's messages go into one partition that ends with the hour after the newest message (or
-    # after now); a store without messages gets none (the first publish makes its partition).
-    [[ends_at, count]] = (
-        op.get_bind()
-        .exec_driver_sql(
-            "SELECT date_bin('1 hour', greatest(now(), max(published_at)), 'epoch'::timestamptz)"
-            " + interval '1 hour', count(*) FROM redelivery.messages_before_log"
-        )
-        .fetchall()
-    )
+    # Today's messages go into one partition that ends with the current hour; a message published
+    # at a later time (an ``at`` in the future) goes into the partition of its own hour, as a
+    # publish would put it: one that ended with the newest message (2099, say) would take every
+    # later message and retention could never drop it. A store without messages gets none (the
+    # first publish makes its partition).
+    bind = op.get_bind()
+    [[ends_at, count]] = bind.exec_driver_sql(
+        "SELECT date_bin('1 hour', now(), 'epoch'::timestamptz) + interval '1 hour', count(*)"
+        " FROM redelivery.messages_before_log"
+    ).fetchall()
+    later = bind.exec_driver_sql(
+        "SELECT DISTINCT date_bin('1 hour', published_at, 'epoch'::timestamptz)"
+        f" FROM redelivery.messages_before_log WHERE published_at >= '{ends_at.isoformat()}' ORDER BY 1"
+    ).fetchall()
+    for (starts_at,) in later:
+        name = "messages_" + starts_at.astimezone(UTC).strftime("%Y%m%dt%H%M%S")  # log.partition_name
+        low, high = f"'{starts_at.isoformat()}'", f"'{(starts_at + timedelta(hours=1)).isoformat()}'"
+        op.execute(f"""
+        SET LOCAL search_path TO redelivery;
+        CREATE TABLE redelivery_log.{name} PARTITION OF messages FOR VALUES FROM ({low}) TO ({high});
+        INSERT INTO log_partitions (partition_name, starts_at, ends_at) VALUES ('{name}', {low}, {high});
+        """)
     if count:
         op.execute(f"""
         SET LOCAL search_path TO redelivery;
