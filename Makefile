@@ -15,7 +15,7 @@ export REDELIVERY_HOME ?= $(CURDIR)/.redelivery
 export REDELIVERY_CONFIG ?= $(CURDIR)/config/redelivery.yaml
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test lint bench bench-publish bench-receive live-bench chaos clean stop lock
+.PHONY: setup demo test lint bench bench-publish bench-receive bench-drain live-bench chaos clean stop lock
 
 setup: $(VENV)/.installed $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -58,6 +58,10 @@ bench-publish: setup
 
 bench-receive: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_receive.py $(BENCH_ARGS)
+
+# A million messages drained in production conditions, against PGMQ and the plain queue (issue 29).
+bench-drain: setup
+	@$(AIRFLOW_ENV) && $(PY) bench/bench_drain.py $(BENCH_ARGS)
 
 # Retries' lateness under a real Airflow scheduler, three ways (spark-submit, Connect, auto).
 live-bench: setup

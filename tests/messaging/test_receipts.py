@@ -337,3 +337,32 @@ def test_array_text_is_built_only_from_ints():
     for bad in ("5,6", 1.0, True, None, "{1}"):
         with pytest.raises(TypeError, match="not an int"):
             int_array([1, bad])
+
+
+@pytest.mark.parametrize("topic_id", [1, 2, 3])
+def test_a_receipt_answers_its_delivery_count_and_topic_exactly(client, database_url, topic_id):
+    """A receipt is (message, delivery count, topic): an earlier delivery's count never answers a
+    later delivery, whatever numbers the topic id and the counts share (a lookup that compared them
+    as sets, [count, topic] against [count', topic], took delivery 1 of topic 2 for delivery 2)."""
+    from helpers import configured
+
+    for n in range(1, topic_id):
+        client.create_topic(f"before-{n}")
+    assert client.create_topic("orders") == topic_id
+    client.create_group("billing")
+    client.subscribe("billing", "orders")
+    configured(client, {"topic": "orders", "backoff": {"kind": "fixed", "interval": "1s"}})
+    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
+    receipts = [client.receive("billing", "orders", 1, 30, at=at(0))[0]]
+    for count in (2, 3):
+        client.nack("billing", receipts[-1], at=at(10 * count))
+        run_tier_window(tier="seconds", window_end=at(10 * count + 5), run_key=f"r{count}", url=database_url,
+                        config=client.config)  # fmt: skip
+        receipts.append(client.receive("billing", "orders", 1, 30, at=at(10 * count + 5))[0])
+    assert [r.delivery_count for r in receipts] == [1, 2, 3]
+    for stale in receipts[:2]:
+        assert client.ack("billing", stale) == 0
+        assert client.extend_lease("billing", stale, 60, at=at(36)) == 0
+        assert client.nack("billing", stale, at=at(36)) == 0
+    assert message_state(client.conn, mid)["state"] == "INFLIGHT"
+    assert client.ack("billing", receipts[2]) == 1

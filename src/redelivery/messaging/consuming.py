@@ -24,9 +24,11 @@ from redelivery.messaging.receipts import (
     Outcome,
     check_at,
     check_receipt,
+    error_lookup,
     error_texts,
     int_array,
     plan_outcome,
+    receipt_lookup,
     receipts_of,
     retry_mode,
 )
@@ -235,7 +237,11 @@ class Consuming(Administration):
             "outcome": UNDECODABLE_OUTCOME,
         }
         params.update(reason="UNDECODABLE", force_dead_letter=True, level=None, delay=None)
-        params.update(ids=[b[0] for b in bad], counts=[b[1] for b in bad], errors=[b[2] for b in bad])
+        params.update(
+            ids=int_array(b[0] for b in bad),
+            receipts=receipt_lookup((b[0], b[1], params["topic_id"]) for b in bad),
+            errors=error_lookup((b[0] for b in bad), (b[2] for b in bad)),
+        )
 
         def dead_letter() -> None:
             with self.conn.transaction():
@@ -288,9 +294,7 @@ class Consuming(Administration):
             return 0
         params = {
             "group_id": group_id,
-            "ids": int_array(r.message_id for r in items),
-            "counts": int_array(r.delivery_count for r in items),
-            "topic_ids": int_array(self._topic(r.topic) for r in items),
+            **self._receipt_params(items),
             "invisible_duration": float(invisible_duration),
             "at": at,
             "count_stale": True,
@@ -359,31 +363,30 @@ class Consuming(Administration):
         check_at(at)
         group_id, _ = self._group(group)
         items = receipts_of(group, messages)
-        self._check_receipt_topics(group_id, items)
         plans = self._plan_failures(
             group_id, group, items, error_texts(error, len(items)), at, mode, delay, level
         )
-        counts = self._answer(group_id, acks=[], plans=plans, failed=len(items))
+        counts = self._answer(group_id, acks=[], plans=plans, failed=len(items), check=items)
         return counts["retried"] + counts["dead_lettered"]
 
-    def _answer(self, group_id: int, *, acks: list, plans: list, failed: int, marker=None) -> dict:
+    def _answer(
+        self, group_id: int, *, acks: list, plans: list, failed: int, marker=None, check: Sequence = ()
+    ) -> dict:
         """Apply answers of group ``group_id``, every one checked and planned before: the one path
         of ``ack``, ``nack`` / ``reconsume_later``, ``reject`` and ``settle``. ``acks``: receipts to
         commit; ``plans``: ``_plan_failures`` of ``failed`` receipts; ``marker``: ``settle``'s
         (job run, part). All in one transaction, the group's totals last (lock order); acks alone
         are one statement that counts their stale receipts itself, and only when some receipt
-        matched nothing are the receipts' topics checked (ack's ``ForeignReceiptError`` then rolls
-        the acks back: a refused call changes nothing). Returns ``{"acked",
-        "retried", "dead_lettered", "stale"}``. The answering statements are planned for their
-        arrays each time (``prepare=False``): a plan cached without them joins the receipts by
-        scanning them once per delivery row."""
+        matched nothing are the receipts' topics checked (the acks', or ``check``'s: a
+        ``ForeignReceiptError`` then rolls everything back: a refused call changes nothing).
+        Returns ``{"acked", "retried", "dead_lettered", "stale"}``. The answering statements are
+        planned for their arrays each time (``prepare=False``): a generic plan would not know the
+        batch's size."""
         if not acks and not plans and marker is None:  # nothing to answer: no statement
             return {"acked": 0, "retried": 0, "dead_lettered": 0, "stale": 0}
         ack_params = {
             "group_id": group_id,
-            "ids": int_array(r.message_id for r in acks),
-            "counts": int_array(r.delivery_count for r in acks),
-            "topic_ids": int_array(self._topic(r.topic) for r in acks),
+            **self._receipt_params(acks),
             "count_stale": not plans and marker is None,
         }
         if ack_params["count_stale"]:
@@ -408,20 +411,44 @@ class Consuming(Administration):
                 acked = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()[0] if acks else 0
                 retried, dead = self._apply_failures(plans)
                 stale = len(acks) - acked + failed - retried - dead
+                if stale and check:  # a receipt matched no delivery: is it of the topic it names?
+                    self._check_receipt_topics(group_id, check)  # if not, raises: all rolled back
                 catalog.add_group_totals(self.conn, dead_lettered={group_id: dead}, stale={group_id: stale})
                 counts = {"acked": acked, "retried": retried, "dead_lettered": dead, "stale": stale}
                 if marker is not None:
                     self.conn.execute(S.SETTLE_PART_RECORD, {**keys, **counts})
                 return counts
 
+        try:
+            return db.retry_lock_conflicts(apply)
+        except psycopg.errors.CheckViolation as error:
+            if '"dlq_messages"' not in (error.diag.message_primary or ""):
+                raise
+        # the first dead letter of a DLQ: its table is made (a short transaction of its own), and
+        # the answer, rolled back whole, runs again; no round trip asks for the table before. A
+        # refused call changes nothing: the receipts' topics are checked before the table is made
+        self._check_receipt_topics(group_id, check)
+        catalog.ensure_dlq_tables(self.conn, {params["p_dlq"][0] for params in plans})
         return db.retry_lock_conflicts(apply)
+
+    def _receipt_params(self, items: list) -> dict:
+        """``ids`` (one per receipt: the stale ones are counted from it), ``topic_ids`` and
+        ``receipts`` (``receipt_lookup``) of an ack or a lease extension."""
+        topic_ids = [self._topic(r.topic) for r in items]
+        return {
+            "ids": int_array(r.message_id for r in items),
+            "topic_ids": int_array(set(topic_ids)),
+            "receipts": receipt_lookup(
+                (r.message_id, r.delivery_count, t) for r, t in zip(items, topic_ids, strict=True)
+            ),
+        }
 
     def _plan_failures(
         self, group_id: int, group: str, items, errors, at, mode: str, delay=0, level=0
     ) -> list:
         """The parameters of FAIL_RETRY / FAIL_DEAD_LETTER for ``items`` (receipts), one set per
-        topic; everything is checked here, before anything changes; the DLQ tables they would need
-        are made (each in a short transaction of its own)."""
+        topic; everything is checked here, before anything changes (a DLQ table is made when a
+        dead letter first needs it: ``_answer``)."""
         outcome, reason, forced = self._MODES[mode]
         by_topic: dict[str, list[int]] = {}
         for index, item in enumerate(items):
@@ -435,8 +462,11 @@ class Consuming(Administration):
             params.update(reason=reason, force_dead_letter=forced, level=None, delay=None)
             params.update(
                 ids=int_array(items[i].message_id for i in indexes),
-                counts=int_array(items[i].delivery_count for i in indexes),
-                errors=[errors[i] for i in indexes],
+                receipt_count=len({items[i].message_id for i in indexes}),  # rows it can answer
+                receipts=receipt_lookup(
+                    (items[i].message_id, items[i].delivery_count, topic_id) for i in indexes
+                ),
+                errors=error_lookup((items[i].message_id for i in indexes), (errors[i] for i in indexes)),
             )
             if mode == "level":
                 seconds = policy.explicit_delay(level, self.levels)
@@ -444,16 +474,18 @@ class Consuming(Administration):
             elif mode == "delay":
                 params.update(delay=float(delay), level=self.levels.level_for_delay(delay))
             plans.append(params)
-        for params in plans:  # DLQ tables are made before the dead-lettering transaction, when needed
-            self._ensure_dlq_table(params)
         return plans
 
     def _apply_failures(self, plans: list) -> tuple[int, int]:
         """(retried, dead-lettered) by ``plans``, in the caller's transaction."""
         retried = dead = 0
         for params in plans:
-            retried += self.conn.execute(S.FAIL_RETRY, params, prepare=False).fetchone()[0]
-            dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
+            done = 0  # a statement that can move nothing is not sent: a round trip each
+            if not params["force_dead_letter"]:
+                done = self.conn.execute(S.FAIL_RETRY, params, prepare=False).fetchone()[0]
+                retried += done
+            if done < params["receipt_count"]:  # some receipt not retried: out of retries, or stale
+                dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
         return retried, dead
 
     def settle(
@@ -548,14 +580,6 @@ class Consuming(Administration):
                 f"message {row[0]} is not a message of topic {row[1]!r} (another topic's, or never "
                 "handed to the group): a receipt naming another topic cannot answer for it"
             )
-
-    def _ensure_dlq_table(self, params: dict) -> None:
-        """Create the DLQ table before the first message is dead-lettered into it (not earlier)."""
-        dlq_id = params["p_dlq"][0]
-        if self.conn.execute(S.DLQ_TABLE_STATE, {"dlq_id": dlq_id}).fetchone()[1]:
-            return
-        if self.conn.execute(S.FAIL_WOULD_DEAD_LETTER, params).fetchone():
-            catalog.ensure_dlq_tables(self.conn, {dlq_id})
 
     def stale_receipts(self, group: str) -> int:
         """How many receipts of ``group`` changed nothing (late or repeated answers)."""

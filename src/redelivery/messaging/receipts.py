@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
 
+import orjson
+
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging.codec import ReceivedMessage
 from redelivery.rules.levels import check_delay
@@ -40,7 +42,9 @@ MIN_AT, MAX_AT = datetime(1970, 1, 1, tzinfo=UTC), datetime(9001, 1, 1, tzinfo=U
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int, not a bool (nor another subclass: a receipt's numbers are plain ints). Run for every
+    receipt of every answer: ``type() is`` is the cheapest test."""
+    return type(value) is int
 
 
 def _shown(value: object) -> str:
@@ -110,10 +114,31 @@ def int_array(values: Iterable[int]) -> str:
     third of an ack's client time for 500 receipts). Only ints (not bools) make array text:
     ``TypeError`` for anything else (a str ``"5,6"`` would be two elements)."""
     items = list(values)
-    for value in items:
-        if not _is_int(value):
-            raise TypeError(f"array text is made of ints only: {_shown(value)} is not an int")
+    if not all(type(value) is int for value in items):
+        wrong = next(value for value in items if type(value) is not int)
+        raise TypeError(f"array text is made of ints only: {_shown(wrong)} is not an int")
     return "{" + ",".join(map(int.__repr__, items)) + "}"
+
+
+def receipt_lookup(receipts: Iterable[tuple[int, int, int]]) -> str:
+    """Receipts ``(message id, delivery count, topic id)`` as the JSON object the answering
+    statements look each delivery row up in: ``{"<message id>": ["<delivery count>:<topic id>",
+    ...]}`` (a message named twice keeps both). A lookup, not a relation to join: see
+    ``statements._shared._ANSWERS_RECEIPT``."""
+    lookup: dict[int, list] = {}
+    for message_id, count, topic_id in receipts:
+        answer = f"{count}:{topic_id}"
+        if message_id in lookup:
+            lookup[message_id].append(answer)
+        else:
+            lookup[message_id] = [answer]
+    return orjson.dumps(lookup, option=orjson.OPT_NON_STR_KEYS).decode()  # int keys as "<id>"
+
+
+def error_lookup(message_ids: Iterable[int], errors: Iterable[str | None]) -> str:
+    """The error text of each message id as a JSON object (``{"<message id>": text or null}``),
+    the answering statements' ``errors``."""
+    return orjson.dumps(dict(zip(message_ids, errors, strict=True)), option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def check_error(error: object) -> str | None:

@@ -122,9 +122,12 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
         AND NOT EXISTS (SELECT 1 FROM redrive_moves rm WHERE rm.run_id = %(run)s
                         AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
       ORDER BY q.message_id LIMIT %(batch_size)s FOR UPDATE SKIP LOCKED),
+    -- by their primary key, the picked ids as arrays (not a join the planner may make a scan of the
+    -- whole DLQ table): a group has one dead letter of a message, in one DLQ
     removed AS (
-      DELETE FROM dlq_messages q USING picked p
-      WHERE q.dlq_id = p.dlq_id AND q.group_id = p.group_id AND q.message_id = p.message_id
+      DELETE FROM dlq_messages q
+      WHERE q.dlq_id = ANY(ARRAY(SELECT dlq_id FROM picked)) AND q.group_id = %(group_id)s
+        AND q.message_id = ANY(ARRAY(SELECT message_id FROM picked))
       RETURNING q.*),
     logged_again AS (
       INSERT INTO messages (topic_id, id, key, body, content_type, properties, origin_message_id,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from psycopg import sql
 
 from redelivery.store.statements._shared import (
+    _ANSWERS_RECEIPT,
     _DLQ_COPY,
     _IS_INFLIGHT,
+    _RECEIPT_ERROR,
     _RECEIPT_MATCHES,
-    _RECEIPTS,
     AT,
     CAN_RETRY,
     NEXT_DELAY,
@@ -230,12 +231,9 @@ RECEIVE = _named("RECEIVE", f"""
 ACK = _named("ACK", f"""
     WITH acked AS (
       DELETE FROM deliveries d
-      USING unnest(%(ids)s::bigint[], %(counts)s::int[], %(topic_ids)s::int[])
-            AS i(message_id, delivery_count, topic_id)
       WHERE d.topic_id = ANY(%(topic_ids)s::int[]) AND d.group_id = %(group_id)s
         AND d.message_id = ANY(%(ids)s::bigint[])  -- the rows by their primary key, not the group's scan
-        AND d.topic_id = i.topic_id AND d.message_id = i.message_id
-        AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
+        AND {_IS_INFLIGHT} AND {_ANSWERS_RECEIPT}
       RETURNING 1),
     n AS (SELECT count(*) AS answered FROM acked),
     {_COUNT_STALE}
@@ -249,12 +247,9 @@ ACK = _named("ACK", f"""
 EXTEND_LEASE = _named("EXTEND_LEASE", f"""
     WITH extended AS (
       UPDATE deliveries d SET invisible_until = {_LEASE_END}, updated_at = now()
-      FROM unnest(%(ids)s::bigint[], %(counts)s::int[], %(topic_ids)s::int[])
-            AS i(message_id, delivery_count, topic_id)
       WHERE d.topic_id = ANY(%(topic_ids)s::int[]) AND d.group_id = %(group_id)s
         AND d.message_id = ANY(%(ids)s::bigint[])
-        AND d.topic_id = i.topic_id AND d.message_id = i.message_id
-        AND {_IS_INFLIGHT} AND d.delivery_count = i.delivery_count
+        AND {_IS_INFLIGHT} AND {_ANSWERS_RECEIPT}
         AND d.invisible_until > {AT}
       RETURNING 1),
     n AS (SELECT count(*) AS answered FROM extended),
@@ -326,10 +321,10 @@ FAIL_RETRY = _named("FAIL_RETRY", f"""
       UPDATE deliveries d SET state = 'WAITING_RETRY', reconsume_times = d.reconsume_times + 1,
           delay_level = coalesce(%(level)s::smallint, {NEXT_LEVEL}),
           due_at = {AT} + make_interval(secs => coalesce(%(delay)s::float8, {NEXT_DELAY})),
-          invisible_until = NULL, last_error = i.error, last_failure_at = {AT},
+          invisible_until = NULL, last_error = {_RECEIPT_ERROR}, last_failure_at = {AT},
           first_failure_at = coalesce(d.first_failure_at, {AT}),
-          attempts = {_attempt(AT, "%(outcome)s::text", "i.error")}, updated_at = now()
-      FROM {_RECEIPTS}, policies p
+          attempts = {_attempt(AT, "%(outcome)s::text", _RECEIPT_ERROR)}, updated_at = now()
+      FROM policies p
       WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {CAN_RETRY}
       RETURNING 1)
     SELECT count(*) FROM retried""")
@@ -337,15 +332,10 @@ FAIL_RETRY = _named("FAIL_RETRY", f"""
 #: its dead letter, with the failure, the history and the message, goes to the DLQ with ``reason``.
 FAIL_DEAD_LETTER = _named("FAIL_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
-      DELETE FROM deliveries d USING {_RECEIPTS}, policies p
+      DELETE FROM deliveries d USING policies p
       WHERE {_RECEIPT_MATCHES} AND (%(force_dead_letter)s OR NOT {CAN_RETRY})
-      {_moved(AT, "i.error", _attempt(AT, "%(outcome)s::text", "i.error"))}),
+      {_moved(AT, _RECEIPT_ERROR, _attempt(AT, "%(outcome)s::text", _RECEIPT_ERROR))}),
     {_DLQ_COPY}""")
-#: Whether FAIL_DEAD_LETTER would dead-letter any of these receipts (to make the DLQ table first).
-FAIL_WOULD_DEAD_LETTER = _named("FAIL_WOULD_DEAD_LETTER", f"""
-    WITH {POLICIES_CTE}
-    SELECT 1 FROM deliveries d, {_RECEIPTS}, policies p
-    WHERE {_RECEIPT_MATCHES} AND (%(force_dead_letter)s OR NOT {CAN_RETRY}) LIMIT 1""")
 
 # ---- views ----------------------------------------------------------------------------------------
 

@@ -1,0 +1,242 @@
+"""The hot statements keep their plans whatever the statistics of a churning table say (issue 29).
+
+A queue's delivery rows churn: the table is empty after a drain (and autovacuum analyzes it so),
+full during a backlog, and full of dead rows between two vacuums. Each hot statement is captured
+with its real parameters (and the session settings it ran with) while the client, a tier run and a
+redrive do their work on 500-message batches, then planned (``EXPLAIN``, nothing executed) under
+three statistics states of ``deliveries``, the log's partition and the DLQ table: analyzed while
+empty (dead rows left), analyzed with a million rows, and never analyzed with dead rows. No plan
+may read those tables with a sequential scan (its cost is the table's size, dead rows included,
+not the batch's), nor join the receipts in a nested loop whose inner side is their ``unnest``
+(quadratic in the batch: the plan the issue found, 249,500 rows removed by the join filter for
+500 receipts).
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from helpers import at, configured
+from redelivery.client import Message, Outcome
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.store import log
+from redelivery.tiers.run import run_tier_window
+
+pytestmark = pytest.mark.timeout(300)
+
+#: The statements a pipeline runs for every batch (receive and every answer), for every window of
+#: a tier (lease expiry, promotion, dead-lettering), and for every batch of a redrive.
+HOT = {
+    "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXTEND_LEASE",
+    "EXPIRE_LEASES_RETRY", "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
+    "REDRIVE_MOVE_BATCH",
+}  # fmt: skip
+#: The planner settings a statement runs with (what the product sets, read as it runs).
+SETTINGS = ("enable_seqscan", "enable_nestloop", "enable_hashjoin", "enable_mergejoin", "enable_bitmapscan")
+BATCH = 500
+MILLION = 1_000_000
+
+
+class Captured:
+    """Every hot statement the product ran, with its parameters and planner settings."""
+
+    def __init__(self):
+        self.runs: dict[str, tuple] = {}
+
+    def install(self, monkeypatch) -> None:
+        original = psycopg.Cursor.execute
+        captured = self
+
+        def execute(cursor, query, params=None, **kwargs):
+            text = query if isinstance(query, str) else query.as_string(cursor.connection)
+            name = text.removeprefix("/* redelivery:").split(" */", 1)[0] if text.startswith("/*") else None
+            if name in HOT and params is not None:
+                with psycopg.ClientCursor(cursor.connection) as reader:
+                    shown = original(
+                        reader, "SELECT " + ", ".join(f"current_setting('{s}')" for s in SETTINGS)
+                    )
+                    settings = dict(zip(SETTINGS, shown.fetchone(), strict=True))
+                captured.runs.setdefault(name, (text, dict(params), settings))
+            return original(cursor, query, params, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+
+
+def work(client, url: str, captured: Captured, monkeypatch) -> None:
+    """A pipeline's work in batches of 500: receive, ack, nack, reject, extend, settle; a tier run
+    that expires leases, promotes retries (of a capped subscription too) and dead-letters those
+    past a lowered max; a receive of the promoted retries; a redrive."""
+    configured(client, {"topic": "orders", "group": "capped", "max_ready_backlog": 100_000})
+    client.create_topic("orders")
+    for group in ("billing", "capped"):
+        client.create_group(group)
+        client.subscribe(group, "orders")
+    log.ensure_partition(client.conn, at(0), 3600)
+    client.publish("orders", [Message({"n": i}, key=f"k{i % 50}") for i in range(3 * BATCH)], at=at(0))
+    captured.install(monkeypatch)
+    got = client.receive("billing", "orders", BATCH, 30, at=at(0))
+    client.ack("billing", got[:100])
+    client.nack("billing", got[100:200], error="later", at=at(1))
+    client.reject("billing", got[200:250], error="bad", at=at(1))
+    client.extend_lease("billing", got[250:350], 60, at=at(2))
+    outcomes = [Outcome(m, "ack") for m in got[350:400]] + [Outcome(m, "retry") for m in got[400:450]]
+    client.settle("billing", outcomes, at=at(3))
+    capped = client.receive("capped", "orders", BATCH, 30, at=at(0))
+    client.nack("capped", capped, error="later", at=at(1))
+    client.create_group("billing", max_reconsume_times=0)  # the retries of billing are now past it
+    run_tier_window(tier="seconds", window_end=at(600), run_key="plans", url=url, config=client.config)
+    client.create_group("billing", max_reconsume_times=None)
+    client.receive("capped", "orders", BATCH, 30, at=at(600))
+    redrive(RedriveRequest(group="billing", dry_run=False), run_key="plans", url=url, log=lambda *_: None)
+    monkeypatch.undo()
+
+
+# ---- statistics states -----------------------------------------------------------------------------
+
+_DEAD_DELIVERIES = """
+    INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, delivery_count,
+                            invisible_until)
+    SELECT t.id, g.id, 1000000000 + i, %(at)s, 'INFLIGHT', 1, %(at)s
+    FROM generate_series(1, %(n)s) i, topics t, consumer_groups g
+    WHERE t.name = 'orders' AND g.name = 'audit'"""
+_DEAD_MESSAGES = """
+    INSERT INTO messages (topic_id, id, body, content_type, published_at)
+    SELECT t.id, 1000000000 + i, '{}', 'application/json', %(at)s
+    FROM generate_series(1, %(n)s) i, topics t WHERE t.name = 'orders'"""
+_DEAD_LETTERS = """
+    INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body, content_type,
+                              properties, published_at, reason, delivery_count, reconsume_times, attempts,
+                              redrive_count)
+    SELECT q.id, g.id, 1000000000 + i, t.id, 1000000000 + i, '{}', 'application/json', '{}',
+           %(at)s, 'REJECTED', 1, 0, '[]', 0
+    FROM generate_series(1, %(n)s) i, consumer_groups g, topics t,
+         (SELECT id FROM dead_letter_queues WHERE table_created_at IS NOT NULL LIMIT 1) q
+    WHERE g.name = 'audit' AND t.name = 'orders'"""
+#: Rows of each table that the state adds (and removes, for dead rows), where they are made.
+_FILLS = (
+    ("deliveries", _DEAD_DELIVERIES, "DELETE FROM deliveries WHERE message_id > 1000000000"),
+    ("messages", _DEAD_MESSAGES, "DELETE FROM messages WHERE id > 1000000000"),
+    ("dlq_messages", _DEAD_LETTERS, "DELETE FROM dlq_messages WHERE message_id > 1000000000"),
+)
+
+
+def tables(conn) -> list[str]:
+    """The tables whose statistics the states set: deliveries, the log's partitions, DLQ tables."""
+    rows = conn.execute("""
+        SELECT 'redelivery.deliveries' UNION ALL
+        SELECT format('%I.%I', n.nspname, c.relname)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname IN ('redelivery_log', 'redelivery_dlq') AND c.relkind = 'r'""")
+    return [r[0] for r in rows]
+
+
+def set_state(conn, state: str) -> None:
+    """``empty``: many rows made and deleted, then analyzed (autovacuum's view after a drain);
+    ``million``: a million more rows, analyzed; ``never``: emptied (TRUNCATE leaves the statistics
+    of a table never analyzed), then rows made and deleted. Autovacuum is kept off meanwhile."""
+    n = MILLION if state == "million" else 200_000
+    for table in tables(conn):
+        conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    if state == "never":
+        conn.execute("TRUNCATE deliveries, messages, dlq_messages")
+    for _, fill, empty in _FILLS:
+        conn.execute(fill, {"n": n, "at": at(0)})
+        if state != "million":
+            conn.execute(empty)
+    if state != "never":
+        for table in tables(conn):
+            conn.execute(f"ANALYZE {table}")
+
+
+# ---- what a plan may not do -----------------------------------------------------------------------
+
+
+#: Scans that read a whole table or index: their cost is its size, dead rows included.
+_WHOLE = {"Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan"}
+
+
+def scans_of_churning_tables(plan: dict) -> list[str]:
+    """Whole scans of deliveries, the log's partitions or DLQ tables in ``plan`` (EXPLAIN's JSON,
+    VERBOSE): a sequential scan, or an index scan without an index condition; and nested loops
+    whose inner side is the receipts' unnest (alias ``i``)."""
+    found = []
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        children = node.get("Plans", [])
+        churning = node.get("Relation Name") == "deliveries" or node.get("Schema") in (
+            "redelivery_log", "redelivery_dlq",
+        )  # fmt: skip
+        if churning and node["Node Type"] in _WHOLE and not _index_condition(node):
+            index = f" by {node['Index Name']}" if "Index Name" in node else ""
+            found.append(f"{node['Node Type']}{index} of all {node.get('Schema')}.{node['Relation Name']}"
+                         f" ({node.get('Filter', 'no filter')})")  # fmt: skip
+        if node["Node Type"] == "Nested Loop" and len(children) == 2:
+            inner = children[1]
+            while inner["Node Type"] == "Materialize":
+                inner = inner["Plans"][0]
+            if inner["Node Type"] == "Function Scan" and inner.get("Alias") == "i":
+                found.append("Nested Loop over the receipts' unnest")
+        stack.extend(children)
+    return found
+
+
+def _index_condition(node: dict) -> bool:
+    """Whether a scan reaches its rows through an index condition (a bitmap heap scan through the
+    bitmap index scans under it)."""
+    if node["Node Type"] == "Bitmap Heap Scan":
+        return all(_index_condition(child) for child in node.get("Plans", []))
+    return "Index Cond" in node
+
+
+def plan_problems(conn, captured: Captured) -> dict[str, list[str]]:
+    problems = {}
+    for name, (text, params, settings) in sorted(captured.runs.items()):
+        with conn.transaction() as planning:
+            for setting, value in settings.items():
+                conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
+            [[plan]] = conn.execute("EXPLAIN (FORMAT JSON, VERBOSE) " + text, params).fetchall()
+            raise psycopg.Rollback(planning)  # the settings go with it
+        found = scans_of_churning_tables(plan[0]["Plan"])
+        if found:
+            problems[name] = sorted(set(found))
+    return problems
+
+
+@pytest.mark.parametrize("state", ["empty", "million", "never"])
+def test_hot_statements_plan_lookups_whatever_the_statistics(client, clean_db, monkeypatch, state):
+    captured = Captured()
+    work(client, clean_db, captured, monkeypatch)
+    assert set(captured.runs) == HOT, f"not run: {sorted(HOT - set(captured.runs))}"
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    with psycopg.connect(clean_db, autocommit=True, options="-c search_path=redelivery") as conn:
+        try:
+            set_state(conn, state)
+            problems = plan_problems(conn, captured)
+        finally:
+            for table in tables(conn):
+                conn.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+    assert problems == {}, json.dumps(problems, indent=1)
+
+
+def test_the_plan_check_sees_whole_scans_and_loops_over_the_receipts():
+    """The check itself: it reports what it looks for, and only that."""
+    seq = {"Node Type": "Seq Scan", "Relation Name": "messages_20260301t120000", "Schema": "redelivery_log"}
+    full = {"Node Type": "Index Scan", "Relation Name": "deliveries", "Schema": "redelivery"}
+    looked_up = {**full, "Index Cond": "(message_id = ANY ($1))"}
+    by_index = {"Node Type": "Bitmap Index Scan", "Index Cond": "(message_id = ANY ($1))"}
+    bitmap = {"Node Type": "Bitmap Heap Scan", "Relation Name": "deliveries", "Schema": "redelivery",
+              "Plans": [by_index]}  # fmt: skip
+    unnest = {"Node Type": "Function Scan", "Alias": "i"}
+    loop = {"Node Type": "Nested Loop", "Plans": [looked_up, {"Node Type": "Materialize", "Plans": [unnest]}]}
+    assert sorted(scans_of_churning_tables({"Node Type": "Hash Join", "Plans": [seq, full]})) == [
+        "Index Scan of all redelivery.deliveries (no filter)",
+        "Seq Scan of all redelivery_log.messages_20260301t120000 (no filter)",
+    ]
+    assert scans_of_churning_tables(loop) == ["Nested Loop over the receipts' unnest"]
+    assert scans_of_churning_tables({"Node Type": "Nested Loop", "Plans": [unnest, looked_up]}) == []
+    assert scans_of_churning_tables(bitmap) == []
