@@ -69,7 +69,7 @@ _CONN = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
 
 
 def _sqlalchemy_url(database: str) -> str:
-    return embedded.url(database).replace("postgresql://", "postgresql+psycopg2://")
+    return embedded.url(database).replace("postgresql://", "postgresql+psycopg://")
 
 
 def free_port() -> int:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -258,3 +261,31 @@ def overlapping_tier_runs(url: str, window_end: datetime, runs: int = 3) -> list
     if errors:
         raise errors[0]
     return results
+
+
+class TriggerWatch:
+    """Runs a trigger in the background of the test's event loop and keeps its events' payloads."""
+
+    def __init__(self, trigger):
+        self.trigger, self.events, self.task = trigger, [], None
+        self.expected_errors: tuple[type[BaseException], ...] = ()  # the trigger may end with these
+
+    async def __aenter__(self) -> TriggerWatch:
+        self.task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        async for event in self.trigger.run():
+            self.events.append(event.payload)
+
+    async def until(self, count: int, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.events) < count:
+            assert not self.task.done(), self.task.exception()
+            assert time.monotonic() < deadline, f"{len(self.events)} events, waited for {count}"
+            await asyncio.sleep(0.02)
+
+    async def __aexit__(self, *exc) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, *self.expected_errors):
+            await self.task

@@ -299,3 +299,73 @@ def test_the_tier_paused_gauge_is_one_per_tier_airflow_has_paused(client, topic_
     assert not [k for k in scrape(client.conn) if k[0] == "redelivery_tier_paused"]
     readme = (REPO_ROOT / "README.md").read_text()
     assert "`redelivery_tier_paused`" in readme
+
+
+def test_up_is_one_when_the_state_store_answers(client, topic_group):
+    text = render(client.conn).decode()
+    assert "# HELP redelivery_up " in text and "# TYPE redelivery_up gauge" in text
+    assert value(scrape(client.conn), "redelivery_up") == 1
+
+
+def refusal(url: str) -> str | None:
+    """What ``unavailable`` says of connecting to ``url`` (it must fail)."""
+    import psycopg
+
+    from redelivery.metrics import unavailable
+    from redelivery.store import db
+
+    with pytest.raises(psycopg.OperationalError) as failed:
+        db.connect(url, connect_timeout=5)
+    return unavailable(failed.value)
+
+
+def test_why_the_state_store_cannot_serve_is_one_line_without_the_password(database_url):
+    """Issue 28.2: unreachable, login refused, no such database, never migrated; any other error is
+    not the state store's absence (None: it goes on as an error)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from redelivery.errors import SchemaNotMigratedError
+    from redelivery.metrics import unavailable
+
+    info = conninfo_to_dict(database_url)
+    where = f"{info['host']}:{info['port']}"
+    unreachable = refusal("postgresql://u:secret-pw@127.0.0.1:9/redelivery")
+    assert (
+        unreachable.startswith("cannot reach the state store at 127.0.0.1:9: ") and "refused" in unreachable
+    )
+    wrong = refusal(f"postgresql://{info['user']}:secret-pw@{where}/{info['dbname']}")
+    assert wrong.startswith(f"authentication failed for user '{info['user']}' at {where}: ")
+    nobody = refusal(f"postgresql://nobody_at_all:secret-pw@{where}/{info['dbname']}")
+    assert nobody.startswith(f"authentication failed for user 'nobody_at_all' at {where}: ")
+    password = info.get("password") or "secret-pw"
+    no_database = refusal(f"postgresql://{info['user']}:{password}@{where}/no_such_database")
+    assert no_database == f"database 'no_such_database' does not exist at {where}"
+    for line in (unreachable, wrong, nobody, no_database):
+        assert "\n" not in line and "secret-pw" not in line and password not in line
+    never = SchemaNotMigratedError(
+        "database 'x' on h:1 has no redelivery schema (it was never migrated): run it"
+    )
+    assert unavailable(never) == str(never)
+    assert unavailable(ValueError("a bug")) is None
+
+
+def test_metrics_of_a_state_store_that_cannot_serve_say_up_zero():
+    """As Prometheus exporters answer when their target is down: 200, ``redelivery_up 0`` with its
+    HELP, the reason as a comment; what Airflow knows (the paused tiers) still shown."""
+    from redelivery.metrics import render_unavailable
+
+    text = render_unavailable("cannot reach the state store at h:9: refused", {"seconds": True}).decode()
+    samples = parse(text)
+    assert value(samples, "redelivery_up") == 0
+    assert value(samples, "redelivery_tier_paused", tier="seconds") == 1
+    assert [name for name, _ in samples] == ["redelivery_up", "redelivery_tier_paused"]
+    assert "# HELP redelivery_up " in text and "\n# the state store cannot serve: cannot reach" in "\n" + text
+    assert parse(render_unavailable("x\ny").decode()) == {("redelivery_up", ()): 0}  # one comment line
+
+
+def test_cli_metrics_of_an_unreachable_state_store(tmp_path):
+    target = tmp_path / "redelivery.prom"
+    done = run_cli("metrics", "--textfile", str(target), database_url="postgresql://u:p@127.0.0.1:9/r")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("redelivery: cannot reach the state store at 127.0.0.1:9: ")
+    assert value(parse(target.read_text()), "redelivery_up") == 0  # node-exporter sees it down

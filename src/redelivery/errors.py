@@ -38,7 +38,8 @@ class ConfigError(RedeliveryError, ValueError):
 
 
 class DatabaseUnavailableError(RedeliveryError, RuntimeError):
-    """The embedded PostgreSQL could not be started, or its port is held by another server."""
+    """The state store cannot be had: the embedded PostgreSQL could not be started (or its port
+    is held by another server), or, inside Airflow, the connection naming it is missing."""
 
 
 class SchemaNotMigratedError(RedeliveryError, RuntimeError):

@@ -32,6 +32,7 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 | ``redelivery_retry_lateness_seconds`` | histogram | tier | per promoted retry, its window's end minus its due time | ``tier_histograms`` (retry_lateness), added in the transaction of the promotion |
 | ``redelivery_tier_paused`` | gauge | tier | 1 while Airflow has the tier's DAG (``redelivery_tier_<tier>``) paused: its delay levels are not promoted; 0 while it is active; no sample for a tier whose DAG Airflow has not registered | Airflow's metadata database (``dag.is_paused``), read by the api-server's ``GET /redelivery/metrics`` and passed to ``render`` as ``tier_paused``; ``redelivery metrics`` has no Airflow database and leaves the gauge out |
 | ``redelivery_metrics_scrape_duration_seconds`` | gauge | | how long this scrape's queries took | this process |
+| ``redelivery_up`` | gauge | | 1: this scrape read the state store; 0: it could not (``render_unavailable``: unreachable, login refused, no such database, never migrated; the reason a comment line, the other samples missing but ``redelivery_tier_paused``), as Prometheus exporters answer for a target that is down | this process |
 
 The counters and histograms are durable totals that never decrease: written in the transaction
 of the change they count, by what its guarded statement moved (a re-run or overlapping run of a
@@ -45,6 +46,7 @@ has marked the heap pages all-visible, and one heap page per row changed since
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -56,6 +58,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from redelivery.errors import DatabaseUnavailableError, SchemaNotMigratedError
 from redelivery.store import log
 from redelivery.store import statements as S
 
@@ -81,6 +84,65 @@ HISTOGRAMS = {
         "Window end minus due time of each promoted retry, seconds.",
     ),
 }
+
+
+UP_HELP = "1 when this scrape read the state store, 0 when it could not (its other samples are then missing)."
+#: SQLSTATEs of a refused login (invalid_password, invalid_authorization_specification), and libpq's
+#: words for one: a refused login at connect time carries no SQLSTATE (psycopg has no result then).
+AUTHENTICATION_FAILED = ("28P01", "28000")
+_REFUSED_LOGIN = re.compile(
+    r'authentication failed for user|no pg_hba\.conf entry|role "[^"]*" does not exist'
+)
+_NO_DATABASE = re.compile(r'database "[^"]*" does not exist')
+#: What libpq puts before the server's reason (the host and port are said apart).
+_LIBPQ_PREFIX = re.compile(r"^(connection failed: )?(connection to server (at|on) .*? failed: )?(FATAL: +)?")
+#: SQLSTATEs of a server that cannot serve a session: connection exceptions (class 08), shut down
+#: or starting (57P01-57P03), too many connections (53300).
+_NO_SESSION = ("57P01", "57P02", "57P03", "53300")
+
+
+def unavailable(exc: BaseException) -> str | None:
+    """Why the state store cannot serve, one line, when ``exc`` says so; None for any other
+    error (a statement's, a bug: not the state store's absence). Never the password:
+
+    - ``cannot reach the state store at <host>:<port>: <libpq's reason>`` (refused, timed out,
+      no such host, connection lost);
+    - ``authentication failed for user '<user>' at <host>:<port>: <the server's reason>``
+      (SQLSTATE 28P01 / 28000, or libpq's words for them at connect time);
+    - ``database '<name>' does not exist at <host>:<port>``;
+    - ``SchemaNotMigratedError`` (never migrated, an older revision), ``DatabaseUnavailableError``
+      (no connection defined, the embedded server cannot start): their own text.
+
+    What the CLI prints, the "Dead letters" page shows and ``redelivery_up 0`` is commented with."""
+    if isinstance(exc, SchemaNotMigratedError | DatabaseUnavailableError):
+        return _one_line(str(exc))
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    text, state = _one_line(str(exc)), exc.sqlstate
+    reason = _LIBPQ_PREFIX.sub("", text)
+    host, port, user, dbname = _connection_fields(exc)
+    where = f" at {host}:{port}" if host else ""
+    if state in AUTHENTICATION_FAILED or (state is None and _REFUSED_LOGIN.search(text)):
+        return f"authentication failed for user {user!r}{where}: {reason}"
+    if state == "3D000" or (state is None and _NO_DATABASE.search(text)):
+        return f"database {dbname!r} does not exist{where}"
+    if state is None or state.startswith("08") or state in _NO_SESSION:
+        return f"cannot reach the state store{where}: {reason}"
+    return None
+
+
+def _connection_fields(exc: psycopg.Error) -> tuple[str | None, ...]:
+    """(host, port, user, database) of the connection an error came from (all None when psycopg
+    kept none: a host name that does not resolve)."""
+    pgconn = exc.pgconn
+    if pgconn is None:
+        return None, None, None, None
+    values = (pgconn.host, pgconn.port, pgconn.user, pgconn.db)
+    return tuple(value.decode(errors="replace") if value else None for value in values)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 @contextmanager
@@ -124,6 +186,7 @@ class StateStoreCollector(Collector):
         started = time.perf_counter()
         rows = self._read()
         seconds = time.perf_counter() - started
+        yield GaugeMetricFamily("redelivery_up", UP_HELP, value=1)
         yield from _live_gauges(rows)
         yield from _log_gauges(rows)
         yield from _counters(rows["totals"])
@@ -137,12 +200,7 @@ class StateStoreCollector(Collector):
         yield committed
         yield from _histograms(rows["histograms"])
         if self.tier_paused is not None:  # the state store does not know it: only Airflow does
-            yield _gauge(
-                "redelivery_tier_paused",
-                "1 while Airflow has the tier's DAG paused (its delay levels are not promoted), else 0.",
-                ["tier"],
-                (([tier], int(paused)) for tier, paused in sorted(self.tier_paused.items())),
-            )
+            yield _tier_paused(self.tier_paused)
 
         yield GaugeMetricFamily(
             "redelivery_metrics_scrape_duration_seconds",
@@ -267,6 +325,47 @@ def _histograms(histograms: list) -> Iterator:
             buckets.append((floatToGoString(bound), cumulative))
         families[metric].add_metric([tier], buckets, total)
     yield from families.values()
+
+
+def _tier_paused(tier_paused: Mapping[str, bool]) -> GaugeMetricFamily:
+    return _gauge(
+        "redelivery_tier_paused",
+        "1 while Airflow has the tier's DAG paused (its delay levels are not promoted), else 0.",
+        ["tier"],
+        (([tier], int(paused)) for tier, paused in sorted(tier_paused.items())),
+    )
+
+
+class _Unavailable(Collector):
+    """``redelivery_up 0`` and, when given, the paused tiers Airflow knows."""
+
+    def __init__(self, tier_paused: Mapping[str, bool] | None):
+        self.tier_paused = tier_paused
+
+    def collect(self) -> Iterator:
+        yield GaugeMetricFamily("redelivery_up", UP_HELP, value=0)
+        if self.tier_paused is not None:
+            yield _tier_paused(self.tier_paused)
+
+
+def _unavailable_registry(tier_paused: Mapping[str, bool] | None = None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Unavailable(tier_paused))
+    return registry
+
+
+def render_unavailable(problem: str, tier_paused: Mapping[str, bool] | None = None) -> bytes:
+    """The metrics of a scrape that could not read the state store (Prometheus text, as
+    ``render``): ``redelivery_up 0`` with its HELP, ``problem`` (``unavailable``'s line) as a
+    comment line before it, and ``redelivery_tier_paused`` when ``tier_paused`` is given."""
+    comment = f"# the state store cannot serve: {_one_line(problem)}\n".encode()
+    return comment + generate_latest(_unavailable_registry(tier_paused))
+
+
+def write_unavailable_textfile(path: str) -> None:
+    """``write_textfile`` of a scrape that could not read the state store: ``redelivery_up 0``.
+    Raises ``OSError`` when the directory cannot be written."""
+    write_to_textfile(path, _unavailable_registry())
 
 
 def _gauge(name: str, help_text: str, labels: list[str], samples) -> GaugeMetricFamily:

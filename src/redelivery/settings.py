@@ -3,8 +3,9 @@
 =====================  ================================================================
 variable               meaning
 =====================  ================================================================
-REDELIVERY_DATABASE_URL  PostgreSQL URL (``postgresql://user:pw@host:port/db``). Unset: the
-                         embedded PostgreSQL under ``REDELIVERY_HOME`` is used (and started).
+REDELIVERY_DATABASE_URL  PostgreSQL URL (``postgresql://user:pw@host:port/db``). Unset: inside
+                         Airflow the connection ``redelivery_db`` (``store.db.database_url``);
+                         elsewhere the embedded PostgreSQL under ``REDELIVERY_HOME`` (started).
 REDELIVERY_HOME          state folder (embedded data directory, Airflow home, demo output).
                          Default: ``~/.redelivery``; the checkout's Makefile sets ``./.redelivery``.
 REDELIVERY_CONFIG        YAML file with tiers and policies. Default: none, the defaults of
@@ -22,6 +23,19 @@ REDELIVERY_SPARK_CONNECT_TOKEN Its token. Default: generated once into
 REDELIVERY_SPARK_CONNECT_MEMORY Its driver's heap (Spark's ``--driver-memory``: ``512m``, ``4g``).
                          Default 4g; it serves every session, and a heap it runs out of makes it
                          exit (``-XX:+ExitOnOutOfMemoryError``) and start again on next use.
+REDELIVERY_SPARK_CONNECT_MASTER The master of the project's Spark Connect server. Default
+                         ``local[<cores>,3]``; ``spark://host:7077`` puts its executors on a cluster.
+REDELIVERY_SPARK_EXECUTOR_PYTHON The Python of Spark's executors (``spark.pyspark.python``): a
+                         path on the workers (``/opt/venv/bin/python``) or in an archive
+                         (``./env/bin/python``). Default: none, Spark's own (``PYSPARK_PYTHON``,
+                         else ``python3``), except for ``local[...]`` masters: this interpreter.
+REDELIVERY_SPARK_ARCHIVES Comma-separated archives Spark unpacks in the executors' working
+                         directory (``spark.archives``), e.g. ``/path/env.tar.gz#env``.
+REDELIVERY_SPARK_PY_FILES Comma-separated ``.py`` / ``.zip`` files for the executors' path.
+REDELIVERY_SPARK_CONF    Extra Spark conf as a JSON object (``{"spark.executor.memory": "2g"}``).
+REDELIVERY_SPARK_SHIP_PACKAGE Whether every job ships this redelivery package to its executors
+                         (a zip of it, which Spark unpacks as an archive). Default true; false:
+                         the executors' own installed redelivery must be the driver's version.
 =====================  ================================================================
 """
 
@@ -46,6 +60,12 @@ class Settings(BaseSettings):
     spark_connect_bind: str = "127.0.0.1"
     spark_connect_token: str | None = None
     spark_connect_memory: str = Field("4g", pattern=r"^[1-9][0-9]*[mMgG]$")
+    spark_connect_master: str | None = None
+    spark_executor_python: str | None = None
+    spark_archives: str | None = None
+    spark_py_files: str | None = None
+    spark_conf: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    spark_ship_package: bool = True
 
     @property
     def config_path(self) -> Path | None:

@@ -9,12 +9,13 @@ the watermarks move only once Airflow stored the event, and an event it did not 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+
+from helpers import TriggerWatch
 
 pytestmark = pytest.mark.airflow  # Airflow's trigger base class
 
@@ -29,35 +30,7 @@ def make_trigger(**kwargs):
     return ReadyMessagesTrigger(**{**defaults, **kwargs})
 
 
-class Watch:
-    """Runs a trigger in the background of the test's event loop and keeps its events' payloads."""
-
-    def __init__(self, trigger):
-        self.trigger, self.events, self.task = trigger, [], None
-        self.expected_errors: tuple[type[BaseException], ...] = ()  # the trigger may end with these
-
-    async def __aenter__(self) -> Watch:
-        self.task = asyncio.create_task(self._run())
-        return self
-
-    async def _run(self) -> None:
-        async for event in self.trigger.run():
-            self.events.append(event.payload)
-
-    async def until(self, count: int, timeout: float = 10) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.events) < count:
-            assert not self.task.done(), self.task.exception()
-            assert time.monotonic() < deadline, f"{len(self.events)} events, waited for {count}"
-            await asyncio.sleep(0.02)
-
-    async def __aexit__(self, *exc) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, *self.expected_errors):
-            await self.task
-
-
-class AckModeWatch(Watch):
+class AckModeWatch(TriggerWatch):
     """Runs a trigger as Airflow 3.3's triggerer runs a shared-stream trigger: through a
     ``SharedStreamManager`` (subscribe, ``filter_shared_stream``, each event bound to a persist
     confirmation). The test plays the triggerer's supervisor: ``confirm()`` says Airflow stored
@@ -161,7 +134,7 @@ def stored(client) -> tuple:
 
 def test_fires_once_per_edge_not_while_rows_exist(client, topic_group):
     async def scenario():
-        async with Watch(make_trigger()) as watch:
+        async with TriggerWatch(make_trigger()) as watch:
             await polls(client, 3)
             assert watch.events == []  # nothing READY
             await publish(client, 3)
@@ -197,13 +170,13 @@ def test_a_restart_from_serialized_kwargs_neither_fires_again_nor_misses(client,
 
     async def scenario():
         await publish(client, 3)  # a backlog before the first start: one event for it
-        async with Watch(first) as watch:
+        async with TriggerWatch(first) as watch:
             await watch.until(1)
             await polls(client, 3)
         found = [watch.events]
         await publish(client, 2)  # while no trigger runs
         for _ in range(2):  # the triggerer re-creates it from its kwargs: twice
-            async with Watch(import_string(classpath)(**kwargs)) as watch:
+            async with TriggerWatch(import_string(classpath)(**kwargs)) as watch:
                 await polls(client, 5)
             found.append(watch.events)
         return found
@@ -225,7 +198,7 @@ def test_waits_for_a_transaction_that_can_still_make_older_deliveries_ready(clie
     client.receive("billing", "orders", 2, 60)  # INFLIGHT: nothing READY
 
     async def scenario():
-        async with Watch(make_trigger()) as watch:
+        async with TriggerWatch(make_trigger()) as watch:
             with psycopg.connect(clean_db, options="-c search_path=redelivery") as slow:
                 slow.execute("SELECT 1")  # a transaction starts (a promotion, a redrive)
                 make_ready(client.conn, early)  # ready after it started, committed first (autocommit)
@@ -246,7 +219,7 @@ def test_a_publish_does_not_wait_for_an_open_transaction(client, topic_group, cl
     transaction is open fires at once, not once the settle timeout let the horizon pass it."""
 
     async def scenario():
-        async with Watch(make_trigger(settle_timeout=60.0)) as watch:
+        async with TriggerWatch(make_trigger(settle_timeout=60.0)) as watch:
             with psycopg.connect(clean_db) as slow:
                 slow.execute("SELECT 1")  # open from before the publish until the end
                 await polls(client, 2)
@@ -270,7 +243,7 @@ def test_a_backdated_publish_fires_whenever_it_commits(client, topic_group):
             acked.confirm()
             await confirmed_soon(client, acked.events[0]["until"])
         more = await publish(client, 2, hours_ago=2)  # while no trigger runs
-        async with Watch(make_trigger()) as again:
+        async with TriggerWatch(make_trigger()) as again:
             await again.until(1)
             await polls(client, 3)
         return first, more, [acked.events, again.events]
@@ -324,7 +297,7 @@ def test_a_backdated_publish_between_two_reads_fires(client, topic_group, monkey
 
     async def scenario():
         await publish(client, 2)  # a backlog: the first poll fires for it
-        async with Watch(make_trigger()) as watch:
+        async with TriggerWatch(make_trigger()) as watch:
             await watch.until(2)
             await polls(client, 3)
         return watch.events
@@ -334,7 +307,7 @@ def test_a_backdated_publish_between_two_reads_fires(client, topic_group, monkey
 
 def test_a_transaction_open_past_the_settle_timeout_stops_holding_it_back(client, topic_group, clean_db):
     async def scenario():
-        async with Watch(make_trigger(settle_timeout=0.5)) as watch:
+        async with TriggerWatch(make_trigger(settle_timeout=0.5)) as watch:
             with psycopg.connect(clean_db) as forgotten:
                 forgotten.execute("SELECT 1")  # left open
                 await publish(client, 2)
@@ -346,7 +319,7 @@ def test_a_transaction_open_past_the_settle_timeout_stops_holding_it_back(client
 
 def test_two_copies_of_the_trigger_fire_once(client, topic_group):
     async def scenario():
-        async with Watch(make_trigger()) as one, Watch(make_trigger()) as two:
+        async with TriggerWatch(make_trigger()) as one, TriggerWatch(make_trigger()) as two:
             await polls(client, 1, copies=2)  # both copies started before the publish
             await publish(client, 4)
             await until_total((one, two), 1)
@@ -361,7 +334,7 @@ def test_an_unreachable_database_is_retried_not_fatal(database_url, monkeypatch)
     monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_NOWHERE", "postgres://user:pw@127.0.0.1:9/redelivery")
 
     async def scenario():
-        async with Watch(make_trigger(conn_id="redelivery_nowhere")) as watch:
+        async with TriggerWatch(make_trigger(conn_id="redelivery_nowhere")) as watch:
             await asyncio.sleep(10 * POLL)
             assert not watch.task.done()
             return watch.events

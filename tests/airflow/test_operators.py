@@ -107,12 +107,14 @@ def test_the_connect_server_has_a_bounded_heap_and_exits_when_it_runs_out(monkey
 
 
 def test_the_hook_keeps_the_connections_libpq_options(database_url, monkeypatch):
-    """libpq keywords in the connection's extra reach the session, ``options`` included."""
+    """libpq keywords in the connection's extra reach the session, ``options`` included (the
+    connection alone: REDELIVERY_DATABASE_URL, set explicitly, would win over it)."""
     import json
 
     from psycopg.conninfo import conninfo_to_dict
 
     from redelivery.airflow.hooks import RedeliveryHook
+    from redelivery.settings import get_settings
 
     info = conninfo_to_dict(database_url)
     extra = {"options": "-c statement_timeout=4321", "application_name": "hook-test", "not_libpq": "x"}
@@ -126,11 +128,17 @@ def test_the_hook_keeps_the_connections_libpq_options(database_url, monkeypatch)
         "extra": extra,
     }
     monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_DB", json.dumps(connection))
+    monkeypatch.delenv("REDELIVERY_DATABASE_URL")
+    get_settings.cache_clear()
     shown_settings = ("statement_timeout", "application_name")
-    with RedeliveryHook().get_conn() as conn:
-        shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in shown_settings]
-        assert shown == ["4321ms", "hook-test"]
-        assert conn.execute("SELECT current_schema()").fetchone()[0] == "redelivery"
+    try:
+        with RedeliveryHook().get_conn() as conn:
+            shown = [conn.execute(f"SHOW {name}").fetchone()[0] for name in shown_settings]
+            assert shown == ["4321ms", "hook-test"]
+            assert conn.execute("SELECT current_schema()").fetchone()[0] == "redelivery"
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
 
 
 def test_airflow_env_sizes_the_executor_for_the_machine(monkeypatch):

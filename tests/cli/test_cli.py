@@ -247,3 +247,34 @@ def test_dlq_list_and_show_print_a_json_body_as_stored(client, topic_group, clea
     assert json.loads(shown.stdout, parse_float=Decimal, parse_constant=refuse) == rows[0]
     empty = run("dlq", "list", "--group", "billing", "--json", "--key", "none", database_url=clean_db)
     assert json.loads(empty.stdout) == []
+
+
+def _wrong_password(url: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(url)
+    return f"postgresql://{info['user']}:not-the-password@{info['host']}:{info['port']}/{info['dbname']}"
+
+
+@pytest.mark.parametrize(
+    "args", [["stats"], ["create-topic", "orders"], ["dlq", "count", "--group", "billing"], ["db", "upgrade"]]
+)
+@pytest.mark.parametrize("store", ["unreachable", "wrong password"])
+def test_a_state_store_that_cannot_be_reached_is_one_line_not_a_traceback(database_url, args, store):
+    """Issue 28.2: a wrong password or a server that does not answer: one line saying which (host,
+    port, user; never the password), status 1, nothing else printed."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(database_url)
+    if store == "unreachable":
+        url, said = (
+            "postgresql://u:not-the-password@127.0.0.1:9/r",
+            "cannot reach the state store at 127.0.0.1:9: ",
+        )
+    else:
+        url = _wrong_password(database_url)
+        said = f"authentication failed for user '{info['user']}' at {info['host']}:{info['port']}: "
+    done = run(*args, database_url=url)
+    assert done.returncode == 1 and done.stdout == "", (done.returncode, done.stderr)
+    assert done.stderr.startswith("redelivery: " + said) and done.stderr.count("\n") == 1, done.stderr
+    assert "REDELIVERY_DATABASE_URL" in done.stderr and "not-the-password" not in done.stderr

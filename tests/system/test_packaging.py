@@ -54,3 +54,82 @@ def test_the_environment_holds_one_redelivery_distribution():
 
     found = [d for d in distributions() if (d.metadata["Name"] or "").lower() == "redelivery"]
     assert len(found) == 1, [str(getattr(d, "_path", d)) for d in found]
+
+
+#: The libraries of the base install: what Spark's executors need to run redelivery's tasks.
+EXECUTOR_LIBRARIES = {"psycopg", "pyarrow", "pgpq", "orjson", "pydantic", "pydantic-settings", "pyyaml",
+                      "tenacity"}  # fmt: skip
+#: Every module a Spark task imports (spark.tasks' functions, the tier window's and the redrive's
+#: ranges, the publish, lease, settle and consumer tasks), and what those import. Not
+#: messaging.http_delivery (requests): the Airflow consumer's, never a Spark task's.
+TASK_MODULES = [
+    "spark.deploy", "spark.tasks", "tiers.window", "tiers.run", "redrive", "spark.publishing",
+    "spark.dataframes", "spark.consuming", "client", "config", "settings", "messaging.admin",
+    "messaging.codec", "messaging.consuming", "messaging.copy_rows", "messaging.producer",
+    "messaging.publishing", "messaging.receipts", "store.catalog", "store.db", "store.embedded",
+    "store.log", "store.maintenance", "store.statements", "dead_letters",
+]  # fmt: skip
+
+
+def test_the_base_install_is_what_executors_need_and_the_rest_are_extras():
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert {Requirement(r).name for r in project["dependencies"]} == EXECUTOR_LIBRARIES
+    extras = project["optional-dependencies"]
+    assert set(extras) == {"cli", "spark", "airflow", "embedded"}
+    assert "redelivery[cli,spark]" in extras["airflow"]
+    assert {Requirement(r).name for r in extras["spark"]} >= {"pyspark"}
+    assert {Requirement(r).name for r in extras["cli"]} >= {"typer", "alembic", "sqlalchemy"}
+    assert not any(Requirement(r).name.startswith(("apache-airflow", "pyspark")) for r in extras["cli"])
+
+
+def _needed(requirements: list[str]) -> set[str]:
+    """The distributions ``requirements`` install (from the installed metadata, extras included)."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, seen, todo = set(), set(), [Requirement(r) for r in requirements]
+    while todo:
+        wanted = todo.pop()
+        key = (canonicalize_name(wanted.name), frozenset(wanted.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        found.add(key[0])
+        for text in requires(wanted.name) or []:
+            dependency = Requirement(text)
+            extras = wanted.extras or {""}
+            if dependency.marker is None or any(dependency.marker.evaluate({"extra": e}) for e in extras):
+                todo.append(dependency)
+    return found
+
+
+def test_a_spark_task_imports_only_the_base_install():
+    """Every module on a Spark task's path imports, at module level, nothing but the base install's
+    libraries (lazy imports inside functions for the rest): an executor needs nothing else."""
+    import subprocess
+    import sys
+    import tomllib
+
+    script = (
+        "import importlib, json, sys\n"
+        "from importlib.metadata import packages_distributions\n"
+        "before = set(sys.modules)\n"
+        f"for name in {TASK_MODULES!r}: importlib.import_module('redelivery.' + name)\n"
+        "tops = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
+        "owners = packages_distributions()\n"
+        "print(json.dumps(sorted({d for t in tops if t[0] != '_' and t != 'cython_runtime'\n"
+        "                         for d in owners.get(t, [t])})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    base = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    # numpy: pyarrow imports it when it is installed (the cluster test's workers have none)
+    allowed = _needed(base) | {"redelivery", "numpy"}
+    loaded = {d.lower().replace("_", "-") for d in json.loads(done.stdout)}
+    assert loaded - allowed == set(), "imported at module level on a Spark task's path"

@@ -1,7 +1,8 @@
-"""README's Python examples, run as written. Each example names a few things it leaves to the
-reader (``ok``, ``some``, ``poison``, ``spark``, ``customers``): the test provides those, runs the
-block's text unchanged, and checks what it did. README's public-API table names modules that
-exist and export what it says."""
+"""README's Python examples, run as written. The client example defines everything it uses (issue
+28.4: it used ``ok``, ``some`` and ``poison`` without defining them); the Spark one leaves the
+session and a table to the reader (``spark``, ``customers``), which the test provides. Each block's
+text runs unchanged, and the test checks what it did. README's public-API table names modules that
+exist and export what it says; its install lines install from what exists (not PyPI)."""
 
 from __future__ import annotations
 
@@ -37,13 +38,25 @@ def test_the_client_example(clean_db):
     from redelivery.client import Client, Message
 
     block = python_block("## Using it")
-    # what the example leaves to the reader: which messages are fine, later ones, a poison one
-    names = {"ok": lambda message: message.body["id"] == 1, "some": [], "poison": []}
-    exec(compile(block, "README.md", "exec"), names)
+    exec(compile(block, "README.md", "exec"), {})  # nothing provided: it defines what it uses
     with Client(clean_db) as client:
         assert client.stats()["orders"]["billing"]["COMMITTED"] == 1
         again = [Message({"id": 1}, key="order-1", properties={"tenant": "a"})]
         assert client.publish("orders", again, batch_id="orders-2026-11-22") == [1]  # published once
+
+
+def test_the_install_lines_install_what_exists():
+    """redelivery is not on PyPI: README installs it from the checkout or a wheel built from it."""
+    section = README[README.index("### Into an existing Airflow") :].split("\n### ")[0]
+    installs = re.findall(r"^pip install (.+?)\s*(?:#.*)?$", section, re.M)
+    checkout, wheel = (
+        re.compile(r"'?\.(\[[a-z,]+\])?'?"),
+        re.compile(r'"?\$\(ls (\./)?dist/redelivery-\*\.whl\)'),
+    )
+    assert len(installs) >= 2 and checkout.fullmatch(installs[0]) and wheel.match(installs[1]), installs
+    assert all(checkout.fullmatch(target) or "dist/redelivery-" in target for target in installs)
+    assert "redelivery[embedded]" not in README and not re.search(r"pip install '?redelivery\b", README)
+    assert "uv build --wheel" in section
 
 
 @pytest.mark.spark

@@ -18,7 +18,7 @@ ORDER = [
     "errors", "settings", "rules.levels", "rules.names",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
-    "store.statements.housekeeping", "store.statements", "spark.tasks",
+    "store.statements.housekeeping", "store.statements", "spark.deploy", "spark.tasks",
     "rules.policies", "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer",
     "config", "store.embedded", "store.db", "store.log",
     "store.catalog", "tiers.window", "dead_letters",

@@ -1,8 +1,9 @@
-"""The distribution as a user installs it: the wheel built from this checkout, installed into a
-fresh virtual environment outside the checkout (the versions of requirements.txt as constraints),
-is an Airflow provider (``airflow providers list``, the connection type ``redelivery``), and a DAG
-file outside the checkout scheduled by ``MessageQueueTrigger(scheme="redelivery", ...)`` is
-started by new messages under a real triggerer and scheduler, running the installed package.
+"""The distribution as a user installs it: the wheel built from this checkout, installed with its
+``airflow`` extra into a fresh virtual environment outside the checkout (the versions of
+requirements.txt as constraints), is an Airflow provider (``airflow providers list``, the
+connection type ``redelivery``), and a DAG file outside the checkout scheduled by
+``MessageQueueTrigger(scheme="redelivery", ...)`` is started by new messages under a real
+triggerer and scheduler, running the installed package.
 
 About 2-3 minutes: the build and the install (packages come from uv's cache once downloaded), then
 Airflow's servers from the fresh environment."""
@@ -78,7 +79,7 @@ def installed(tmp_path_factory) -> Path:
         "--quiet",
         "--python",
         str(python),
-        str(wheel),
+        f"{wheel}[airflow]",  # as README says: the base install is the Spark executors'
         # an existing Airflow keeps its metadata in PostgreSQL through psycopg2 (the postgres provider)
         "apache-airflow-providers-postgres",
         "-c",

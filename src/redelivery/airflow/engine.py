@@ -31,6 +31,7 @@ from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.dead_letters import count
 from redelivery.redrive import RedriveRequest, open_run, redrive, run_record
 from redelivery.settings import get_settings
+from redelivery.spark import deploy
 from redelivery.spark.jobs import application
 from redelivery.spark.session import submit_environment
 from redelivery.store import statements as S
@@ -107,7 +108,8 @@ class EngineHook(BaseHook):
 
     def session(self, app_name: str):
         """A Spark Connect session on the connection's server (started first when it is the
-        project's own)."""
+        project's own), given the package's zip and the archives of the connection's extras
+        (``deploy.deployment``; the executors' Python is the server's own)."""
         from pyspark.sql.connect.session import SparkSession
 
         from redelivery.spark import connect_server
@@ -115,7 +117,13 @@ class EngineHook(BaseHook):
         url = connect_url(self.spark_conn_id)
         if re.match(rf"sc://(localhost|127\.0\.0\.1):{get_settings().spark_connect_port}/", url):
             connect_server.ensure_running()
-        return SparkSession.builder.remote(url).appName(app_name).getOrCreate()
+        deployment = deploy.deployment(spark_connection(self.spark_conn_id).extra_dejson)
+        builder = SparkSession.builder.remote(url).appName(app_name)
+        for key, value in deploy.connect_conf(deployment).items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        deploy.ship(spark, deployment)
+        return spark
 
     def run_tier(self, request: TierRunRequest) -> dict:
         """Apply one tier window (``redelivery.tiers.run.run_tier``) and return its summary, with
@@ -204,12 +212,16 @@ class EngineHook(BaseHook):
             spark.stop()
 
     def _submit(self, job: str, args: list[str], name: str) -> None:
-        """spark-submit of entry point ``job`` to the connection's master, through the provider."""
+        """spark-submit of entry point ``job`` to the connection's master, through the provider, with
+        the package's zip as py-files and the connection's extras (``deploy.deployment``)."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        master = spark_connection(self.spark_conn_id).host or "yarn"
-        env_vars, conf = submit_environment(master, self.database.get_database_url())
+        connection = spark_connection(self.spark_conn_id)
+        master, deployment = connection.host or "yarn", deploy.deployment(connection.extra_dejson)
+        env_vars, conf = submit_environment(master, self.database.get_database_url(), deployment)
+        py_files, archives = deploy.submit_files(deployment)
         self._submit_hook = SparkSubmitHook(
-            conn_id=self.spark_conn_id, conf=conf, env_vars=env_vars, name=name, application_args=args
-        )
+            conn_id=self.spark_conn_id, conf=conf, env_vars=env_vars, name=name, application_args=args,
+            py_files=py_files, archives=archives,
+        )  # fmt: skip
         self._submit_hook.submit(application(job))

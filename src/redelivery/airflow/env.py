@@ -17,9 +17,11 @@ from pathlib import Path
 from redelivery.settings import get_settings
 from redelivery.spark import connect_server
 from redelivery.store import embedded
+from redelivery.store.db import sqlalchemy_url
 
-#: Airflow connection naming the application database (postgres type; ``hooks.RedeliveryHook``).
-#: Optional: without it the tasks use REDELIVERY_DATABASE_URL or the embedded PostgreSQL.
+#: Airflow connection naming the application database (redelivery or postgres type;
+#: ``hooks.RedeliveryHook``). Inside Airflow it is the state store (REDELIVERY_DATABASE_URL, set
+#: explicitly, wins): without either, what needs the state store fails naming the connection.
 DB_CONN_ID = "redelivery_db"
 #: Airflow connection naming where Spark jobs run: spark_connect type (a Spark Connect server) or
 #: spark type (host = a master for spark-submit, e.g. local[2]).
@@ -44,7 +46,9 @@ def airflow_environ(dags_folder: Path | None = None) -> dict[str, str]:
     """Environment variables for running Airflow on this project (defaults only): Airflow's home
     under ``REDELIVERY_HOME``, the DAGs of ``dags_folder`` (default: ``./dags``), the LocalExecutor,
     the Spark connection, and ``REDELIVERY_HOME`` / ``REDELIVERY_CONFIG`` themselves, so that every
-    Airflow process reads the same state store and config."""
+    Airflow process reads the same state store and config. Without ``REDELIVERY_DATABASE_URL``
+    (the embedded server), also Airflow's metadata database there and the connection
+    ``redelivery_db`` to its application database (``embedded_connection``)."""
     settings = get_settings()
     home = settings.home.resolve()
     venv_bin = str(Path(sys.executable).parent)
@@ -66,16 +70,30 @@ def airflow_environ(dags_folder: Path | None = None) -> dict[str, str]:
                 "password": connect_server.token(),
             }
         ),
-        "PYSPARK_PYTHON": sys.executable,
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
     }
     if settings.config_path is not None:
         values["REDELIVERY_CONFIG"] = str(settings.config_path.resolve())
     if not settings.database_url:  # else an external application database: Airflow's metadata lives elsewhere
-        # the embedded server's password comes from REDELIVERY_HOME (made on first use, mode 0600)
-        airflow_db = embedded.url("airflow").replace("postgresql://", "postgresql+psycopg2://")
-        values["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = airflow_db
+        # the embedded server's password comes from REDELIVERY_HOME (made on first use, mode 0600);
+        # SQLAlchemy's psycopg 3 dialect: redelivery's own driver (psycopg2 is not a dependency)
+        values["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = sqlalchemy_url(embedded.url("airflow"))
+        # the state store inside Airflow: without this connection a task fails naming it
+        values[f"AIRFLOW_CONN_{DB_CONN_ID.upper()}"] = json.dumps(embedded_connection())
     return {k: os.environ.get(k, v) if k != "PATH" else v for k, v in values.items()}
+
+
+def embedded_connection() -> dict:
+    """The connection ``redelivery_db`` (type redelivery) of the embedded server's application
+    database, with its password (from REDELIVERY_HOME, made on first use)."""
+    return {
+        "conn_type": "redelivery",
+        "host": "127.0.0.1",
+        "port": get_settings().pg_port,
+        "login": embedded.SUPERUSER,
+        "password": embedded.password(),
+        "schema": embedded.APP_DATABASE,
+    }
 
 
 def shell_exports(dags_folder: Path | None = None) -> str:

@@ -2,27 +2,50 @@
 
 The connection ``redelivery_db`` (type ``redelivery``, this provider's, or ``postgres``: host, port,
 login, password, schema = database name; libpq options such as ``sslmode`` in its extra) names the
-database the tasks, the redrive DAG
-and the "Dead letters" page use. Without it, ``REDELIVERY_DATABASE_URL`` or the embedded
-PostgreSQL is used, as everywhere else in redelivery.
+database the tasks, the triggers, the redrive DAG and the "Dead letters" page use, and a
+``Client()`` made in a task (``airflow_database_url``, registered by the plugin:
+``redelivery.store.db.database_url``). ``REDELIVERY_DATABASE_URL``, when set explicitly in
+Airflow's environment, wins over it (a harness, a test, one process pointed elsewhere). Without
+either, the hook raises ``DatabaseUnavailableError`` naming the connection and how to define it:
+inside Airflow the embedded PostgreSQL is never started (it would be a second, empty database in a
+worker).
 """
 
 from __future__ import annotations
+
+import json
 
 import psycopg
 from airflow.sdk import BaseHook
 from psycopg.conninfo import make_conninfo
 
 from redelivery.airflow.env import DB_CONN_ID
+from redelivery.errors import DatabaseUnavailableError
+from redelivery.settings import get_settings
 from redelivery.store import db
+
+#: The connection's shape, as the missing-connection error shows it.
+EXAMPLE = {"conn_type": "redelivery", "host": "<host>", "port": 5432, "login": "<user>",
+           "password": "<password>", "schema": "redelivery"}  # fmt: skip
 
 
 def _libpq_keywords() -> set[str]:
     return {option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()}
 
 
+def missing_connection(conn_id: str) -> str:
+    """The one line of a connection that is not defined: which, and how to define it."""
+    return (
+        f"the Airflow connection {conn_id!r} is not defined: it names the redelivery state store "
+        f"(PostgreSQL); define it in Airflow's environment, AIRFLOW_CONN_{conn_id.upper()}="
+        f"'{json.dumps(EXAMPLE)}', or in the UI (Admin > Connections, type redelivery)"
+        + (", or set REDELIVERY_DATABASE_URL" if conn_id == DB_CONN_ID else "")
+    )
+
+
 class RedeliveryHook(BaseHook):
-    """The application database of ``redelivery_conn_id`` (default ``redelivery_db``)."""
+    """The application database of ``redelivery_conn_id`` (default ``redelivery_db``; for the
+    default one, ``REDELIVERY_DATABASE_URL`` wins when set)."""
 
     conn_name_attr = "redelivery_conn_id"
     default_conn_name = DB_CONN_ID
@@ -33,34 +56,62 @@ class RedeliveryHook(BaseHook):
         super().__init__(**kwargs)
         self.redelivery_conn_id = redelivery_conn_id
 
+    def _explicit(self) -> str | None:
+        """``REDELIVERY_DATABASE_URL`` for the default connection id, when set."""
+        if self.redelivery_conn_id != DB_CONN_ID:
+            return None
+        return get_settings().database_url or None
+
+    @property
+    def source(self) -> str:
+        """Where the URL comes from, for a message saying where to fix it:
+        ``"REDELIVERY_DATABASE_URL"`` or ``"the Airflow connection '<id>'"``."""
+        if self._explicit():
+            return "REDELIVERY_DATABASE_URL"
+        return f"the Airflow connection {self.redelivery_conn_id!r}"
+
     def get_database_url(self) -> str:
-        """A libpq connection string for the connection, or, when it is not defined,
-        ``REDELIVERY_DATABASE_URL`` / the embedded PostgreSQL (started if needed). Extras that are
-        libpq keywords (``sslmode``, ``sslrootcert``, ``target_session_attrs``...) are kept."""
+        """A libpq connection string: ``REDELIVERY_DATABASE_URL`` when set (default connection id
+        only), else the connection's. Extras that are libpq keywords (``sslmode``,
+        ``sslrootcert``, ``target_session_attrs``...) are kept. Raises
+        ``DatabaseUnavailableError`` (``missing_connection``) when the connection is not defined."""
         from airflow.exceptions import AirflowNotFoundException
 
+        explicit = self._explicit()
+        if explicit:
+            return explicit
         try:
             conn = self.get_connection(self.redelivery_conn_id)
         except AirflowNotFoundException:
-            return db.database_url()
+            raise DatabaseUnavailableError(missing_connection(self.redelivery_conn_id)) from None
         return _conninfo(conn)
 
     async def aget_database_url(self) -> str:
         """``get_database_url`` for code on an event loop (a trigger in the triggerer): the
-        connection is read with Airflow's async call, a blocking fallback runs in a thread."""
-        import asyncio
-
+        connection is read with Airflow's async call. Raises as ``get_database_url``."""
         from airflow.exceptions import AirflowNotFoundException
 
+        explicit = self._explicit()
+        if explicit:
+            return explicit
         try:
             conn = await self.aget_connection(self.redelivery_conn_id)
         except AirflowNotFoundException:
-            return await asyncio.to_thread(db.database_url)
+            raise DatabaseUnavailableError(missing_connection(self.redelivery_conn_id)) from None
         return _conninfo(conn)
 
     def get_conn(self) -> psycopg.Connection:
-        """A psycopg connection with ``search_path`` set to the ``redelivery`` schema."""
+        """A psycopg connection with ``search_path`` set to the ``redelivery`` schema. Raises
+        ``DatabaseUnavailableError`` (no connection), ``psycopg.OperationalError`` (the server
+        cannot be reached or refuses the login)."""
         return db.connect(self.get_database_url())
+
+
+def airflow_database_url() -> str:
+    """The state store inside Airflow: ``RedeliveryHook().get_database_url()`` (what the plugin
+    registers as ``redelivery.store.db.database_url``'s answer in Airflow's processes). Raises
+    ``DatabaseUnavailableError`` when the connection ``redelivery_db`` is not defined."""
+    return RedeliveryHook().get_database_url()
 
 
 def _conninfo(conn) -> str:

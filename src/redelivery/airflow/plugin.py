@@ -1,10 +1,13 @@
 """Airflow plugin: the "Dead letters" page (redelivery.airflow.ui.app) in the Airflow UI's navigation,
-and the trigger check of redelivery DAGs (redelivery.airflow.ui.trigger_check)."""
+and the trigger check of redelivery DAGs (redelivery.airflow.ui.trigger_check). Loaded by Airflow,
+it also tells the state store's code that this process is one of Airflow's (``on_load``)."""
 
 from airflow.plugins_manager import AirflowPlugin
 
+from redelivery.airflow.hooks import airflow_database_url
 from redelivery.airflow.ui.app import app
 from redelivery.airflow.ui.trigger_check import RefuseBadConf
+from redelivery.store import db
 
 
 class RedeliveryPlugin(AirflowPlugin):
@@ -21,3 +24,12 @@ class RedeliveryPlugin(AirflowPlugin):
             "category": "browse",
         }
     ]
+
+    @classmethod
+    def on_load(cls, *args, **kwargs) -> None:
+        """Airflow loaded its plugins in this process (an Airflow server, or a task's process
+        before the task runs): from now on the state store of ``redelivery.store.db.database_url``
+        (a ``Client()`` made in a task) is the connection ``redelivery_db``, or
+        ``REDELIVERY_DATABASE_URL``; without them, an error naming the connection, never an
+        embedded PostgreSQL started in the worker."""
+        db.inside_airflow(airflow_database_url)

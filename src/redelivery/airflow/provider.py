@@ -25,13 +25,10 @@ def get_provider_info() -> dict:
         "description": "Batch retry and dead-letter queues for data pipelines: tiered retry delays, "
         "a delivery count that survives crashes, dead-letter queues per consumer group, redrive.",
         "versions": [__version__],
-        "integrations": [
-            {
-                "integration-name": "redelivery",
-                "external-doc-url": "https://pypi.org/project/redelivery/",
-                "tags": ["software"],
-            }
-        ],
+        # no "external-doc-url": the package is not published anywhere a link could point to;
+        # its documentation is README's "Into an existing Airflow", the distribution's long
+        # description (importlib.metadata.metadata("redelivery")["Description"], `pip show`)
+        "integrations": [{"integration-name": "redelivery", "tags": ["software"]}],
         "hooks": [{"integration-name": "redelivery", "python-modules": ["redelivery.airflow.hooks"]}],
         "triggers": [{"integration-name": "redelivery", "python-modules": ["redelivery.airflow.triggers"]}],
         "connection-types": [

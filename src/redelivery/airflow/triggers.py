@@ -69,7 +69,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     an open transaction may hold the time watermark of the READY delivery rows back (at least
     ``poll_interval``, at most 86400, default 120; new log messages are told by id, which no open
     transaction holds back). ``conn_id``: the Airflow connection of the application database (default
-    ``redelivery_db``; without it ``REDELIVERY_DATABASE_URL`` or the embedded PostgreSQL).
+    ``redelivery_db``, for which ``REDELIVERY_DATABASE_URL`` wins when set: ``RedeliveryHook``).
 
     Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None, "until": ISO
     time, "since_id": int or None, "until_id": int or None}``: n messages became READY, the delivery
@@ -77,10 +77,12 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     offset with ids in ``(since_id, until_id]``. ``since`` None: from the beginning, ``since_id``
     None: from the consume offset (the first event, or a repeat before any event was confirmed);
     ``until_id`` None: no message seen yet (then ``since_id`` is None too). Raises
-    ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs. A database that
-    cannot be reached is retried (waits double up to 60 s); the trigger never ends on its own,
-    except in ack mode for an event Airflow did not confirm stored (Airflow re-creates the
-    trigger, which fires it again)."""
+    ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs; when it starts,
+    ``DatabaseUnavailableError`` if the connection is not defined. A database that cannot be
+    reached or refuses the login is retried (waits double up to 60 s), the connection read again
+    before each new attempt, so a password rotated in the connection (or a moved host) is taken
+    without re-creating the trigger; the trigger never ends on its own, except in ack mode for an
+    event Airflow did not confirm stored (Airflow re-creates the trigger, which fires it again)."""
 
     def __init__(
         self,
@@ -149,7 +151,8 @@ class ReadyMessagesTrigger(BaseEventTrigger):
 
     async def events(self) -> AsyncIterator[tuple[dict, Watermarks]]:
         """Poll forever: ``(payload, watermarks)`` for each edge this copy claimed, the watermarks
-        its claim moved to. A database that cannot be reached is retried (waits double up to 60 s)."""
+        its claim moved to. A database that cannot be reached or refuses the login is retried
+        (waits double up to 60 s), with the connection as it is then (``_reread``)."""
         url = self._url = await RedeliveryHook(self.conn_id).aget_database_url()
         backoff = self.poll_interval
         conn: psycopg.AsyncConnection | None = None
@@ -175,6 +178,7 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                         conn = None
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                    url = self._url = await self._reread(url)
                     continue
                 if payload is not None:
                     self.log.info("%s: %s new READY messages", self.asset_uri, payload["ready"])
@@ -183,6 +187,16 @@ class ReadyMessagesTrigger(BaseEventTrigger):
         finally:
             if conn is not None:
                 await conn.close()
+
+    async def _reread(self, url: str) -> str:
+        """The state store's URL read again from the connection before a new attempt (a password
+        rotated there, ALTER ROLE ... PASSWORD and the connection changed to match, is taken);
+        ``url`` while the connection cannot be read (logged: the next attempt reads it again)."""
+        try:
+            return await RedeliveryHook(self.conn_id).aget_database_url()
+        except Exception as exc:  # the connection deleted meanwhile, Airflow's lookup failing
+            self.log.warning("%s: reading the connection %r failed: %s", self.asset_uri, self.conn_id, exc)
+            return url
 
     async def load(self, conn: psycopg.AsyncConnection) -> None:
         """Read the claimed watermarks (None: this asset never fired; the id one None too for a row

@@ -1,5 +1,7 @@
 """The ``redelivery`` command (Typer). Uses the embedded PostgreSQL unless REDELIVERY_DATABASE_URL
-is set, and starts it when it is not running. Errors print ``error: ...`` and exit with status 2."""
+is set, and starts it when it is not running. Bad input prints ``error: ...`` and exits with status
+2; a state store that cannot be reached or refuses the login prints ``redelivery: ...`` (one line)
+and exits with status 1."""
 
 from __future__ import annotations
 
@@ -241,7 +243,7 @@ def metrics_command(
 ) -> None:
     """The Prometheus metrics of the state store (text exposition format), read now."""
     from redelivery.config import cached_config
-    from redelivery.metrics import render, write_textfile
+    from redelivery.metrics import render, unavailable, write_textfile, write_unavailable_textfile
     from redelivery.store.db import connect
 
     retention = cached_config().retention.seconds("messages")
@@ -249,15 +251,26 @@ def metrics_command(
         raise RedeliveryError(
             f"--textfile {str(textfile)!r} must end in .prom (node-exporter reads only those)"
         )
-    _migrated()
-    with connect() as conn:
+    try:
+        _migrated()
+        conn = connect()
+    except Exception as exc:
+        if textfile is not None and unavailable(exc) is not None:  # node-exporter sees it down
+            _write(write_unavailable_textfile, textfile)
+        raise
+    with conn:
         if textfile is None:
             sys.stdout.write(render(conn, retention_seconds=retention).decode())
             return
-        try:
-            write_textfile(conn, str(textfile), retention)
-        except OSError as exc:
-            raise RedeliveryError(f"cannot write {str(textfile)!r}: {exc.strerror or exc}") from None
+        _write(lambda path: write_textfile(conn, path, retention), textfile)
+
+
+def _write(write, textfile: Path) -> None:
+    """``write(path)``; raises RedeliveryError when the file cannot be written."""
+    try:
+        write(str(textfile))
+    except OSError as exc:
+        raise RedeliveryError(f"cannot write {str(textfile)!r}: {exc.strerror or exc}") from None
 
 
 @app.command("cleanup")
@@ -399,9 +412,11 @@ def main() -> None:
     """The ``redelivery`` command. Bad input, whether a command refuses it (``RedeliveryError``,
     ``ValueError``) or Typer/Click do while parsing (any ``UsageError``: a bad value, a missing
     or unknown option or command), prints one line ``error: ...`` and exits with status 2 before
-    anything changes. Click runs without its standalone mode so that its errors reach this one
-    place instead of printing Typer's usage box; ``--help`` and a command group given no command
-    still print their help."""
+    anything changes. A state store that cannot be reached or refuses the password prints one line
+    ``redelivery: cannot reach the state store at host:port: ...`` / ``redelivery: authentication
+    failed for user ...`` (``unreachable``) and exits with status 1. Click runs without its
+    standalone mode so that its errors reach this one place instead of printing Typer's usage box;
+    ``--help`` and a command group given no command still print their help."""
     try:
         status = app(standalone_mode=False)  # Click's own exit (--help, Ctrl-C) comes back as a status
     except typer.TyperException as exc:  # Typer's (vendored) Click errors: UsageError (exit code 2),
@@ -416,7 +431,29 @@ def main() -> None:
     except (RedeliveryError, ValueError) as exc:  # bad input: every one of them is raised before any change
         typer.echo(f"error: {one_line(exc)}", err=True)
         raise SystemExit(2) from None
+    except Exception as exc:
+        problem = unreachable(exc)
+        if problem is None:  # not the state store's absence: a bug, with its traceback
+            raise
+        typer.echo(f"redelivery: {problem}", err=True)
+        raise SystemExit(1) from None
     raise SystemExit(status if isinstance(status, int) else 0)
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """The one line of a state store that cannot be reached or refuses the login (psycopg's
+    ``OperationalError``, or SQLAlchemy's around it while migrating: ``redelivery.metrics.
+    unavailable``) and where to fix it; None for any other error."""
+    from redelivery.metrics import unavailable
+    from redelivery.settings import get_settings
+    from redelivery.store import embedded
+
+    problem = unavailable(getattr(exc, "orig", None) or exc)
+    if problem is None:
+        return None
+    if get_settings().database_url:
+        return f"{problem} (check REDELIVERY_DATABASE_URL)"
+    return f"{problem} (the embedded PostgreSQL: its password is in {embedded.password_file()})"
 
 
 if __name__ == "__main__":

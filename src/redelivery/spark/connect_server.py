@@ -1,10 +1,15 @@
 """The project's long-lived Spark Connect server: a warm Spark for every job.
 
 Started from the pyspark wheel (``SparkConnectServer`` through its ``spark-submit``) in local mode
-with ``local[<cores>,3]`` (a failed task is tried up to 3 times), bound to 127.0.0.1 (setting
-``REDELIVERY_SPARK_CONNECT_BIND``) on port 15002 (``REDELIVERY_SPARK_CONNECT_PORT``), its
-Python workers on this interpreter, and authenticated by a token generated once and kept in
+with ``local[<cores>,3]`` (a failed task is tried up to 3 times), or on the master
+``REDELIVERY_SPARK_CONNECT_MASTER`` (``spark://host:7077``: its executors on a cluster), bound to
+127.0.0.1 (setting ``REDELIVERY_SPARK_CONNECT_BIND``) on port 15002
+(``REDELIVERY_SPARK_CONNECT_PORT``), and authenticated by a token generated once and kept in
 ``REDELIVERY_HOME/spark-connect/token`` (mode 0600). Its log and pid file are in the same folder.
+Its executors' Python is the server's ``PYSPARK_PYTHON`` for every session (Spark Connect reads
+nothing else): this interpreter in local mode, else ``REDELIVERY_SPARK_EXECUTOR_PYTHON`` (none:
+Spark's own); ``REDELIVERY_SPARK_CONF`` goes on its command line (executor memory, cores, ...).
+Each session gets the package's zip and the archives itself (``deploy.ship``).
 
 Clients reach it as ``sc://localhost:<port>/;token=<token>``: pyspark sends a token without TLS
 only to ``localhost`` (to any other host it opens a TLS channel, which this server has not); for
@@ -26,6 +31,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from redelivery.settings import get_settings
+from redelivery.spark import deploy
 from redelivery.spark.jvm import driver_java_options
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -110,20 +116,24 @@ def command() -> tuple[list[str], dict[str, str]]:
 
     settings = get_settings()
     spark_home = Path(pyspark.__file__).parent
-    cores = os.cpu_count() or 2
+    master = settings.spark_connect_master or f"local[{os.cpu_count() or 2},3]"
+    deployment = deploy.deployment()
+    python = deploy.executor_python(master, deployment)
     argv = [str(spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS,
-            "--master", f"local[{cores},3]", "--name", "redelivery-spark-connect",
+            "--master", master, "--name", "redelivery-spark-connect",
             "--conf", f"spark.connect.grpc.binding.address={settings.spark_connect_bind}",
             "--conf", f"spark.connect.grpc.binding.port={settings.spark_connect_port}",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC",
-            "--conf", f"spark.pyspark.python={sys.executable}"]  # fmt: skip
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC"]  # fmt: skip
+    for key, value in deployment.conf.items():
+        argv += ["--conf", f"{key}={value}"]
     # A JVM out of heap hangs its scheduler with the server still listening: exit instead, so the
     # jobs running fail at once and the next caller starts a fresh server.
     java_options = f"-XX:+ExitOnOutOfMemoryError {driver_java_options()}".strip()
     argv += ["--driver-memory", settings.spark_connect_memory, "--driver-java-options", java_options]
-    env = {**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable,
-           "SPARK_CONNECT_AUTHENTICATE_TOKEN": token(),
+    env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_CONNECT_AUTHENTICATE_TOKEN": token(),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}  # fmt: skip
+    if python:  # what the server hands every session's Python functions (SparkConnectPlanner)
+        env["PYSPARK_PYTHON"] = python
     return [*argv, "spark-internal"], env
 
 

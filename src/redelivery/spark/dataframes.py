@@ -28,8 +28,9 @@ from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import MalformedMessageError
 from redelivery.messaging.codec import Receipt
 from redelivery.messaging.receipts import check_at
+from redelivery.spark.deploy import map_partitions
 from redelivery.spark.publishing import publish_dataframe
-from redelivery.spark.session import functions_for
+from redelivery.spark.session import functions_for, local_checkpoint
 from redelivery.store import db
 
 __all__ = ["lease", "settle", "extend_lease", "publish_dataframe"]
@@ -133,8 +134,8 @@ def settle(
     url, config = url or db.database_url(), config or cached_config()
     with Client(url, config=config) as client:
         client.policy(topic, group)  # UnknownGroupError, UnknownTopicError, NotSubscribedError
-    outcomes = df.select(*columns).localCheckpoint(eager=True)
-    problems = outcomes.mapInArrow(_check_partition(url, group, topic, config), PROBLEM_SCHEMA).collect()
+    outcomes = local_checkpoint(df.select(*columns))
+    problems = map_partitions(outcomes, _check_partition(url, group, topic, config), PROBLEM_SCHEMA)
     if problems:
         first = min(problems, key=lambda r: r["message_id"] if r["message_id"] is not None else -1)
         raise _error_class(first["error_type"])(
@@ -142,7 +143,7 @@ def settle(
             f"delivery count {first['delivery_count']}); nothing was settled"
         )
     task = _settle_partition(url, group, topic, uuid.uuid4().hex, config, at)
-    reports = outcomes.drop("group").mapInArrow(task, SETTLED_SCHEMA).collect()
+    reports = map_partitions(outcomes.drop("group"), task, SETTLED_SCHEMA)
     return {key: sum(r[key] for r in reports) for key in ("acked", "retried", "dead_lettered", "stale")}
 
 

@@ -50,6 +50,7 @@ from redelivery.messaging.publishing import (
     refused_rows,
     write_copy,
 )
+from redelivery.spark.deploy import map_partitions
 from redelivery.spark.session import functions_for
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
@@ -250,9 +251,9 @@ def publish_dataframe(df, topic: str, batch_id: str, *, url: str | None = None, 
         topic_id = catalog.topic_id(conn, topic)
         published_at = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()[0]
     run_id = uuid.uuid4().hex
-    reports = columns.mapInArrow(
-        stage_partition(url, topic_id, batch_id, run_id, published_at), RESULT_SCHEMA
-    ).collect()
+    reports = map_partitions(
+        columns, stage_partition(url, topic_id, batch_id, run_id, published_at), RESULT_SCHEMA
+    )
     return publish_staged(url, topic_id, batch_id, run_id, reports, at=published_at)
 
 

@@ -1,13 +1,18 @@
 """Building the SparkSession of a job: the warm Spark Connect server by default, a classic
-session on any master, or what spark-submit set up; and the environment of a spark-submit."""
+session on any master, or what spark-submit set up; and the environment of a spark-submit. Every
+session gets what ``redelivery.spark.deploy`` says its executors need."""
 
 from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
 from redelivery.settings import get_settings
+from redelivery.spark import deploy
 from redelivery.spark.jvm import driver_java_options
 
 
@@ -18,24 +23,44 @@ def runs_driver_here(master: str) -> bool:
     return master.startswith(("local", "spark://"))
 
 
-def submit_environment(master: str, database_url: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
+def submit_environment(
+    master: str, database_url: str | None = None, deployment: deploy.Deployment | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """``(env_vars, conf)`` for a spark-submit of one of ``redelivery/spark/jobs/`` to ``master``: the one
-    place that says what every submit needs. ``env_vars``: ``REDELIVERY_DATABASE_URL`` (when given)
-    and, for a driver on this machine, ``PYSPARK_PYTHON`` and a ``PATH`` that finds this
-    environment's ``spark-submit``. ``conf``: no UI, UTC session time zone, Python workers on this
-    interpreter (driver on this machine) and the class-data sharing archive when it exists."""
+    place that says what every submit needs (its py-files and archives: ``deploy.submit_files``).
+    ``env_vars``: ``REDELIVERY_DATABASE_URL`` (when given; without its password for a driver in a
+    cluster, where the Spark provider puts env_vars on spark-submit's command line: the cluster
+    gives the password, e.g. ``PGPASSWORD`` from a secret) and, for a driver on this machine, a
+    ``PATH`` that finds this environment's ``spark-submit`` (and ``PYSPARK_PYTHON`` for a local
+    master). ``conf``: no UI, UTC session time zone, the executors' Python when there is one
+    (``deploy.executor_python``: this interpreter for a local master), a driver here on this
+    interpreter with the class-data sharing archive when it exists, then the deployment's conf."""
+    deployment = deployment or deploy.deployment()
     env: dict[str, str] = {}
     conf = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
     if database_url:
-        env["REDELIVERY_DATABASE_URL"] = database_url
-    if runs_driver_here(master):
-        python = os.environ.get("PYSPARK_PYTHON", sys.executable)
-        env["PYSPARK_PYTHON"] = python
-        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+        env["REDELIVERY_DATABASE_URL"] = (
+            database_url if runs_driver_here(master) else _no_password(database_url)
+        )
+    python = deploy.executor_python(master, deployment)
+    if python:
         conf["spark.pyspark.python"] = python
+    if runs_driver_here(master):
+        if deploy.is_local(master):
+            env["PYSPARK_PYTHON"] = python
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+        conf["spark.pyspark.driver.python"] = sys.executable
         if driver_java_options():
             conf["spark.driver.extraJavaOptions"] = driver_java_options()
-    return env, conf
+    return env, {**conf, **deployment.conf}
+
+
+def _no_password(url: str) -> str:
+    """``url`` without its password (as libpq ``key=value`` text), or unchanged when it has none."""
+    params = conninfo_to_dict(url)
+    if params.pop("password", None) is None:
+        return url
+    return make_conninfo("", **params)
 
 
 def under_spark_submit() -> bool:
@@ -44,7 +69,7 @@ def under_spark_submit() -> bool:
 
 
 def get_spark(app_name: str, master: str | None = None):
-    """A SparkSession for ``app_name``.
+    """A SparkSession for ``app_name``, its executors given what ``redelivery.spark.deploy`` says.
 
     Under spark-submit: the session spark-submit set up. Otherwise ``master`` or the
     ``REDELIVERY_SPARK`` setting decides: ``connect`` (default) is the project's warm Spark
@@ -52,39 +77,90 @@ def get_spark(app_name: str, master: str | None = None):
     else (``local[2]``, ``spark://host:7077``) is a classic session with its driver in this
     process. Raises ``SparkConnectError`` when the project's server cannot start."""
     target = master or get_settings().spark
+    deployment = deploy.deployment()
     if not under_spark_submit() and (target == "connect" or target.startswith("sc://")):
         from pyspark.sql.connect.session import SparkSession  # (a classic session may run beside it)
 
         from redelivery.spark import connect_server
 
         remote = connect_server.ensure_running() if target == "connect" else target
-        return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
-    return classic_session(app_name, None if under_spark_submit() else target)
+        builder = SparkSession.builder.remote(remote).appName(app_name)
+        for key, value in deploy.connect_conf(deployment).items():
+            builder = builder.config(key, value)
+        spark = builder.create()  # (getOrCreate would hand back a session of this process on any server)
+    else:
+        spark = classic_session(app_name, None if under_spark_submit() else target, deployment)
+    deploy.ship(spark, deployment)
+    return spark
 
 
-def classic_session(app_name: str, master: str | None):
+def classic_session(app_name: str, master: str | None, deployment: deploy.Deployment | None = None):
     """A classic SparkSession (a JVM driver in this process): the one spark-submit made, or one
-    on ``master``."""
+    on ``master``, its executors on ``deploy.executor_python`` (this interpreter for a local
+    master; none given: Spark's own, ``PYSPARK_PYTHON`` else ``python3``), with the deployment's
+    archives and conf. The package's zip is added by ``deploy.ship`` (``get_spark`` does it)."""
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    deployment = deployment or deploy.deployment()
     builder = SparkSession.builder.appName(app_name)
+    python = None
     if master is not None:
         builder = builder.master(master)
+        python = deploy.executor_python(master, deployment)
         if driver_java_options():  # only when this process starts the driver JVM itself
             builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
+        if deployment.archives:
+            builder = builder.config("spark.archives", ",".join(deployment.archives))
+        if python:
+            builder = builder.config("spark.pyspark.python", python)
+        for key, value in deployment.conf.items():
+            builder = builder.config(key, value)
     builder = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
     )
-    return builder.getOrCreate()
+    with _pyspark_python(python):  # what a SparkContext reads, once, when it starts
+        return builder.getOrCreate()
+
+
+@contextmanager
+def _pyspark_python(python: str | None):
+    """``PYSPARK_PYTHON`` set to ``python`` meanwhile (None: left as it is)."""
+    before = os.environ.get("PYSPARK_PYTHON")
+    if python is not None:
+        os.environ["PYSPARK_PYTHON"] = python
+    try:
+        yield
+    finally:
+        if python is not None:
+            if before is None:
+                os.environ.pop("PYSPARK_PYTHON", None)
+            else:
+                os.environ["PYSPARK_PYTHON"] = before
 
 
 def is_connect(spark) -> bool:
     """Whether ``spark`` is a Spark Connect session."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def local_checkpoint(df):
+    """``df.localCheckpoint(eager=True)``, on ``df``'s own session: pyspark's Connect client binds
+    the checkpoint it gets back to the thread's active session
+    (``conversion.proto_to_remote_cached_dataframe``), which in a process holding sessions on two
+    servers may be the other one's (the plan then names a DataFrame that server never had)."""
+    if not is_connect(df):
+        return df.localCheckpoint(eager=True)
+    from pyspark.sql.connect.session import SparkSession
+
+    holder = SparkSession._active_session  # thread-local
+    before = getattr(holder, "session", None)
+    holder.session = df.sparkSession
+    try:
+        return df.localCheckpoint(eager=True)
+    finally:
+        holder.session = before
 
 
 def functions_for(df):

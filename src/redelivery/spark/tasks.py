@@ -5,9 +5,10 @@ through Spark Connect (which has no RDD API and no SparkContext) and through spa
 per partition, then ``mapInArrow``) and returns ``task(item)`` of each, in item order. The function
 and the items travel to the Python workers pickled (cloudpickle), the results come back pickled:
 ``task`` must be importable on the workers (a module-level function of this package, or a
-``functools.partial`` of one). Spark may run a task more than once (a retried or speculative
-attempt); every task of redelivery is one or more guarded transactions, so a second attempt
-changes nothing the first one committed.
+``functools.partial`` of one). Each task first checks that its executor runs the driver's
+redelivery (``deploy.checked``: one line naming both versions otherwise). Spark may run a task
+more than once (a retried or speculative attempt); every task of redelivery is one or more
+guarded transactions, so a second attempt changes nothing the first one committed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
+
+from redelivery.spark.deploy import map_partitions
 
 T = TypeVar("T")
 RESULT_SCHEMA = "index long, result binary"
@@ -37,13 +40,12 @@ def _run_partition(task: Callable[[Any], Any], items: Sequence[Any]):
 
 def run_in_tasks(spark, task: Callable[[T], Any], items: Sequence[T]) -> list[Any]:
     """``[task(item) for item in items]``, each call in a Spark task of its own (in parallel, as
-    many at once as the cluster has cores). Raises what Spark raises when a task fails for good."""
+    many at once as the cluster has cores). Raises what Spark raises when a task fails for good
+    (``deploy.ExecutorEnvironmentError`` when an executor has not the driver's redelivery)."""
     if not items:
         return []
     count = len(items)
-    rows = (
-        spark.range(0, count, 1, count).mapInArrow(_run_partition(task, list(items)), RESULT_SCHEMA).collect()
-    )
+    rows = map_partitions(spark.range(0, count, 1, count), _run_partition(task, list(items)), RESULT_SCHEMA)
     results = dict((row["index"], pickle.loads(row["result"])) for row in rows)
     return [results[i] for i in range(count)]
 

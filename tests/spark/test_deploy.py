@@ -1,0 +1,120 @@
+"""What the executors get (redelivery.spark.deploy), without a cluster: the settings and a Spark
+connection's extras, the executors' Python per master, the package's zip, spark-submit's
+environment, and the version check every task makes first (tests/spark/test_cluster.py runs them
+on a real cluster)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+
+import pyarrow as pa
+import pytest
+
+import redelivery
+from redelivery.settings import get_settings
+from redelivery.spark import deploy
+from redelivery.spark.session import submit_environment
+
+
+@pytest.fixture()
+def settings(monkeypatch):
+    """Set REDELIVERY_* variables for one test: ``settings(SPARK_CONF=...)``."""
+
+    def set_(**values):
+        for key, value in values.items():
+            monkeypatch.setenv(f"REDELIVERY_{key}", value)
+        get_settings.cache_clear()
+
+    yield set_
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+def test_the_settings_and_a_connections_extras(settings):
+    settings(SPARK_EXECUTOR_PYTHON="/opt/env/bin/python", SPARK_ARCHIVES="/a/env.tar.gz#env, /a/b.zip",
+             SPARK_CONF=json.dumps({"spark.executor.memory": "1g", "spark.cores.max": 2,
+                                    "spark.dynamicAllocation.enabled": False}))  # fmt: skip
+    plain = deploy.deployment()
+    assert plain.executor_python == "/opt/env/bin/python" and plain.archives == (
+        "/a/env.tar.gz#env",
+        "/a/b.zip",
+    )
+    assert plain.conf == {"spark.executor.memory": "1g", "spark.cores.max": "2",
+                          "spark.dynamicAllocation.enabled": "false"}  # fmt: skip
+    extras = {"executor_python": "./env/bin/python", "archives": [], "py_files": "x.py,y.zip",
+              "conf": {"spark.executor.memory": "2g"}, "use_ssl": True}  # fmt: skip
+    mine = deploy.deployment(extras)
+    assert (mine.executor_python, mine.archives, mine.py_files) == ("./env/bin/python", (), ("x.py", "y.zip"))
+    assert mine.conf["spark.executor.memory"] == "2g" and mine.conf["spark.cores.max"] == "2"
+    with pytest.raises(ValueError, match="py_files must be comma-separated text or a list of strings"):
+        deploy.deployment({"py_files": 3})
+    with pytest.raises(ValueError, match="conf must be an object"):
+        deploy.deployment({"conf": "spark.x=1"})
+
+
+def test_the_executors_python_is_the_drivers_only_on_a_local_master(settings):
+    settings()
+    assert deploy.executor_python("local[2]") == sys.executable
+    assert deploy.executor_python("spark://h:7077") is None  # Spark's own: python3 on the workers
+    assert deploy.executor_python("yarn") is None
+    settings(SPARK_EXECUTOR_PYTHON="./env/bin/python")
+    assert deploy.executor_python("local[2]") == deploy.executor_python("yarn") == "./env/bin/python"
+
+
+def test_a_spark_submit_to_a_cluster_puts_no_local_path_and_no_password_on_its_command_line(settings):
+    settings(SPARK_CONF=json.dumps({"spark.kubernetes.driver.secretKeyRef.PGPASSWORD": "db:password"}))
+    env, conf = submit_environment("k8s://https://k:6443", "postgresql://u:s3cret@h:5432/db?sslmode=require")
+    assert env == {"REDELIVERY_DATABASE_URL": "user=u dbname=db host=h port=5432 sslmode=require"}
+    assert not any(sys.executable in value for value in conf.values())
+    assert conf["spark.kubernetes.driver.secretKeyRef.PGPASSWORD"] == "db:password"  # names a secret
+    env, conf = submit_environment("spark://h:7077", "postgresql://u:s3cret@h/db")  # driver here
+    assert env["REDELIVERY_DATABASE_URL"] == "postgresql://u:s3cret@h/db"  # in spark-submit's environment
+    assert "spark.pyspark.python" not in conf and "PYSPARK_PYTHON" not in env  # executors: Spark's own
+    assert conf["spark.pyspark.driver.python"] == sys.executable
+    assert deploy.submit_files(deploy.deployment({"py_files": "a.py", "archives": "e.tgz#env"})) == (
+        "a.py",
+        "e.tgz#env",
+    )  # the package itself: the driver ships it (deploy.ship)
+
+
+def test_the_package_zip_is_built_once_per_content(settings, tmp_path):
+    settings(HOME=str(tmp_path))
+    deploy.package_zip.cache_clear()
+    try:
+        first = deploy.package_zip()
+        deploy.package_zip.cache_clear()
+        assert deploy.package_zip() == first and first.parent == tmp_path / "spark-py-files"
+    finally:
+        deploy.package_zip.cache_clear()
+    assert first.name.startswith(f"redelivery-{redelivery.__version__}-") and first.suffix == ".zip"
+    names = zipfile.ZipFile(first).namelist()
+    assert "redelivery/spark/deploy.py" in names and "redelivery/store/migrations/script.py.mako" in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert deploy.archives(deploy.Deployment()) == [f"{first}#{first.stem}"]
+    assert deploy.archives(deploy.Deployment(ship_package=False, archives=("e.tgz#env",))) == ["e.tgz#env"]
+
+
+def rows(batches):
+    for batch in batches:
+        yield pa.RecordBatch.from_pylist([{"n": len(batch)}])
+
+
+def test_a_task_refuses_an_executor_with_another_redelivery_in_one_line(monkeypatch):
+    task = deploy.checked(rows, deploy.Deployment(ship_package=False))
+    batch = pa.RecordBatch.from_pylist([{"x": 1}, {"x": 2}])
+    assert [b.to_pylist() for b in task(iter([batch]))] == [[{"n": 2}]]
+    monkeypatch.setattr(redelivery, "__version__", "0.0.9")  # what this "executor" has
+    with pytest.raises(RuntimeError) as refused:
+        list(task(iter([batch])))
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("redelivery 0.0.9 on Spark executor ")
+    assert f"({sys.executable}), redelivery {deploy.__version__} on the driver: " in line
+    # the driver raises that line alone, whatever Spark wrapped around it
+    wrapped = f"Job aborted\nTraceback (most recent call last):\n  ...\nRuntimeError: {line}\n\tat org..."
+    with pytest.raises(deploy.ExecutorEnvironmentError) as raised, deploy.executor_errors():
+        raise Exception(wrapped)
+    assert str(raised.value) == line
+    with pytest.raises(ValueError, match="other"), deploy.executor_errors():
+        raise ValueError("other")
