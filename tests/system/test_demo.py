@@ -52,6 +52,41 @@ def test_unreachable_receiver_is_a_retry():
     assert outcomes == [("retry", "receiver unreachable: ConnectionError")]
 
 
+def test_chart_draws_states_and_lateness_in_one_figure(tmp_path):
+    """write_chart on a timeline and tier runs of run.py's shape (900 flights, 30 dead-lettered
+    after two retries; a run without a window start, one that promoted nothing): one PNG."""
+    from datetime import UTC, datetime, timedelta
+
+    from demo.report import write_chart
+
+    def sample(second, ready=0, waiting=0, committed=0, dlq=0):
+        http = {"READY": ready, "INFLIGHT": 0, "WAITING_RETRY": waiting, "COMMITTED": committed, "DLQ": dlq}
+        stats = {"READY": 900 if second < 0 else 0, "INFLIGHT": 0, "WAITING_RETRY": 0, "DLQ": 0}
+        stats["COMMITTED"] = 900 - stats["READY"]
+        return start + timedelta(seconds=max(second, 0)), {"flights-http": http, "flights-stats": stats}
+
+    def run(tier, second, window, p99):
+        end = start + timedelta(seconds=second)
+        return {
+            "tier": tier,
+            "window_start": (end - timedelta(seconds=window)).isoformat() if window else None,
+            "window_end": end.isoformat(),
+            "lateness_seconds": {"p50": p99 and p99 / 2, "p99": p99, "max": p99 and p99 * 1.2},
+        }
+
+    start = datetime(2026, 1, 2, tzinfo=UTC)
+    timeline = [
+        sample(-1, ready=900),
+        sample(0, waiting=198, committed=702),
+        sample(10, waiting=58, committed=842),
+        sample(40, committed=870, dlq=30),
+    ]
+    runs = [run("seconds", 10, 10, 2.5), run("seconds", 40, 10, 0.0), run("minutes", 60, None, 12.0)]
+    runs.append(run("minutes", 60, 60, None))
+    path = write_chart(tmp_path / "chart.png", timeline, runs, ["flights-http", "flights-stats"])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
 @pytest.mark.spark
 @pytest.mark.airflow
 def test_demo_end_to_end_small(database_url, tmp_path):
