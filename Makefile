@@ -45,7 +45,7 @@ test: setup lint
 	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # ruff (configured in pyproject.toml): lint rules and formatting, as CI runs them.
-LINTED := src dags tests bench chaos demo harness
+LINTED := src dags plugins spark_jobs tests bench chaos demo harness
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)

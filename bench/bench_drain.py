@@ -242,7 +242,7 @@ class RedeliveryConsumer:
         group_id = conn.execute("SELECT group_id FROM subscriptions").fetchone()[0]
         ids = [m.message_id for m in messages]
         # the parameters Client.ack builds
-        params = {"group_id": group_id, **self.client._receipt_params(messages), "count_stale": True}
+        params = {"group_id": group_id, **self.client.consumer._receipt_params(messages), "count_stale": True}
         with conn.transaction():
             plan = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + S.ACK, params, prepare=False)]
         left = conn.execute("SELECT count(*) FROM deliveries WHERE message_id = ANY(%s)", (ids,)).fetchone()

@@ -6,7 +6,7 @@ the same rows, measured in one run on the same database.
 
   raw COPY     psycopg's binary COPY of (key, body) into a plain table: the floor (baseline)
   API          Client.publish of the same rows to a topic with two subscribed groups
-  DataFrame    spark.publish_job.publish_dataframe of the same rows (the warm Spark Connect server)
+  DataFrame    spark.publishing.publish_dataframe of the same rows (the warm Spark Connect server)
   messages     (--floor) what a publish's write costs with nothing else: the rows, encoded
                beforehand, COPYed straight into the log (one row per message, whatever the number
                of groups), ids from the column's default

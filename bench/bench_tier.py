@@ -9,7 +9,7 @@ For each size, N messages are made due at level 1 (WAITING_RETRY), then promoted
   warm     the tier job in an already started local Spark session: Spark's start excluded,
   connect  a fresh interpreter running the job on the warm Spark Connect server, as an Airflow
            task does: interpreter start, imports, session, job, commit included,
-  submit   `spark-submit redelivery/spark/jobs/tier_window.py`: JVM and Spark start included (with the
+  submit   `spark-submit redelivery/jobs/tier_window.py`: JVM and Spark start included (with the
            class-data sharing archive that `make` set-up builds).
 Every variant starts from the same freshly built, vacuumed table. Runs on a database of its own
 (redelivery_bench).
@@ -26,7 +26,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from redelivery.spark.jobs import application
+from redelivery.jobs import application
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW_END = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
@@ -158,7 +158,7 @@ def run_in_task(url: str) -> float:
 
 
 def run_connect_task(url: str) -> float:
-    """A fresh interpreter running redelivery/spark/jobs/tier_window.py on the warm Spark Connect
+    """A fresh interpreter running redelivery/jobs/tier_window.py on the warm Spark Connect
     server, as an Airflow task does: interpreter start, imports, session, job and commit all included."""
     env = {**os.environ, "REDELIVERY_DATABASE_URL": url, "REDELIVERY_SPARK": "connect"}
     start = time.perf_counter()

@@ -10,5 +10,6 @@ dag = http_consumer_dag(
     group="flights-http",
     conn_id="redelivery_flights_receiver",
     dag_id="redelivery_flights_consumer",
+    endpoint="/flights",
     body_field="flight",
 )

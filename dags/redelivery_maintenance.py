@@ -1,4 +1,4 @@
-"""Daily retention cleanup (see redelivery.airflow.dags.maintenance)."""
+"""Hourly retention cleanup (see redelivery.airflow.dags.maintenance)."""
 
 from redelivery.airflow.dags.maintenance import maintenance_dag
 

@@ -310,7 +310,7 @@ def test_cli_redrive_dry_run_by_default_then_execute(dead, clean_db):
 
     env = {**os.environ, "REDELIVERY_DATABASE_URL": clean_db}
     dry = subprocess.run(
-        [CLI, "redrive", "--group", "billing", "--reason", "REJECTED", "--json"],
+        [CLI, "redrive", "--group", "billing", "--reasons", "REJECTED", "--json"],
         capture_output=True,
         text=True,
         env=env,
@@ -323,9 +323,9 @@ def test_cli_redrive_dry_run_by_default_then_execute(dead, clean_db):
             "redrive",
             "--group",
             "billing",
-            "--reason",
+            "--reasons",
             "REJECTED",
-            "--execute",
+            "--no-dry-run",
             "--rate-limit",
             "100000",
             "--json",
@@ -340,7 +340,7 @@ def test_cli_redrive_dry_run_by_default_then_execute(dead, clean_db):
     )
     assert json.loads(counted.stdout) == {"group": "billing", "count": 10}
     bad = subprocess.run(
-        [CLI, "redrive", "--group", "billing", "--reason", "SOMETIMES"],
+        [CLI, "redrive", "--group", "billing", "--reasons", "SOMETIMES"],
         capture_output=True,
         text=True,
         env=env,

@@ -51,9 +51,10 @@ class TierConfig(BaseModel):
 
 
 class ProducerConfig(BaseModel):
-    """``publish`` retries of transient database failures and of flow control (530), with the
-    backoff of seeds/002 (gRPC connection backoff): wait min(initial * multiplier^k, max) moved by
-    up to +-jitter of itself, for at most ``attempts`` tries in all."""
+    """``publish`` retries of transient database failures and of flow control (530), with
+    RocketMQ's send-retry backoff, gRPC's connection backoff (RocketMQ cloud, "Send retry and
+    flow control"): wait min(initial * multiplier^k, max) moved by up to +-jitter of itself, for
+    at most ``attempts`` tries in all."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal, get_args
 
 import psycopg
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import ConfigError
 from redelivery.messaging.codec import BINARY, JSON, decode, retry_properties
-from redelivery.rules.names import check_name
+from redelivery.rules.names import NAME_REGEX, check_name
 from redelivery.store import statements as S
 from redelivery.store.catalog import group, topic_id
 
@@ -35,33 +35,83 @@ MessageId = Annotated[int, Field(ge=1, le=MAX_MESSAGE_ID)]
 MAX_MESSAGE_IDS, MAX_ERROR_TEXT, MAX_KEY_CHARS = 100_000, 1000, 1000
 
 
+#: Any text without a NUL character (PostgreSQL's text cannot hold one); ECMA 262 and Python alike.
+NO_NUL = r"^[^\u0000]*$"
+
+
+def _blank_is_none(value):
+    return None if value == "" else value
+
+
+def _name_of(kind: str):
+    """A validator of a ``kind`` name (``rules.names``), a blank being no name."""
+
+    def check(value):
+        value = _blank_is_none(value)
+        return value if value is None else check_name(kind, value)
+
+    return BeforeValidator(check)
+
+
+#: A topic or group name: the rule of ``rules.names`` (its message), its pattern for the forms.
+Name = Annotated[str, Field(pattern=f"^{NAME_REGEX}$")]
+GroupName = Annotated[Name, _name_of("group")]
+TopicName = Annotated[Name | None, _name_of("topic")]
+#: Text without a NUL character, a blank being no text.
+Text = Annotated[str | None, BeforeValidator(_blank_is_none)]
+
+
 class DlqFilter(BaseModel):
     """Which dead letters of ``group``: all given conditions must hold. Times are timezone-aware
     (UTC assumed when naive), ``dead_lettered_from`` inclusive and ``dead_lettered_to`` exclusive;
     ``error_contains`` matches the last error, case-insensitively, as text (never a pattern);
-    ``key`` the message key exactly.
+    ``key`` the message key exactly. The one declaration of these fields: the CLI's options, the
+    ``dlq_redrive`` Params, the operator page's form and address and the SQL parameters of
+    ``statements.DLQ_FILTER`` are derived from it (``redelivery.fields``).
     Invalid values raise pydantic's ``ValidationError`` (a ``ValueError``) naming the field."""
 
     model_config = ConfigDict(extra="forbid")
 
-    group: str
-    topic: str | None = None
-    dead_lettered_from: datetime | None = None
-    dead_lettered_to: datetime | None = None
-    reasons: list[Reason] = Field(default_factory=list)
-    error_contains: str | None = Field(default=None, max_length=MAX_ERROR_TEXT)
-    message_ids: list[MessageId] = Field(default_factory=list, max_length=MAX_MESSAGE_IDS)
-    key: str | None = Field(default=None, max_length=MAX_KEY_CHARS)
-
-    @field_validator("group")
-    @classmethod
-    def _group_name(cls, value: str) -> str:
-        return check_name("group", value)
-
-    @field_validator("topic")
-    @classmethod
-    def _topic_name(cls, value: str | None) -> str | None:
-        return check_name("topic", value) if value else None
+    group: GroupName = Field(title="Consumer group", description="The group whose dead letters these are.")
+    topic: TopicName = Field(
+        default=None, title="Topic", description="Only dead letters from this topic. Empty: every topic."
+    )
+    dead_lettered_from: datetime | None = Field(
+        default=None,
+        title="Dead-lettered from",
+        description="ISO 8601 time, inclusive (UTC if no zone). Empty: no lower bound.",
+    )
+    dead_lettered_to: datetime | None = Field(
+        default=None,
+        title="Dead-lettered before",
+        description="ISO 8601 time, exclusive (UTC if no zone). Empty: no upper bound.",
+    )
+    reasons: list[Reason] = Field(
+        default_factory=list,
+        title="Reasons",
+        description="Only these dead-letter reasons. Empty: all.",
+        json_schema_extra={"uniqueItems": True},
+    )
+    error_contains: Text = Field(
+        default=None,
+        max_length=MAX_ERROR_TEXT,
+        title="Last error contains",
+        description="Case-insensitive text of the last error (never a pattern). Empty: any.",
+        json_schema_extra={"pattern": NO_NUL},
+    )
+    message_ids: list[MessageId] = Field(
+        default_factory=list,
+        max_length=MAX_MESSAGE_IDS,
+        title="Message ids",
+        description=f"Only these message ids (at most {MAX_MESSAGE_IDS:,}). Empty: any.",
+    )
+    key: Text = Field(
+        default=None,
+        max_length=MAX_KEY_CHARS,
+        title="Message key",
+        description="Only dead letters with exactly this message key. Empty: any.",
+        json_schema_extra={"pattern": NO_NUL},
+    )
 
     @field_validator("dead_lettered_from", "dead_lettered_to")
     @classmethod
@@ -73,7 +123,7 @@ class DlqFilter(BaseModel):
     def _text(cls, value: str | None, info) -> str | None:
         if value and "\x00" in value:
             raise ValueError(f"{info.field_name} may not contain a NUL character")
-        return value if value else None
+        return value
 
     @model_validator(mode="after")
     def _range(self) -> DlqFilter:
@@ -85,17 +135,19 @@ class DlqFilter(BaseModel):
         return self
 
 
+#: The fields of the filter (``DlqFilter``'s; a ``RedriveRequest`` has more).
+FILTER_FIELDS: tuple[str, ...] = tuple(DlqFilter.model_fields)
+
+
 def filter_params(conn: psycopg.Connection, request: DlqFilter) -> dict:
-    """The parameters of ``statements.DLQ_FILTER``; raises UnknownGroupError / UnknownTopicError."""
+    """The parameters of ``statements.DLQ_FILTER``: the filter's fields under their own names (an
+    empty list as NULL: no condition), and the ids of its group and topic. Raises
+    UnknownGroupError / UnknownTopicError."""
+    values = {name: getattr(request, name) for name in FILTER_FIELDS}
     return {
+        **{name: (list(v) or None) if isinstance(v, list) else v for name, v in values.items()},
         "group_id": group(conn, request.group)[0],
         "topic_id": topic_id(conn, request.topic) if request.topic else None,
-        "from": request.dead_lettered_from,
-        "to": request.dead_lettered_to,
-        "reasons": list(request.reasons) or None,
-        "error": request.error_contains,
-        "ids": list(request.message_ids) or None,
-        "message_key": request.key,
     }
 
 

@@ -22,7 +22,8 @@ class InvalidNameError(RedeliveryError, ValueError):
 
 
 class InvalidDelayError(RedeliveryError, ValueError):
-    """A retry delay outside 1 s to 864000 s (Pulsar reconsumeLater range, seeds/000)."""
+    """A retry delay outside 1 s to 864000 s, Pulsar's reconsumeLater range (TDMQ Pulsar,
+    "Message retry and dead-letter mechanism")."""
 
 
 class InvalidLevelError(RedeliveryError, ValueError):
@@ -48,8 +49,9 @@ class SchemaNotMigratedError(RedeliveryError, RuntimeError):
 
 
 class TooManyRequestsError(RedeliveryError):
-    """Flow control: the topic's ready backlog is at its cap (RocketMQ reply code 530
-    TOO_MANY_REQUESTS, seeds/002). Transient: a retrying publisher backs off and tries again."""
+    """Flow control: the topic's ready backlog is at its cap, RocketMQ reply code 530
+    TOO_MANY_REQUESTS (RocketMQ cloud, "Send retry and flow control"). Transient: a retrying
+    publisher backs off and tries again."""
 
     code = 530
 

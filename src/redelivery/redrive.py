@@ -20,12 +20,11 @@ from dataclasses import dataclass
 
 import psycopg
 from psycopg.types.json import Jsonb
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from redelivery.config import RedeliveryConfig, cached_config
-from redelivery.dead_letters import DlqFilter, filter_params, jsonable, select
+from redelivery.dead_letters import DlqFilter, TopicName, filter_params, jsonable, select
 from redelivery.errors import RedeliveryError
-from redelivery.rules.names import check_name
 from redelivery.rules.policies import MAX_INT
 from redelivery.spark.tasks import default_parallelism, run_in_tasks
 from redelivery.store import catalog, db
@@ -37,22 +36,48 @@ MAX_BATCH = 500
 SAMPLE_SIZE = 10
 
 
+#: The rate limit a person's redrive (the CLI, the ``dlq_redrive`` form) starts from, messages per
+#: second: the API's default is no limit.
+OPERATOR_RATE_LIMIT = 500
+
+
 class RedriveRequest(DlqFilter):
     """A redrive: the filter, then ``max_messages`` (None: all selected), ``rate_limit`` in
     messages per second (None: no limit), ``destination_topic`` (None: the original topic),
     ``reset_reconsume_times`` (default on: the retry budget is restored, reconsume times back to 0;
-    the delivery count is never reset) and ``dry_run`` (default on: report only)."""
+    the delivery count is never reset) and ``dry_run`` (default on: report only). The one
+    declaration of these fields, as ``DlqFilter`` is of the filter's (``redelivery.fields``)."""
 
-    max_messages: int | None = Field(default=None, ge=1, le=MAX_INT)
-    rate_limit: float | None = Field(default=None, gt=0, le=1_000_000)
-    destination_topic: str | None = None
-    reset_reconsume_times: bool = True
-    dry_run: bool = True
-
-    @field_validator("destination_topic")
-    @classmethod
-    def _dest_name(cls, value: str | None) -> str | None:
-        return check_name("topic", value) if value else None
+    max_messages: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INT,
+        title="Max messages",
+        description="Move at most this many. Empty: all that match.",
+    )
+    rate_limit: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        title="Rate limit (messages per second)",
+        description="Move at most this many messages a second. Empty: no limit.",
+        json_schema_extra={"operator_default": OPERATOR_RATE_LIMIT},
+    )
+    destination_topic: TopicName = Field(
+        default=None,
+        title="Destination topic",
+        description="Empty: back to the original topic. Otherwise a copy is published there and the "
+        "dead letter is closed.",
+    )
+    reset_reconsume_times: bool = Field(
+        default=True,
+        title="Restore the retry budget",
+        description="On: reconsume times back to 0, so a redriven message gets its retries again. "
+        "The delivery count is never reset, and the redrive is counted.",
+    )
+    dry_run: bool = Field(
+        default=True, title="Dry run", description="On: only count and sample what would move."
+    )
 
     @model_validator(mode="after")
     def _dest_is_another_topic(self) -> RedriveRequest:
@@ -109,12 +134,12 @@ class Lane:
 
 
 def capped_lanes(conn: psycopg.Connection, config, request: RedriveRequest, params: dict) -> list[Lane]:
-    """The lanes of a redrive that lands under a ready-backlog cap (RocketMQ flow control,
-    seeds/002; publish and tier runs keep the same caps), or [] when none applies and the moves
-    need no room check. Back to the original topics: one lane per topic of the group (the request's
-    topic only, when it names one), each capped by the group's policy on it. To another topic: one
-    lane, capped by every capped group of that topic. A subscription whose policy cannot be
-    resolved has no known cap (as in publish)."""
+    """The lanes of a redrive that lands under a ready-backlog cap, RocketMQ's flow control
+    (RocketMQ cloud, "Send retry and flow control"; publish and tier runs keep the same caps), or
+    [] when none applies and the moves need no room check. Back to the original topics: one lane
+    per topic of the group (the request's topic only, when it names one), each capped by the
+    group's policy on it. To another topic: one lane, capped by every capped group of that topic.
+    A subscription whose policy cannot be resolved has no known cap (as in publish)."""
     if params["dest"] is not None:
         pairs = [(params["dest"], g) for g in catalog.subscribed_groups(conn, params["dest"])]
     else:
@@ -281,7 +306,7 @@ def open_run(
     request: RedriveRequest, *, run_key: str, triggered_by: str | None = None, url: str | None = None
 ):
     """Check ``request`` and record it as run ``run_key`` without moving anything, so that a job
-    elsewhere (redelivery/spark/jobs/dlq_redrive.py under spark-submit) runs it from the key alone
+    elsewhere (redelivery/jobs/dlq_redrive.py under spark-submit) runs it from the key alone
     (``request_of_run``): the request never travels as a command-line argument, which Linux caps
     at 128 KiB. Raises what ``redrive`` raises before moving anything."""
     with db.connect(url or db.database_url(), autocommit=True) as conn:

@@ -120,7 +120,7 @@ def test_a_tier_run_emits_an_event_per_subscription_with_promotions(client, topi
 
 
 def test_delivery_acks_rejects_and_retries_by_the_answer(flights_group, receiver):
-    from redelivery.messaging.http_delivery import HttpEndpoint, drain
+    from redelivery.airflow.http_delivery import HttpEndpoint, drain
 
     client = flights_group
     ids = client.publish("flights", real_flights(departed=5, cancelled=2))
@@ -159,7 +159,8 @@ def test_the_endpoint_comes_from_an_http_connection(monkeypatch):
         monkeypatch.setenv("AIRFLOW_CONN_RECEIVER_TEST", json.dumps(value))
 
     define({"conn_type": "http", "host": "127.0.0.1", "port": 8000})
-    assert endpoint_url("receiver_test") == "http://127.0.0.1:8000/flights"
+    assert endpoint_url("receiver_test") == "http://127.0.0.1:8000/"  # no path: the factory's default
+    assert endpoint_url("receiver_test", "/flights") == "http://127.0.0.1:8000/flights"  # the demo's
     define({"conn_type": "http", "host": "h.example", "schema": "https", "extra": {"endpoint": "v1/in"}})
     assert endpoint_url("receiver_test") == "https://h.example/v1/in"
     define({"conn_type": "http", "host": "https://h.example:8443/", "extra": {"endpoint": "/in"}})

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from redelivery.airflow.operators import TierWindowOperator, redrive_request, tier_request
-from redelivery.spark.jobs import application
+from redelivery.jobs import application
 from redelivery.spark.session import submit_environment
 from redelivery.tiers.run import TierRunRequest
 

@@ -105,7 +105,7 @@ def test_a_broken_config_file_is_a_clear_error(clean_db, tmp_path):
     "args,needle",
     [
         (["publish", "orders", "/nonexistent/messages.jsonl"], "cannot read /nonexistent/messages.jsonl"),
-        (["tier", "run", "seconds", "--no-spark", "--levels", "1,x"], "comma-separated"),
+        (["tier", "run", "seconds", "--no-spark", "--levels", "1,x"], "levels.1"),
         (
             ["tier", "run", "seconds", "--no-spark", "--window-end", "2999-01-01T00:00:00+0000"],
             "database's clock",
@@ -114,11 +114,19 @@ def test_a_broken_config_file_is_a_clear_error(clean_db, tmp_path):
         (["create-group", "billing", "--max-reconsume-times", "2147483648"], "2147483647"),
         (["dlq", "list", "--group", "billing", "--limit", "-1"], "Invalid value"),
         (
-            ["redrive", "--group", "billing", "--from", "2026-02-01T00:00:00", "--to", "2026-01-01T00:00:00"],
+            [
+                "redrive",
+                "--group",
+                "billing",
+                "--dead-lettered-from",
+                "2026-02-01T00:00:00",
+                "--dead-lettered-to",
+                "2026-01-01T00:00:00",
+            ],
             "is after",
         ),
-        (["redrive", "--group", "billing", "--message-id", str(2**63)], "message_ids"),
-        (["redrive", "--group", "billing", "--rate-limit", "0"], "Invalid value"),
+        (["redrive", "--group", "billing", "--message-ids", str(2**63)], "message_ids"),
+        (["redrive", "--group", "billing", "--rate-limit", "0"], "rate_limit"),
         (["redrive", "--group", "bad name"], "invalid"),
         (
             ["policy", "show", "--topic", "orders", "--group", "billing", "--retries", "100000"],
@@ -166,14 +174,14 @@ def _one_error_line(done) -> str:
     [
         (["dlq", "list", "--group", "billing", "--limit", "0"], "--limit"),
         (["dlq", "list", "--group", "billing", "--limit", "many"], "--limit"),
-        (["redrive", "--group", "billing", "--rate-limit", "0"], "--rate-limit"),
-        (["redrive", "--group", "billing", "--from", "notatime"], "--from"),
-        (["redrive", "--group", "billing", "--max-messages", "0"], "--max-messages"),
-        (["redrive", "--group", "billing", "--reason", "OOPS"], "reasons"),
+        (["redrive", "--group", "billing", "--rate-limit", "0"], "rate_limit"),
+        (["redrive", "--group", "billing", "--dead-lettered-from", "notatime"], "dead_lettered_from"),
+        (["redrive", "--group", "billing", "--max-messages", "0"], "max_messages"),
+        (["redrive", "--group", "billing", "--reasons", "OOPS"], "reasons"),
         (["redrive"], "--group"),  # a missing option
         (["dlq", "count", "--group", "billing", "--no-such-option"], "--no-such-option"),
         (["no-such-command"], "no-such-command"),
-        (["tier", "run", "seconds", "--window-end", "yesterday"], "--window-end"),
+        (["tier", "run", "seconds", "--window-end", "yesterday"], "window_end"),
         (["create-group", "billing", "--max-reconsume-times", "lots"], "--max-reconsume-times"),
         (["policy", "show", "--topic", "orders"], "--group"),
     ],

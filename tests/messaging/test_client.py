@@ -84,7 +84,8 @@ def test_reconsume_later_with_delay_level_and_next_level(client, topic_group):
     client.reconsume_later("billing", b, level=14, at=at(0))
     client.reconsume_later("billing", c, at=at(0))
     assert state_of(client, ids[0])[2:5] == (1, 3, at(45))  # 45 s routes to level 3 (1m), due after 45 s
-    # level 14 of the broker's 18 levels (seeds/003) = 10m, promoted with routing level 12 (10m)
+    # level 14 of the broker's 18 levels (RocketMQ broker, "RocketMQ message retry") = 10m,
+    # promoted with routing level 12 (10m)
     assert state_of(client, ids[1])[2:5] == (1, 12, at(600))
     assert state_of(client, ids[2])[2:5] == (1, 1, at(10))  # next level after 0 retries = 1
 
@@ -233,3 +234,18 @@ def test_a_long_lived_client_follows_a_topic_deleted_and_made_again_elsewhere(cl
         client.publish("orders", [{"n": 4}])
     with pytest.raises(UnknownTopicError, match="unknown topic 'orders'"):
         client.receive("billing", "orders", 10, 30)
+
+
+def test_the_roles_share_the_clients_connection_when_a_caller_replaces_it(client, topic_group, clean_db):
+    """A client is its roles (admin, publisher, consumer) over one connection: a connection the
+    caller sets after the old one broke (the crash suite's workers reconnect so) is every role's."""
+    topic, group = topic_group
+    from redelivery.store import db
+
+    client.conn.close()
+    client.conn = db.connect(clean_db, autocommit=True)
+    assert client.admin.conn is client.publisher.conn is client.consumer.conn is client.conn
+    [message_id] = client.publish(topic, [{"n": 1}])
+    [received] = client.receive(group, topic)
+    assert received.message_id == message_id and client.ack(group, received) == 1
+    assert client.stats()[topic][group]["COMMITTED"] == 1

@@ -1,4 +1,5 @@
-"""The producer: send retry backoff (seeds/002), retries of a killed connection, flow control (530)."""
+"""The producer: send retry backoff (RocketMQ cloud, "Send retry and flow control"), retries of a
+killed connection, flow control (530)."""
 
 import pytest
 

@@ -120,7 +120,7 @@ def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_t
     """The lease is committed before the bodies are decoded: when dead-lettering the undecodable one
     fails (a lost connection, say), the caller still gets the others, and the undecodable one stays
     in flight until its lease ends, as after a consumer's crash."""
-    from redelivery.messaging.consuming import Consuming
+    from redelivery.messaging.consuming import Consumer
 
     ids = client.publish("orders", [{"n": 1}, {"n": 2}])
     client.conn.execute(
@@ -131,7 +131,7 @@ def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_t
     def fails(*_) -> None:
         raise psycopg.OperationalError("the connection was lost")
 
-    monkeypatch.setattr(Consuming, "_dead_letter_undecodable", fails)
+    monkeypatch.setattr(Consumer, "_dead_letter_undecodable", fails)
     got = client.receive("billing", "orders", 10, 30)
     assert [m.message_id for m in got] == [ids[0]]
     assert delivery(client, ids[1])[:2] == ("INFLIGHT", 1)
@@ -165,12 +165,12 @@ def test_an_undecodable_dead_letter_is_selected_by_its_reason(client, topic_grou
     assert snapshot(client.conn, leave_out=("redelivery.redrive_runs",)) == before  # a dry run
     assert client.conn.execute(audit).fetchall() == [("undecodable-dry", True, "success", 0)]
     done = run_cli(
-        "dlq", "count", "--group", "billing", "--reason", "UNDECODABLE", "--json", database_url=database_url
+        "dlq", "count", "--group", "billing", "--reasons", "UNDECODABLE", "--json", database_url=database_url
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["count"] == 1
     done = run_cli(
-        "redrive", "--group", "billing", "--reason", "UNDECODABLE", "--json", database_url=database_url
+        "redrive", "--group", "billing", "--reasons", "UNDECODABLE", "--json", database_url=database_url
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["dry_run"] is True

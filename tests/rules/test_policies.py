@@ -1,5 +1,5 @@
-"""Policies: every formula against the seeds' own numbers, wildcard precedence, naming, presets and
-config errors. Pure: no database, Spark or Airflow."""
+"""Policies: every formula against the source documents' own numbers, wildcard precedence, naming,
+presets and config errors. Pure: no database, Spark or Airflow."""
 
 import pytest
 from pydantic import ValidationError
@@ -99,7 +99,8 @@ def test_artemis_collision_avoidance_reproduces_the_seed_example():
             }
         },
     )
-    # seeds/004: 875 = 1000 + 1000 * ((0.5 * -1) * .25); 1375 = 1000 + 1000 * ((0.5 * 1) * .75); 975
+    # collision avoidance (Artemis, "Message redelivery and undelivered messages"):
+    # 875 = 1000 + 1000 * ((0.5 * -1) * .25); 1375 = 1000 + 1000 * ((0.5 * 1) * .75); 975
     assert round(p.delay(1, Draws(0.1, 0.25)) * 1000) == 875
     assert round(p.delay(2, Draws(0.9, 0.75)) * 1000) == 1375
     assert round(p.delay(3, Draws(0.1, 0.05)) * 1000) == 975
@@ -109,7 +110,8 @@ def test_artemis_collision_avoidance_reproduces_the_seed_example():
     assert min(samples) >= 0.5 and max(samples) <= 1.5 and len(set(samples)) > 100
 
 
-#: The longest wait the config accepts, with the largest collision avoidance (Artemis, seeds/004).
+#: The longest wait the config accepts, with the largest collision avoidance
+#: (Artemis, "Message redelivery and undelivered messages").
 LONGEST_JITTERED = {
     "backoff": {
         "kind": "exponential",
@@ -160,7 +162,8 @@ def test_rocketmq_exponential_and_fixed():
 def test_custom_level_string_replaces_the_table():
     p = policy("rocketmq", "o", "g", {"backoff": {"kind": "levels", "levels": "1s 5s 10s 30s 1m 2m"}})
     assert waits(p, 8) == [1, 5, 10, 30, 60, 120, 120, 120]
-    # an explicit level still indexes the broker's 18 levels (RocketMQ delayLevelWhenNextConsume, seeds/003)
+    # an explicit level still indexes the broker's 18 levels, RocketMQ's delayLevelWhenNextConsume
+    # (RocketMQ broker, "RocketMQ message retry")
     assert p.explicit_delay(3, ROUTING) == 10 and p.explicit_delay(40, ROUTING) == 7200
 
 

@@ -17,7 +17,8 @@ def test_compose_file_wires_the_settings_the_code_reads():
     assert "AIRFLOW_CONN_REDELIVERY_SPARK" in env and "AIRFLOW_CONN_REDELIVERY_DB" in env
     assert compose["services"]["airflow"]["build"] == "."
     assert json.loads(env["AIRFLOW_CONN_REDELIVERY_DB"])["conn_type"] == "redelivery"  # the provider's type
-    assert "AIRFLOW__CORE__PLUGINS_FOLDER" not in env  # the plugin comes with the installed package
+    # the card's plugins/ (silent where the installed package registers the plugin by entry point)
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == "/opt/redelivery/plugins"
     spark = json.loads(env["AIRFLOW_CONN_REDELIVERY_SPARK"])
     assert spark["conn_type"] == "spark_connect" and spark["host"] == "spark-connect"
     server = compose["services"]["spark-connect"]
@@ -61,7 +62,7 @@ EXECUTOR_LIBRARIES = {"psycopg", "pyarrow", "pgpq", "orjson", "pydantic", "pydan
                       "tenacity"}  # fmt: skip
 #: Every module a Spark task imports (spark.tasks' functions, the tier window's and the redrive's
 #: ranges, the publish, lease, settle and consumer tasks), and what those import. Not
-#: messaging.http_delivery (requests): the Airflow consumer's, never a Spark task's.
+#: airflow.http_delivery (requests): the Airflow consumer's, never a Spark task's.
 TASK_MODULES = [
     "spark.deploy", "spark.tasks", "tiers.window", "tiers.run", "redrive", "spark.publishing",
     "spark.dataframes", "spark.consuming", "client", "config", "settings", "messaging.admin",

@@ -13,29 +13,38 @@ import pytest
 from helpers import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "redelivery"
-#: Modules bottom to top: each may import only modules before it (docs/ARCHITECTURE.md, "Map").
+#: The layers bottom to top: folders of the package, and the modules at its top. A layer imports
+#: only the layers before it (docs/ARCHITECTURE.md, "Map"; README's "Layout").
+LAYERS = [
+    "errors", "settings", "fields", "rules", "config", "store", "messaging", "dead_letters", "client",
+    "spark", "tiers", "redrive", "metrics", "jobs", "airflow", "cli", "__main__",
+]  # fmt: skip
+#: Modules bottom to top, layer by layer: each may import only modules before it.
 ORDER = [
-    "errors", "settings", "rules.levels", "rules.names",
+    "errors", "settings", "fields",
+    "rules.levels", "rules.names", "rules.policies",
+    "config",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
-    "store.statements.housekeeping", "store.statements", "spark.deploy", "spark.tasks",
-    "rules.policies", "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer",
-    "config", "store.embedded", "store.db", "store.log",
-    "store.catalog", "tiers.window", "dead_letters",
-    "messaging.admin", "messaging.publishing", "messaging.consuming", "client",
-    "messaging.http_delivery", "redrive", "store.maintenance", "metrics",
-    "spark.jvm", "spark.connect_server", "spark.session",
-    "tiers.run", "spark.publishing", "spark.consuming", "spark.dataframes",
+    "store.statements.housekeeping", "store.statements", "store.embedded", "store.db", "store.log",
+    "store.catalog", "store.maintenance",
+    "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer",
+    "messaging.context", "messaging.admin", "messaging.publishing", "messaging.consuming",
+    "dead_letters", "client",
+    "spark.deploy", "spark.tasks", "spark.cds_warmup", "spark.jvm", "spark.connect_server", "spark.session",
+    "spark.publishing", "spark.consuming", "spark.dataframes",
+    "tiers.window", "tiers.run",
+    "redrive", "metrics",
+    "jobs.tier_window", "jobs.dlq_redrive", "jobs.publish",
     "airflow.env", "airflow.hooks", "airflow.assets", "airflow.triggers", "airflow.queues",
     "airflow.provider", "airflow.params", "airflow.ui.trigger_check", "airflow.engine",
-    "airflow.operators", "airflow.dags.tiers", "airflow.dags.consumer", "airflow.dags.redrive",
-    "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.page", "airflow.ui.dead_letter_pages",
-    "airflow.ui.app", "airflow.plugin",
+    "airflow.operators", "airflow.http_delivery", "airflow.dags.tiers", "airflow.dags.consumer",
+    "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.page",
+    "airflow.ui.dead_letter_pages", "airflow.ui.app", "airflow.plugin",
     "cli.common", "cli.dead_letters", "cli.app", "__main__",
-    "spark.jobs.cds_warmup", "spark.jobs.tier_window", "spark.jobs.dlq_redrive",
 ]  # fmt: skip
-#: Packages: their __init__ files import nothing of ours (the top one only its version).
-PACKAGES = {"", "rules", "store", "messaging", "tiers", "spark", "spark.jobs", "airflow", "airflow.dags",
+#: Packages: their __init__ files import nothing of ours (the top one: ``client``, lazily).
+PACKAGES = {"", "rules", "store", "messaging", "tiers", "spark", "jobs", "airflow", "airflow.dags",
             "airflow.ui", "cli"}  # fmt: skip
 #: Old import paths kept for one release: each only re-exports its successor, with a warning.
 DEPRECATED = {
@@ -101,12 +110,36 @@ def test_the_package_needs_nothing_of_the_checkout():
     assert [str(p) for p in package_modules() if outside.search(p.read_text())] == []
 
 
+def layer(module: str) -> str:
+    """The layer of a module: its top folder, or itself at the package's top."""
+    return module.split(".")[0]
+
+
+def test_the_modules_are_listed_layer_by_layer():
+    assert {layer(m) for m in ORDER} == set(LAYERS)
+    assert ORDER == sorted(ORDER, key=lambda m: LAYERS.index(layer(m)))
+
+
+def test_folders_import_one_way_down_the_layers():
+    """Folder level: no folder imports a layer above it, so no two folders import each other."""
+    wrong = set()
+    for path in package_modules():
+        name = module_name(path)
+        if name in PACKAGES or name in DEPRECATED:
+            continue
+        for target in imports_of(path) - PACKAGES:
+            if LAYERS.index(layer(target)) > LAYERS.index(layer(name)):
+                wrong.add(f"{layer(name)} -> {layer(target)} ({name} -> {target})")
+    assert sorted(wrong) == [], "imports up the layers"
+
+
 def test_imports_go_one_way_down_the_map():
     wrong = []
     for path in package_modules():
         name = module_name(path)
-        if name in PACKAGES:
-            assert imports_of(path) == set(), f"{path} should import nothing of ours"
+        if name in PACKAGES:  # the top one: ``from redelivery import Client`` loads it on first use
+            allowed = {"client"} if name == "" else set()
+            assert imports_of(path) <= allowed, f"{path} should import nothing of ours"
             continue
         if name in DEPRECATED:
             continue
@@ -179,7 +212,7 @@ def test_files_and_functions_stay_small():
     """No Python file of the checkout over 600 lines, no function over 80 (migrations aside: each is
     one change): the package, the DAG files, the tests, the crash suite, the benchmarks, the demo."""
     long_files, long_functions = [], []
-    folders = ("src", "dags", "tests", "chaos", "bench", "demo", "harness")
+    folders = ("src", "dags", "plugins", "spark_jobs", "tests", "chaos", "bench", "demo", "harness")
     paths = [
         p
         for folder in folders
@@ -198,3 +231,20 @@ def test_files_and_functions_stay_small():
             ):
                 long_functions.append(f"{where}:{node.lineno} {node.name}")
     assert len(paths) > 100 and (long_files, long_functions) == ([], [])
+
+
+def test_the_client_is_imported_from_the_package():
+    """``from redelivery import Client, Message`` (README's first example), loaded on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, redelivery; assert 'redelivery.client' not in sys.modules; "
+        "from redelivery import Client, Message, Outcome; from redelivery import client; "
+        "assert (Client, Message, Outcome) == (client.Client, client.Message, client.Outcome); "
+        "print(sorted(redelivery.__all__))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(ImportError):
+        exec("from redelivery import NoSuchName")

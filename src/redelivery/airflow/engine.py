@@ -9,13 +9,16 @@ connection ``redelivery_spark`` says:
   ``SparkConnectHook`` URL. The project's own server (localhost, the configured port) is started
   when it is not running;
 - type ``spark`` (host = a master: ``local[2]``, ``spark://...``, ``k8s://...``, ``yarn``): a
-  spark-submit of the package's entry point (``redelivery.spark.jobs``) through the provider's
+  spark-submit of the package's entry point (``redelivery.jobs``) through the provider's
   ``SparkSubmitHook``. The request travels as JSON (a tier run) or by run key in the state store
   (a redrive: a list of message ids can pass Linux's 128 KiB limit on one argument), and the
   summary comes back from the run's record (``tier_runs``, ``redrive_runs``).
 
-Each result carries ``engine``: ``"in-process"`` or ``"spark"`` (a tier run in this task, its
-ranges in this process or in Spark Connect tasks), ``"spark-submit"``.
+``EngineHook.choose`` names the three ``IN_TASK``, ``SPARK_CONNECT`` and ``SPARK_SUBMIT``
+(``"in-task"``, ``"spark-connect"``, ``"spark-submit"``). A tier run's summary carries ``engine``:
+``"spark-submit"`` after a spark-submit, else ``run_tier``'s own (``"spark"`` when its ranges ran
+as Spark Connect tasks, else ``"in-process"``); a redrive's record carries ``"spark-submit"`` after
+a spark-submit, and no ``engine`` otherwise.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from redelivery.airflow.env import SPARK_CONN_ID
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.dead_letters import count
+from redelivery.jobs import application
 from redelivery.redrive import RedriveRequest, open_run, redrive, run_record
 from redelivery.settings import get_settings
 from redelivery.spark import deploy
-from redelivery.spark.jobs import application
 from redelivery.spark.session import submit_environment
 from redelivery.store import statements as S
 from redelivery.tiers.run import TierRunRequest, run_tier, tier_levels
@@ -127,8 +130,8 @@ class EngineHook(BaseHook):
 
     def run_tier(self, request: TierRunRequest) -> dict:
         """Apply one tier window (``redelivery.tiers.run.run_tier``) and return its summary, with
-        ``engine``. Raises what ``run_tier`` raises, before anything changes; ``RuntimeError``
-        when a spark-submit did not record a successful run."""
+        ``engine`` (module docstring). Raises what ``run_tier`` raises, before anything changes;
+        ``RuntimeError`` when a spark-submit did not record a successful run."""
         url = self.database.get_database_url()
         levels = tier_levels(self.config, request.tier, request.levels)
         with self.database.get_conn() as conn:
@@ -161,9 +164,9 @@ class EngineHook(BaseHook):
         wait: Callable[[float], object],
     ) -> dict:
         """Redrive what ``request`` selects under ``run_key`` (``redelivery.redrive.redrive``) and
-        return its audit record, with ``engine``. A dry run, or one with ``max_messages``, runs in
-        the task. Raises what ``redrive`` raises; ``RuntimeError`` when a spark-submit did not
-        finish the run."""
+        return its audit record (with ``engine`` after a spark-submit). A dry run, or one with
+        ``max_messages``, runs in the task. Raises what ``redrive`` raises; ``RuntimeError`` when a
+        spark-submit did not finish the run."""
         url = self.database.get_database_url()
         engine = IN_TASK
         if not request.dry_run and request.max_messages is None:

@@ -4,7 +4,9 @@ application's), and the default connections.
 
 ``redelivery airflow-env`` prints these as shell ``export`` lines; the Makefile and the tests use
 them. Values already set in the environment win, so a real deployment configures Airflow as usual.
-The DAGs folder is ``./dags`` of the directory the command runs in (``--dags-folder`` to change).
+The DAGs folder is ``./dags`` of the directory the command runs in (``--dags-folder`` to change);
+the plugins folder is ``plugins`` beside it (the checkout's ``plugins/``: its file registers the
+plugin only where no entry point does, ``redelivery.airflow.plugin.registered_by_entry_point``).
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ def local_parallelism() -> int:
 
 def airflow_environ(dags_folder: Path | None = None) -> dict[str, str]:
     """Environment variables for running Airflow on this project (defaults only): Airflow's home
-    under ``REDELIVERY_HOME``, the DAGs of ``dags_folder`` (default: ``./dags``), the LocalExecutor,
-    the Spark connection, and ``REDELIVERY_HOME`` / ``REDELIVERY_CONFIG`` themselves, so that every
-    Airflow process reads the same state store and config. Without ``REDELIVERY_DATABASE_URL``
-    (the embedded server), also Airflow's metadata database there and the connection
-    ``redelivery_db`` to its application database (``embedded_connection``)."""
+    under ``REDELIVERY_HOME``, the DAGs of ``dags_folder`` (default: ``./dags``) and the plugins
+    folder beside it (``plugins``), the LocalExecutor, the Spark connection, and ``REDELIVERY_HOME``
+    / ``REDELIVERY_CONFIG`` themselves, so that every Airflow process reads the same state store
+    and config. Without ``REDELIVERY_DATABASE_URL`` (the embedded server), also Airflow's metadata
+    database there and the connection ``redelivery_db`` to its application database
+    (``embedded_connection``)."""
     settings = get_settings()
     home = settings.home.resolve()
     venv_bin = str(Path(sys.executable).parent)
+    dags = (dags_folder or Path("dags")).resolve()
     values = {
         "AIRFLOW_HOME": str(home / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str((dags_folder or Path("dags")).resolve()),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(dags.parent / "plugins"),
         "REDELIVERY_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",

@@ -1,5 +1,5 @@
 """Deliver a consumer group's messages to an HTTP endpoint in batches, and answer each receipt by
-the endpoint's answer (the consumer DAG's task, ``airflow.consumer_dag``).
+the endpoint's answer (the consumer DAG's task, ``airflow.dags.consumer``).
 
 The endpoint takes ``POST`` of a JSON array ``[{"id": message id, "<body_field>": body}]`` (the
 demo's receiver, ``demo.receiver``: ``body_field`` is ``"flight"``) and answers ``200`` with

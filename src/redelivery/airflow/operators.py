@@ -17,12 +17,6 @@ from redelivery.airflow.params import check_run_conf
 from redelivery.redrive import RedriveRequest
 from redelivery.tiers.run import TierRunRequest
 
-#: The dlq_redrive Params that are fields of ``RedriveRequest`` (lists default to empty).
-REDRIVE_FIELDS = (
-    "group", "topic", "dead_lettered_from", "dead_lettered_to", "error_contains", "max_messages",
-    "rate_limit", "destination_topic", "reset_reconsume_times", "dry_run",
-)  # fmt: skip
-
 
 def tier_request(tier: str, context) -> TierRunRequest:
     """The window a tier DAG run applies: ``params.window_end`` if given (then no window start),
@@ -34,18 +28,19 @@ def tier_request(tier: str, context) -> TierRunRequest:
         tier=tier,
         window_end=params.get("window_end") or context["data_interval_end"],
         window_start=None if params.get("window_end") else context["data_interval_start"],
-        levels=params.get("levels") or None,
+        levels=params.get("levels") or [],
         dry_run=bool(params.get("dry_run")),
         run_key=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}",
     )
 
 
 def redrive_request(params: dict) -> RedriveRequest:
-    """The redrive the dlq_redrive Params ask for (pydantic validates them once more)."""
-    values = {k: params[k] for k in REDRIVE_FIELDS if k in params}  # absent: the default
-    return RedriveRequest(
-        **values, reasons=params.get("reasons") or [], message_ids=params.get("message_ids") or []
-    )
+    """The redrive the dlq_redrive Params ask for: the Params are ``RedriveRequest``'s fields
+    (pydantic validates them once more; an absent one takes its default, a list given as None is
+    empty)."""
+    values = {k: params[k] for k in RedriveRequest.model_fields if k in params}
+    lists = {k: [] for k, v in values.items() if v is None and k in ("reasons", "message_ids")}
+    return RedriveRequest(**{**values, **lists})
 
 
 class TierWindowOperator(BaseOperator):
@@ -87,9 +82,9 @@ class TierWindowOperator(BaseOperator):
 class RedriveOperator(BaseOperator):
     """Runs the redrive the DAG run's Params ask for (``redrive_request``) under the run key
     ``dlq_redrive/<run id>``, so a retried or cleared task resumes its run, and returns its audit
-    record (``redelivery.redrive.redrive``) with ``engine``. Marking the task failed stops it
-    between batches (Airflow calls ``on_kill``, then kills the task 5 s later if it is still
-    running; a batch is one transaction either way). ``conn_id``: the Spark connection for
+    record (``redelivery.redrive.redrive``; ``engine`` after a spark-submit). Marking the task
+    failed stops it between batches (Airflow calls ``on_kill``, then kills the task 5 s later if it
+    is still running; a batch is one transaction either way). ``conn_id``: the Spark connection for
     selections of at least the config's ``spark_threshold`` (no max)."""
 
     def __init__(self, *, conn_id: str = SPARK_CONN_ID, **kwargs):

@@ -14,6 +14,10 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel
+
+from redelivery.fields import form_fields
+
 #: The longest value quoted in a problem.
 QUOTED_CHARS = 80
 
@@ -21,6 +25,32 @@ QUOTED_CHARS = 80
 def _quoted(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= QUOTED_CHARS else text[: QUOTED_CHARS - 3] + "..."
+
+
+def params_of(
+    model: type[BaseModel],
+    include: tuple[str, ...] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    refine: Mapping[str, dict] | None = None,
+) -> dict:
+    """The Airflow Params of a request model's fields (``redelivery.fields.form_fields``: ``include``
+    only, in its order): each field's JSON schema, title, description and default, so that the
+    trigger form and a REST trigger are refused before a run starts. ``defaults``: a DAG's own
+    default of a field (a required field given one becomes nullable: the DAG fills it in);
+    ``refine``: schema keywords a DAG narrows (a tier's own levels), or its own ``description``."""
+    from airflow.sdk import Param
+
+    defaults, refine, params = dict(defaults or {}), dict(refine or {}), {}
+    for field in form_fields(model, include):
+        narrowed = dict(refine.get(field.name, {}))
+        description = narrowed.pop("description", field.description)
+        schema = {**field.schema, **narrowed}
+        default = defaults.get(field.name, field.default)
+        if field.name in defaults and field.required and default is None:
+            schema["type"] = ["null", field.kind]
+        args = () if field.required and field.name not in defaults else (default,)
+        params[field.name] = Param(*args, title=field.title, description=description, **schema)
+    return params
 
 
 def unknown_key(key: str, known: list[str]) -> str:

@@ -1,6 +1,12 @@
 """Airflow plugin: the "Dead letters" page (redelivery.airflow.ui.app) in the Airflow UI's navigation,
 and the trigger check of redelivery DAGs (redelivery.airflow.ui.trigger_check). Loaded by Airflow,
-it also tells the state store's code that this process is one of Airflow's (``on_load``)."""
+it also tells the state store's code that this process is one of Airflow's (``on_load``).
+
+Airflow finds it by the distribution's ``airflow.plugins`` entry point; the checkout's
+``plugins/redelivery_plugin.py`` exposes it to a plugins folder only where no entry point does
+(``registered_by_entry_point``)."""
+
+from importlib.metadata import entry_points
 
 from airflow.plugins_manager import AirflowPlugin
 
@@ -33,3 +39,16 @@ class RedeliveryPlugin(AirflowPlugin):
         ``REDELIVERY_DATABASE_URL``; without them, an error naming the connection, never an
         embedded PostgreSQL started in the worker."""
         db.inside_airflow(airflow_database_url)
+
+
+def registered_by_entry_point() -> bool:
+    """Whether an installed distribution registers ``RedeliveryPlugin`` by the ``airflow.plugins``
+    entry point (pip install of the package: pyproject.toml declares it). Airflow 3 loads the
+    plugins folder first, then the entry points, and a second plugin of the same name is skipped
+    with a warning and an import error that the UI shows; so the plugins folder's file exposes the
+    class only when this is False (the package on the path without its metadata), and the plugin
+    is registered exactly once either way. Reads the installed metadata only: raises nothing."""
+    return any(
+        (entry.module, entry.attr) == (RedeliveryPlugin.__module__, RedeliveryPlugin.__qualname__)
+        for entry in entry_points(group="airflow.plugins")
+    )

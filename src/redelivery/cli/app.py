@@ -14,8 +14,19 @@ from typing import Annotated
 import typer
 
 from redelivery.cli import dead_letters  # noqa: F401  (registers the dlq and redrive commands)
-from redelivery.cli.common import JsonOpt, _client, _emit, _migrated, app, db_app, policy_app, tier_app
+from redelivery.cli.common import (
+    JsonOpt,
+    _client,
+    _emit,
+    _migrated,
+    app,
+    db_app,
+    policy_app,
+    tier_app,
+    with_fields,
+)
 from redelivery.errors import RedeliveryError
+from redelivery.tiers.run import TierRunRequest
 
 
 @db_app.command("upgrade")
@@ -339,19 +350,10 @@ def tier_list() -> None:
 
 
 @tier_app.command("run")
+@with_fields(TierRunRequest, include=("window_end", "levels", "dry_run"), defaults={"window_end": None})
 def tier_run(
     tier: str,
-    window_end: Annotated[
-        datetime | None,
-        typer.Option(
-            help="ISO time (UTC if no zone); default now",
-            formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"],
-        ),
-    ] = None,
-    levels: Annotated[str | None, typer.Option(help="comma-separated subset of the tier's levels")] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="report what would move, change nothing")
-    ] = False,
+    fields: dict,
     spark: Annotated[
         bool,
         typer.Option(
@@ -361,18 +363,21 @@ def tier_run(
         ),
     ] = True,
 ) -> None:
-    """Run one tier window outside Airflow and print its summary as JSON."""
+    """Run one tier window outside Airflow (window end: now if not given; a time without a zone
+    is UTC) and print its summary as JSON."""
     from redelivery.store.db import migrate
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import run_tier
 
-    migrate()
-    end = window_end or datetime.now(UTC)
-    if end.tzinfo is None:
-        end = end.replace(tzinfo=UTC)
     try:
-        chosen = [int(x) for x in levels.split(",")] if levels else None
-    except ValueError:
-        raise RedeliveryError(f"--levels must be comma-separated level numbers, got {levels!r}") from None
+        end = (
+            datetime.fromisoformat(fields.pop("window_end")) if "window_end" in fields else datetime.now(UTC)
+        )
+    except ValueError as exc:
+        raise RedeliveryError(f"window_end: {exc}") from None
+    end = end if end.tzinfo else end.replace(tzinfo=UTC)
+    run_key = f"cli/{tier}/{datetime.now(UTC).isoformat()}"
+    request = TierRunRequest(tier=tier, window_end=end, run_key=run_key, **fields)  # refused: nothing ran
+    migrate()
     sessions = []
 
     def make_session():
@@ -382,14 +387,7 @@ def tier_run(
         return sessions[-1]
 
     try:
-        summary = run_tier_window(
-            tier=tier,
-            window_end=end,
-            run_key=f"cli/{tier}/{datetime.now(UTC).isoformat()}",
-            levels=chosen,
-            dry_run=dry_run,
-            spark=make_session if spark else None,
-        )
+        summary = run_tier(request, spark=make_session if spark else None)
     finally:
         for session in sessions:
             session.stop()

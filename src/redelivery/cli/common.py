@@ -1,13 +1,16 @@
 """What the ``redelivery`` commands share: the Typer apps, the client and schema set-up, output, and
-the dead-letter filter options."""
+the options of a request model's fields (``with_fields``: one declaration, ``redelivery.fields``)."""
 
 from __future__ import annotations
 
+import inspect
 import json
-from datetime import datetime
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel
+
+from redelivery.fields import REQUIRED, form_fields, split_many
 
 app = typer.Typer(
     help="Batch retry and dead-letter queues for data pipelines.",
@@ -55,34 +58,73 @@ def _emit_lines(lines) -> None:
     typer.echo("[]" if first else "]")
 
 
-def _filter(group, topic, since, before, reason, error_contains, message_id, key=None, **extra):
-    from redelivery.dead_letters import DlqFilter
-    from redelivery.redrive import RedriveRequest
-
-    values = dict(
-        group=group,
-        topic=topic,
-        dead_lettered_from=since,
-        dead_lettered_to=before,
-        reasons=reason or [],
-        error_contains=error_contains,
-        message_ids=message_id or [],
-        key=key,
-    )
-    return (RedriveRequest if extra else DlqFilter)(**values, **extra)  # pydantic names a bad option
+_OPTION_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list[str]}
 
 
-GroupOpt = Annotated[str, typer.Option(help="consumer group")]
-TopicOpt = Annotated[str | None, typer.Option(help="only this topic")]
-SinceOpt = Annotated[datetime | None, typer.Option("--from", help="dead-lettered at or after (ISO time)")]
-BeforeOpt = Annotated[datetime | None, typer.Option("--to", help="dead-lettered before (ISO time)")]
-ReasonOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        help="MAX_DELIVERIES_EXCEEDED, LEASE_EXPIRED, REJECTED, NEGATIVE_LEVEL, UNDECODABLE; repeatable"
-    ),
-]
-ErrorOpt = Annotated[str | None, typer.Option(help="last error contains this text (case-insensitive)")]
-IdOpt = Annotated[list[int] | None, typer.Option("--message-id", help="only these message ids; repeatable")]
-KeyOpt = Annotated[str | None, typer.Option(help="only dead letters with exactly this message key")]
+def field_parameters(
+    model: type[BaseModel],
+    include: tuple[str, ...] | None = None,
+    exclude: tuple[str, ...] = (),
+    defaults: dict | None = None,
+) -> list[inspect.Parameter]:
+    """A request model's fields (``redelivery.fields.form_fields``) as Typer options: ``--<field
+    name>`` with ``-`` for ``_`` (a yes/no field ``--<name>/--no-<name>``), the field's description
+    as help, its operator default (``defaults``: a command's own). Times and lists are taken as
+    text: pydantic reads them, so its one-line error names the field."""
+    parameters = []
+    for field in form_fields(model, include, exclude):
+        default = (defaults or {}).get(field.name, field.default)
+        flag = "--" + field.name.replace("_", "-")
+        help_text = field.description
+        if field.choices:
+            help_text += f" One of {', '.join(map(str, field.choices))}."
+        if field.many:
+            help_text += " Repeatable, or separated by commas."
+        declared = f"{flag}/--no-{flag[2:]}" if field.kind == "boolean" else flag
+        python_type = _OPTION_TYPES[field.kind]
+        if default is not REQUIRED and field.kind != "boolean":
+            python_type = python_type | None
+        option = typer.Option(declared, help=help_text, show_default=not field.many)
+        annotation = Annotated[python_type, option]
+        shown = inspect.Parameter.empty if default is REQUIRED else None if field.many else default
+        parameters.append(inspect.Parameter(field.name, _KEYWORD, default=shown, annotation=annotation))
+    return parameters
+
+
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+
+def with_fields(
+    model: type[BaseModel],
+    include: tuple[str, ...] | None = None,
+    exclude: tuple[str, ...] = (),
+    defaults: dict | None = None,
+):
+    """A command taking ``model``'s fields as options (``field_parameters``) besides its own
+    parameters: the command is called with ``fields``, the options given as a dict for the model
+    (lists split by commas, ``None`` for an absent list)."""
+
+    def decorate(command):
+        own = [
+            p.replace(kind=_KEYWORD)
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+            if p.name != "fields"
+        ]
+        from_model = field_parameters(model, include, exclude, defaults)
+        names = [p.name for p in from_model]
+
+        def run(**given):
+            values = {name: given.pop(name) for name in names}
+            values = {k: split_many(v) if isinstance(v, list) else v for k, v in values.items()}
+            return command(fields={k: v for k, v in values.items() if v is not None}, **given)
+
+        arguments = [p for p in own if p.default is inspect.Parameter.empty]
+        rest = [p for p in own if p.default is not inspect.Parameter.empty]
+        run.__signature__ = inspect.Signature([*arguments, *from_model, *rest])
+        run.__name__, run.__doc__, run.__module__ = command.__name__, command.__doc__, command.__module__
+        return run
+
+    return decorate
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]

@@ -1,5 +1,6 @@
 """``redelivery dlq list|show|count|summary`` and ``redelivery redrive``: dead letters by the
-filter the redrive uses (one definition: ``redelivery.dead_letters.DlqFilter``)."""
+filter the redrive uses. Their options are the fields of ``redelivery.dead_letters.DlqFilter`` and
+``redelivery.redrive.RedriveRequest`` under the same names (``with_fields``): one declaration."""
 
 from __future__ import annotations
 
@@ -8,44 +9,24 @@ from typing import Annotated
 
 import typer
 
-from redelivery.cli.common import (
-    BeforeOpt,
-    ErrorOpt,
-    GroupOpt,
-    IdOpt,
-    JsonOpt,
-    KeyOpt,
-    ReasonOpt,
-    SinceOpt,
-    TopicOpt,
-    _emit,
-    _emit_lines,
-    _filter,
-    _migrated,
-    app,
-    dlq_app,
-)
+from redelivery.cli.common import JsonOpt, _emit, _emit_lines, _migrated, app, dlq_app, with_fields
+from redelivery.dead_letters import DlqFilter
 from redelivery.errors import RedeliveryError
+from redelivery.redrive import RedriveRequest
 
 
 @dlq_app.command("list")
+@with_fields(DlqFilter)
 def dlq_list(
-    group: GroupOpt,
-    topic: TopicOpt = None,
-    since: SinceOpt = None,
-    before: BeforeOpt = None,
-    reason: ReasonOpt = None,
-    error_contains: ErrorOpt = None,
-    message_id: IdOpt = None,
-    key: KeyOpt = None,
-    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
+    fields: dict,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="at most this many")] = 20,
     as_json: JsonOpt = False,
 ) -> None:
     """The oldest dead letters of a group that match the filters."""
     from redelivery.dead_letters import export, jsonable, select
     from redelivery.store.db import connect
 
-    request = _filter(group, topic, since, before, reason, error_contains, message_id, key)
+    request = DlqFilter(**fields)  # pydantic names a bad option
     _migrated()
     with connect() as conn:
         if as_json:  # the download's lines: each JSON body as stored, every number as written
@@ -64,39 +45,33 @@ def dlq_list(
 
 
 @dlq_app.command("show")
-def dlq_show(message_id: int, group: GroupOpt, as_json: JsonOpt = False) -> None:
+@with_fields(DlqFilter, include=("group",))
+def dlq_show(message_id: int, fields: dict, as_json: JsonOpt = False) -> None:
     """One dead letter in full: body, properties, counts and its attempt history."""
     from redelivery.dead_letters import export
     from redelivery.store.db import connect
 
+    request = DlqFilter(**fields, message_ids=[message_id])
     _migrated()
     with connect() as conn:
-        lines = list(export(conn, _filter(group, None, None, None, None, None, [message_id]), limit=1))
+        lines = list(export(conn, request, limit=1))
     if not lines:
-        raise RedeliveryError(f"no dead letter {message_id} in group {group!r}")
+        raise RedeliveryError(f"no dead letter {message_id} in group {request.group!r}")
     typer.echo(lines[0])  # its body as stored (``dead_letters.json_line``)
 
 
 @dlq_app.command("count")
-def dlq_count(
-    group: GroupOpt,
-    topic: TopicOpt = None,
-    since: SinceOpt = None,
-    before: BeforeOpt = None,
-    reason: ReasonOpt = None,
-    error_contains: ErrorOpt = None,
-    message_id: IdOpt = None,
-    key: KeyOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@with_fields(DlqFilter)
+def dlq_count(fields: dict, as_json: JsonOpt = False) -> None:
     """How many dead letters of a group match the filters."""
     from redelivery.dead_letters import count
     from redelivery.store.db import connect
 
+    request = DlqFilter(**fields)
     _migrated()
     with connect() as conn:
-        n = count(conn, _filter(group, topic, since, before, reason, error_contains, message_id, key))
-    _emit({"group": group, "count": n}, as_json, str(n))
+        n = count(conn, request)
+    _emit({"group": request.group, "count": n}, as_json, str(n))
 
 
 @dlq_app.command("summary")
@@ -123,48 +98,14 @@ def dlq_summary(
 
 
 @app.command("redrive")
-def redrive_command(
-    group: GroupOpt,
-    topic: TopicOpt = None,
-    since: SinceOpt = None,
-    before: BeforeOpt = None,
-    reason: ReasonOpt = None,
-    error_contains: ErrorOpt = None,
-    message_id: IdOpt = None,
-    key: KeyOpt = None,
-    max_messages: Annotated[int | None, typer.Option(min=1, help="move at most this many")] = None,
-    rate_limit: Annotated[float | None, typer.Option(min=0.001, help="messages per second")] = 500.0,
-    destination_topic: Annotated[str | None, typer.Option(help="default: the original topic")] = None,
-    reset_reconsume_times: Annotated[
-        bool,
-        typer.Option(
-            "--reset-reconsume-times/--keep-reconsume-times",
-            help="restore the retry budget (the delivery count is never reset)",
-        ),
-    ] = True,
-    execute: Annotated[bool, typer.Option("--execute", help="really move (default: dry run)")] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Move dead letters back to READY: a dry run unless --execute."""
+@with_fields(RedriveRequest)
+def redrive_command(fields: dict, as_json: JsonOpt = False) -> None:
+    """Move dead letters back to READY: a dry run unless --no-dry-run."""
     import getpass
 
     from redelivery.redrive import redrive, summary_line
 
-    request = _filter(
-        group,
-        topic,
-        since,
-        before,
-        reason,
-        error_contains,
-        message_id,
-        key,
-        max_messages=max_messages,
-        rate_limit=rate_limit,
-        destination_topic=destination_topic,
-        reset_reconsume_times=reset_reconsume_times,
-        dry_run=not execute,
-    )
+    request = RedriveRequest(**fields)
     _migrated()
     result = redrive(
         request,
@@ -172,4 +113,4 @@ def redrive_command(
         triggered_by=getpass.getuser(),
         log=lambda line: typer.echo(line, err=True),
     )
-    _emit(result, as_json, f"group {group}: {summary_line(result)} (audit run {result['run_key']})")
+    _emit(result, as_json, f"group {request.group}: {summary_line(result)} (audit run {result['run_key']})")

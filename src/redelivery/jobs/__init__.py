@@ -1,6 +1,8 @@
 """spark-submit entry points, shipped as package resources: ``tier_window`` (one tier window),
-``dlq_redrive`` (a large redrive by run key), ``cds_warmup`` (the class-data sharing warm-up).
-Each parses its arguments and calls the library; ``application(name)`` is the file to submit."""
+``dlq_redrive`` (a large redrive by run key), ``publish`` (a file published to a topic).
+Each parses its arguments and calls the library;
+``application(name)`` is the file to submit. The checkout's ``spark_jobs/`` holds a thin script
+per job for a command line (``spark-submit spark_jobs/publish.py ...``)."""
 
 from importlib.resources import files
 

@@ -4,7 +4,7 @@ under its run key (redelivery.redrive.open_run) and submits this for selections 
 spark_threshold messages. The request is read from the state store by its key: it never travels
 as an argument (Linux caps one at 128 KiB; a list of message ids passes that).
 
-    spark-submit redelivery/spark/jobs/dlq_redrive.py --run-key KEY [--spark-threshold N]
+    spark-submit redelivery/jobs/dlq_redrive.py --run-key KEY [--spark-threshold N]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """spark-submit entry point: apply one tier window. The logic is redelivery.tiers.run.run_tier.
 
-    spark-submit redelivery/spark/jobs/tier_window.py --request '{"tier": "seconds",
+    spark-submit redelivery/jobs/tier_window.py --request '{"tier": "seconds",
         "window_end": "2026-01-01T00:00:10+00:00", "run_key": "manual-1"}' [--spark-threshold N]
 
 ``--request`` is a ``TierRunRequest`` as JSON (its other fields: ``window_start``, ``levels``,

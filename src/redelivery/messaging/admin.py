@@ -1,25 +1,16 @@
-"""Topics, groups and subscriptions of the client (``Client`` is the one class a user holds):
-create, update, delete, policies, ``stats`` and ``dlq_list``."""
+"""The administration of a client (``Client.admin``; ``Client`` is the one class a user holds):
+topics, groups and subscriptions created, updated and deleted, policies, ``stats``."""
 
 from __future__ import annotations
 
-from redelivery.dead_letters import DlqFilter, select
-from redelivery.errors import (
-    ConfigError,
-    InvalidNameError,
-    NotSubscribedError,
-    UnknownTopicError,
-)
-from redelivery.messaging.codec import (
-    STATES,
-)
+from redelivery.errors import ConfigError, InvalidNameError, UnknownTopicError
+from redelivery.messaging.codec import STATES
+from redelivery.messaging.context import Role
 from redelivery.rules.names import check_name
 from redelivery.rules.policies import MAX_INT, EffectivePolicy
-from redelivery.store import catalog, db
+from redelivery.store import db
 from redelivery.store import statements as S
 from redelivery.store.log import RETENTION_LOCK
-
-MAX_LIST_LIMIT = 10_000
 
 
 def check_max_reconsume_times(limit: object) -> int | None:
@@ -33,9 +24,8 @@ def check_max_reconsume_times(limit: object) -> int | None:
     return limit
 
 
-class Administration:
-    """The admin calls of ``redelivery.client.Client`` (which sets ``conn``, ``config``, ``levels``
-    and the caches these use)."""
+class Administration(Role):
+    """The admin calls of a client (``Client`` offers them as its own)."""
 
     def _get_or_create(self, statement: str, params: dict) -> int:
         for _ in range(2):  # a creator that lost a race finds the winner's row the second time
@@ -47,8 +37,8 @@ class Administration:
     def create_topic(self, name: str) -> int:
         """Create topic ``name`` if it does not exist; return its id. ``InvalidNameError`` on a bad name."""
         check_name("topic", name)
-        self._topics[name] = self._get_or_create(S.CREATE_TOPIC, {"name": name})
-        return self._topics[name]
+        self.context.topics[name] = self._get_or_create(S.CREATE_TOPIC, {"name": name})
+        return self.context.topics[name]
 
     def create_group(self, name: str, max_reconsume_times: int | None = None) -> int:
         """Create consumer group ``name`` if it does not exist; return its id.
@@ -60,45 +50,23 @@ class Administration:
         check_name("group", name)
         limit = check_max_reconsume_times(max_reconsume_times)
         group_id = self._get_or_create(S.CREATE_GROUP, {"name": name, "max_reconsume_times": limit})
-        self._forget_group(name)
+        self.context.forget_group(name)
         return group_id
 
     def update_group(self, name: str, *, max_reconsume_times: int | None) -> None:
         """Set group ``name``'s own max reconsume times (-1 unlimited), or clear it with ``None`` so
         that the policies decide. Raises ``UnknownGroupError``, ``ValueError``."""
         limit = check_max_reconsume_times(max_reconsume_times)
-        self._group(name)
+        self.context.group(name)
         self.conn.execute(S.SET_GROUP_MAX, {"name": name, "max_reconsume_times": limit})
-        self._forget_group(name)
-
-    def _forget_group(self, name: str) -> None:
-        self._groups.pop(name, None)
-        self._policies.clear()
-        self._caps.clear()
+        self.context.forget_group(name)
 
     def policy(self, topic: str, group: str) -> EffectivePolicy:
         """The effective retry and dead-letter policy of ``group`` on ``topic``. Raises
         ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``, ``ConfigError``."""
-        return self._effective_policy(self._topic(topic), self._group(group)[0], topic, group)
-
-    def _effective_policy(self, topic_id: int, group_id: int, topic: str, group: str) -> EffectivePolicy:
-        """The policy of one subscription, read only (a check before a change writes nothing)."""
-        key = (topic_id, group_id)
-        if key in self._policies:
-            return self._policies[key][0]
-        found = catalog.effective_policies(self.conn, self.config, [key])
-        if key not in found:
-            raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")
-        return found[key]
-
-    def _policy(self, topic_id: int, group_id: int, topic: str, group: str) -> tuple[EffectivePolicy, dict]:
-        """(policy, SQL parameters of the policy table) of one subscription, cached. Registers the
-        DLQ's name (``catalog.policy_table``): for a call that is about to change state."""
-        key = (topic_id, group_id)
-        if key not in self._policies:
-            policy = self._effective_policy(topic_id, group_id, topic, group)
-            self._policies[key] = (policy, catalog.policy_table(self.conn, self.config, {key: policy}))
-        return self._policies[key]
+        return self.context.effective_policy(
+            self.context.topic_id(topic), self.context.group(group)[0], topic, group
+        )
 
     def subscribe(self, group: str, topic: str, start: str = "latest") -> None:
         """Subscribe ``group`` to ``topic`` (idempotent: an existing subscription keeps its
@@ -109,9 +77,9 @@ class Administration:
         cannot name a table."""
         if start not in ("latest", "earliest"):
             raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
-        group_id, own_max = self._group(group)
-        self._topic_renamed(topic)  # a rare call: never subscribe a topic id that is gone
-        topic_id = self._topic(topic)
+        group_id, own_max = self.context.group(group)
+        self.context.topic_renamed(topic)  # a rare call: never subscribe a topic id that is gone
+        topic_id = self.context.topic_id(topic)
         try:
             self.config.policy_for(topic, group, own_max)
         except ConfigError as exc:
@@ -123,15 +91,14 @@ class Administration:
             ).fetchone():
                 raise UnknownTopicError(f"unknown topic {topic!r}")
             self.conn.execute(S.SUBSCRIBE, subscription)
-        self._policies.pop((topic_id, group_id), None)
-        self._caps.pop(topic_id, None)
+        self.context.forget_topic(topic_id)
 
     def delete_topic(self, name: str) -> None:
         """Delete topic ``name`` with its messages, deliveries, subscriptions and dead letters, in one
         transaction: it waits for the publishes, receives and redrives writing to the topic, then
         for the answers and tier runs holding its delivery rows, so a dead letter written meanwhile
         goes too. Raises ``UnknownTopicError``."""
-        topic_id = self._topic(name)
+        topic_id = self.context.topic_id(name)
 
         def delete() -> None:  # a deadlock with a receive or a retention run: the victim runs again
             with self.conn.transaction():
@@ -141,32 +108,8 @@ class Administration:
                 self.conn.execute(S.DELETE_TOPIC, {"topic_id": topic_id})
 
         db.retry_lock_conflicts(delete)
-        self._topics.pop(name, None)
-        self._caps.pop(topic_id, None)
-        self._policies = {k: v for k, v in self._policies.items() if k[0] != topic_id}
-
-    def _topic(self, name: str) -> int:
-        if name not in self._topics:
-            self._topics[name] = catalog.topic_id(self.conn, name)
-        return self._topics[name]
-
-    def _topic_renamed(self, name: str) -> bool:
-        """Whether the id this client keeps for topic ``name`` no longer names it (another process
-        deleted the topic and made it again): the new id is kept from now on. A call that found
-        nothing under the old id (an empty receive, a publish lock on a deleted topic) runs again.
-        Raises ``UnknownTopicError`` when the topic is gone."""
-        kept = self._topics.pop(name, None)
-        if self._topic(name) == kept:
-            return False
-        self._caps.pop(kept, None)
-        self._policies = {k: v for k, v in self._policies.items() if k[0] != kept}
-        return True
-
-    def _group(self, name: str) -> tuple[int, int | None]:
-        """(id, own max_reconsume_times) of group ``name``; ``UnknownGroupError`` if there is none."""
-        if name not in self._groups:
-            self._groups[name] = catalog.group(self.conn, name)
-        return self._groups[name]
+        self.context.topics.pop(name, None)
+        self.context.forget_topic(topic_id)
 
     def stats(self) -> dict:
         """Counts per topic, group and state: ``{topic: {group: {"READY": n, "INFLIGHT": n,
@@ -175,11 +118,3 @@ class Administration:
         for topic, group, *counts in self.conn.execute(S.SUBSCRIPTION_STATES):
             out.setdefault(topic, {})[group] = dict(zip(STATES, counts, strict=True))
         return out
-
-    def dlq_list(self, group: str, limit: int = 100) -> list[dict]:
-        """The oldest ``limit`` (1..10000) dead letters of ``group`` as dicts (body decoded,
-        properties, attempt history, DLQ name, redrive count). Raises ``UnknownGroupError``,
-        ``ValueError``."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
-            raise ValueError(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
-        return select(self.conn, DlqFilter(group=group), limit=limit, with_body=True)

@@ -22,9 +22,10 @@ JSON = "application/json"
 BINARY = "application/octet-stream"
 TEXT = "text/plain"
 CONTENT_TYPES = (JSON, BINARY, TEXT)
-#: The states of a delivery (RocketMQ 5 PushConsumer, seeds/001).
+#: The states of a delivery, RocketMQ 5's PushConsumer (RocketMQ 5, "Consumption retry").
 STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ")
-#: Properties set on a redelivered message (Pulsar retry letter, seeds/000); publishers may not set them.
+#: Properties set on a redelivered message, Pulsar's retry letter (TDMQ Pulsar, "Message retry and
+#: dead-letter mechanism"); publishers may not set them.
 RETRY_PROPERTIES = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUMETIMES")
 # A \u0000 escape (preceded by an even number of backslashes): PostgreSQL's jsonb cannot store it.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -137,9 +138,9 @@ class ReceivedMessage:
     """A message handed to a consumer of ``group``. ``body`` is decoded by content type (JSON
     value, ``bytes`` or ``str``). ``delivery_count`` counts this delivery; ``reconsume_times`` the
     retries scheduled before it. A retried message's ``properties`` carry REAL_TOPIC,
-    ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (seeds/000). ``redrive_count``: how many
-    times an operator redrove it from the DLQ. The receipt of this delivery is (``group``,
-    ``message_id``, ``delivery_count``)."""
+    ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (TDMQ Pulsar, "Message retry and dead-letter
+    mechanism"). ``redrive_count``: how many times an operator redrove it from the DLQ. The
+    receipt of this delivery is (``group``, ``message_id``, ``delivery_count``)."""
 
     message_id: int
     group: str
@@ -332,7 +333,8 @@ def retry_properties(
     properties: dict, *, topic: str, origin_message_id: int, retry_topic: str, reconsume_times: int
 ) -> dict:
     """A message's properties as a consumer sees them: a redelivered one (reconsume times > 0)
-    also carries REAL_TOPIC, ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (Pulsar, seeds/000)."""
+    also carries REAL_TOPIC, ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (TDMQ Pulsar,
+    "Message retry and dead-letter mechanism")."""
     if reconsume_times <= 0:
         return properties
     return {

@@ -1,6 +1,6 @@
 """Consuming of the client: ``receive`` / ``lease_rows`` (the delivery count persisted before
-any message is returned, seeds/004), and every answer to a receipt: ``ack``, ``nack`` /
-``reconsume_later``, ``reject``, ``settle``."""
+any message is returned: Artemis, "Message redelivery and undelivered messages"), and every answer
+to a receipt: ``ack``, ``nack`` / ``reconsume_later``, ``reject``, ``settle``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from datetime import datetime
 import psycopg
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
-from redelivery.messaging.admin import Administration
 from redelivery.messaging.codec import (
     BINARY,
     Receipt,
@@ -20,6 +19,7 @@ from redelivery.messaging.codec import (
     decode,
     retry_properties,
 )
+from redelivery.messaging.context import Role
 from redelivery.messaging.receipts import (
     Outcome,
     check_at,
@@ -56,7 +56,8 @@ RECEIVE_COLUMNS = (
 def _retry_properties(
     properties: str, reconsume_times: int, origin_message_id: int, topic: str, retry_topic: str
 ) -> dict:
-    """A leased row's properties (jsonb as text) with the retry properties of seeds/000 (REAL_TOPIC...)."""
+    """A leased row's properties (jsonb as text) with Pulsar's retry properties, REAL_TOPIC...
+    (TDMQ Pulsar, "Message retry and dead-letter mechanism")."""
     loaded = json.loads(properties) if properties != "{}" else {}  # most messages carry none
     if reconsume_times <= 0:
         return loaded
@@ -69,9 +70,8 @@ def _retry_properties(
     )
 
 
-class Consuming(Administration):
-    """The consuming calls of ``redelivery.client.Client`` (which sets ``conn``, ``config``, ``levels``
-    and the caches these use)."""
+class Consumer(Role):
+    """The consumer of a client (``Client.consumer``; ``Client`` offers its public calls as its own)."""
 
     #: mode -> (outcome in the attempt history, dead-letter reason, dead-letter without a retry)
     _MODES = {
@@ -102,10 +102,10 @@ class Consuming(Administration):
         ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError`` (max_messages < 1 or a lease
         out of range), what ``check_at`` raises for a bad ``at``."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
-        policy, table = self._policy(topic_id, group_id, topic, group)  # NotSubscribedError
+        policy, table = self.context.policy(topic_id, group_id, topic, group)  # NotSubscribedError
 
         rows = self._leased(params)
-        if not rows and self._topic_renamed(topic):  # made again elsewhere: ask under its new id
+        if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
             return self.receive(group, topic, max_messages, invisible_duration, at)
         out, bad = self._decode_received(rows, group, topic, policy.retry_name)
         if bad:
@@ -142,11 +142,11 @@ class Consuming(Administration):
         decoded (``body``: the text of a JSON or text body; ``body_binary``: the bytes of a binary
         one). Committed before this returns; same arguments and errors as ``receive``."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
-        policy = self._effective_policy(topic_id, group_id, topic, group)
+        policy = self.context.effective_policy(topic_id, group_id, topic, group)
 
         leased = []
         rows = self._leased(params)
-        if not rows and self._topic_renamed(topic):  # made again elsewhere: ask under its new id
+        if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
             return self.lease_rows(group, topic, max_messages, invisible_duration, at)
         for (message_id, key, body, content_type, properties, published_at, delivery_count,
              reconsume_times, _, _, origin_message_id, last_error, redrive_count) in rows:  # fmt: skip
@@ -170,8 +170,8 @@ class Consuming(Administration):
     ) -> tuple[int, int, dict]:
         """(group id, topic id, the parameters of ``RECEIVE``) of a lease, every argument checked
         (``receive`` and ``lease_rows`` alike)."""
-        group_id, _ = self._group(group)
-        topic_id = self._topic(topic)
+        group_id, _ = self.context.group(group)
+        topic_id = self.context.topic_id(topic)
         self._check_lease(max_messages, invisible_duration)
         check_at(at)
         params = {
@@ -260,7 +260,7 @@ class Consuming(Administration):
         received or a receipt naming another topic than its message's, ``TypeError`` for anything
         but a ``ReceivedMessage`` and ``TypeError`` / ``ValueError`` for a message id or delivery
         count that is not an int in range (``check_receipt``), before anything changes."""
-        group_id, _ = self._group(group)
+        group_id, _ = self.context.group(group)
         items = receipts_of(group, messages)
         if not items:
             return 0
@@ -288,7 +288,7 @@ class Consuming(Administration):
         message's)."""
         self._check_lease(1, invisible_duration)
         check_at(at)
-        group_id, _ = self._group(group)
+        group_id, _ = self.context.group(group)
         items = receipts_of(group, messages, also=Receipt)
         if not items:
             return 0
@@ -317,11 +317,12 @@ class Consuming(Administration):
         at: datetime | None = None,
     ) -> int:
         """Report failed deliveries; each retry waits as the group's policy says for its retry
-        number (default: RocketMQ 5 table, seeds/001), and a message whose reconsume times are used
-        up is dead-lettered. Returns how many were retried or dead-lettered (stale receipts change
-        nothing and are counted as stale). ``error``: one text, or one per message. Raises, before
-        anything changes, what ``ack`` raises for the receipts, what ``check_at`` raises for
-        ``at``, ``ValueError`` (an error text PostgreSQL cannot store, or not one per message)."""
+        number (default: the RocketMQ 5 table, RocketMQ 5, "Consumption retry"), and a message
+        whose reconsume times are used up is dead-lettered. Returns how many were retried or
+        dead-lettered (stale receipts change nothing and are counted as stale). ``error``: one
+        text, or one per message. Raises, before anything changes, what ``ack`` raises for the
+        receipts, what ``check_at`` raises for ``at``, ``ValueError`` (an error text PostgreSQL
+        cannot store, or not one per message)."""
         return self._fail(group, messages, error, at, mode="next")
 
     def reconsume_later(
@@ -334,11 +335,12 @@ class Consuming(Administration):
         error: str | Sequence[str] | None = None,
         at: datetime | None = None,
     ) -> int:
-        """Retry later (Pulsar ``reconsumeLater``, seeds/000): after ``delay`` whole seconds
-        (1..864000), or at delay ``level``, or with neither at the next level (the policy's wait for
-        the next retry).
+        """Retry later, Pulsar's ``reconsumeLater`` (TDMQ Pulsar, "Message retry and dead-letter
+        mechanism"): after ``delay`` whole seconds (1..864000), or at delay ``level``, or with
+        neither at the next level (the policy's wait for the next retry).
 
-        ``level`` follows the brokers (seeds/000, seeds/003): ``n >= 1`` indexes the policy's
+        ``level`` follows the brokers (TDMQ Pulsar, "Message retry and dead-letter mechanism";
+        RocketMQ broker, "RocketMQ message retry"): ``n >= 1`` indexes the policy's
         explicit level table (RocketMQ and Pulsar presets: the broker's 18 levels ``1s 5s 10s 30s
         1m ... 2h``, so level 3 is 10 s; Artemis: the routing table); above the table RocketMQ takes
         its last level, the other presets refuse it; ``0`` is the next level (RocketMQ
@@ -361,7 +363,7 @@ class Consuming(Administration):
 
     def _fail(self, group: str, messages, error, at, *, mode: str, delay: int = 0, level: int = 0) -> int:
         check_at(at)
-        group_id, _ = self._group(group)
+        group_id, _ = self.context.group(group)
         items = receipts_of(group, messages)
         plans = self._plan_failures(
             group_id, group, items, error_texts(error, len(items)), at, mode, delay, level
@@ -434,7 +436,7 @@ class Consuming(Administration):
     def _receipt_params(self, items: list) -> dict:
         """``ids`` (one per receipt: the stale ones are counted from it), ``topic_ids`` and
         ``receipts`` (``receipt_lookup``) of an ack or a lease extension."""
-        topic_ids = [self._topic(r.topic) for r in items]
+        topic_ids = [self.context.topic_id(r.topic) for r in items]
         return {
             "ids": int_array(r.message_id for r in items),
             "topic_ids": int_array(set(topic_ids)),
@@ -455,8 +457,8 @@ class Consuming(Administration):
             by_topic.setdefault(item.topic, []).append(index)
         plans = []
         for topic, indexes in by_topic.items():
-            topic_id = self._topic(topic)
-            policy, table = self._policy(topic_id, group_id, topic, group)
+            topic_id = self.context.topic_id(topic)
+            policy, table = self.context.policy(topic_id, group_id, topic, group)
             params = {**table, "group_id": group_id, "topic_id": topic_id, "at": at, "dead_lettered_at": at}
             params["outcome"] = outcome
             params.update(reason=reason, force_dead_letter=forced, level=None, delay=None)
@@ -507,7 +509,7 @@ class Consuming(Administration):
         Returns ``{"acked", "retried", "dead_lettered", "stale"}``. Raises, before changing
         anything, what ``check_outcomes`` and ``check_at`` raise."""
         check_at(at)
-        group_id, _ = self._group(group)
+        group_id, _ = self.context.group(group)
         items = list(outcomes)
         acks, failures = self._sort_outcomes(group, items)
         plans = []
@@ -535,7 +537,7 @@ class Consuming(Administration):
     def _sort_outcomes(self, group: str, items: list[Outcome]) -> tuple[list, dict]:
         """(the receipts to ack, {(mode, delay, level): outcomes} of the failures), every item
         checked (``check_outcomes``)."""
-        group_id, _ = self._group(group)
+        group_id, _ = self.context.group(group)
         acks, failures, levels_ok = [], {}, set()
         for item in items:
             receipt = item.receipt
@@ -550,7 +552,9 @@ class Consuming(Administration):
                 acks.append(receipt)
                 continue
             if mode == "level" and (receipt.topic, level) not in levels_ok:
-                policy = self._effective_policy(self._topic(receipt.topic), group_id, receipt.topic, group)
+                policy = self.context.effective_policy(
+                    self.context.topic_id(receipt.topic), group_id, receipt.topic, group
+                )
                 try:
                     policy.explicit_delay(level, self.levels)
                 except InvalidLevelError as exc:
@@ -572,7 +576,7 @@ class Consuming(Administration):
         params = {
             "group_id": group_id,
             "ids": [r.message_id for r in receipts],
-            "topic_ids": [self._topic(r.topic) for r in receipts],
+            "topic_ids": [self.context.topic_id(r.topic) for r in receipts],
         }
         row = self.conn.execute(S.RECEIPT_OF_ANOTHER_TOPIC, params).fetchone()
         if row is not None:
@@ -583,4 +587,6 @@ class Consuming(Administration):
 
     def stale_receipts(self, group: str) -> int:
         """How many receipts of ``group`` changed nothing (late or repeated answers)."""
-        return self.conn.execute(S.GROUP_STALE_RECEIPTS, {"group_id": self._group(group)[0]}).fetchone()[0]
+        return self.conn.execute(
+            S.GROUP_STALE_RECEIPTS, {"group_id": self.context.group(group)[0]}
+        ).fetchone()[0]

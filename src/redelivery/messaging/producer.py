@@ -1,7 +1,7 @@
-"""The producer's retry of transient failures (seeds/002, RocketMQ's send retry, which is gRPC's
-connection backoff): the first retry waits INITIAL_BACKOFF; each later one waits
-min(previous * MULTIPLIER, MAX_BACKOFF) moved by up to +-JITTER of itself. Defaults 1 s, 1.6,
-0.2, 120 s; reconnects use MIN_CONNECT_TIMEOUT (20 s). Built on tenacity."""
+"""The producer's retry of transient failures, RocketMQ's send retry, which is gRPC's connection
+backoff (RocketMQ cloud, "Send retry and flow control"): the first retry waits INITIAL_BACKOFF;
+each later one waits min(previous * MULTIPLIER, MAX_BACKOFF) moved by up to +-JITTER of itself.
+Defaults 1 s, 1.6, 0.2, 120 s; reconnects use MIN_CONNECT_TIMEOUT (20 s). Built on tenacity."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tenacity.wait import wait_base
 
 from redelivery.errors import TooManyRequestsError
 
-MIN_CONNECT_TIMEOUT = 20  # seconds (seeds/002)
+MIN_CONNECT_TIMEOUT = 20  # seconds (RocketMQ cloud, "Send retry and flow control")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -24,7 +24,8 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class SendBackoff(wait_base):
-    """Seconds to wait before retry ``k`` (1-based) of a send, as seeds/002 computes it."""
+    """Seconds to wait before retry ``k`` (1-based) of a send, as RocketMQ computes it (RocketMQ
+    cloud, "Send retry and flow control")."""
 
     def __init__(
         self,

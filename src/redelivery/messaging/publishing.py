@@ -1,8 +1,10 @@
 """Publishing of the client: ``publish`` (COPY, batch ids that publish a batch once, the
-producer retry and flow control of seeds/002, the ready-backlog cap)."""
+producer retry and flow control of RocketMQ cloud's "Send retry and flow control", the
+ready-backlog cap)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -23,8 +25,8 @@ from redelivery.errors import (
     TooManyRequestsError,
     UnknownTopicError,
 )
-from redelivery.messaging.admin import Administration
 from redelivery.messaging.codec import JSON, Message, check_json_text, encode
+from redelivery.messaging.context import Role
 from redelivery.messaging.producer import MIN_CONNECT_TIMEOUT, retrying
 from redelivery.messaging.receipts import check_at
 from redelivery.rules.policies import EffectivePolicy
@@ -185,9 +187,14 @@ def _describe_refusal(columns: tuple) -> Callable[[int, str | None, psycopg.Erro
     return describe
 
 
-class Publishing(Administration):
-    """The publishing calls of ``redelivery.client.Client`` (which sets ``conn``, ``config``, ``levels``
-    and the caches these use)."""
+class Publisher(Role):
+    """The publisher of a client (``Client.publisher``; ``Client.publish`` is its ``publish``).
+    ``publish_waits``: the waits of the last publish's retries, seconds."""
+
+    def __init__(self, context):
+        super().__init__(context)
+        self._sleep = time.sleep  # the producer retry's sleep (tests replace it)
+        self.publish_waits: list[float] = []
 
     def publish(
         self,
@@ -204,8 +211,9 @@ class Publishing(Administration):
         A batch id means one batch, published once: publishing it again with the same content
         returns the first publish's ids and adds nothing. With ``retry`` (the default), transient
         failures (lost connection, deadlock, flow control) are retried with the producer backoff
-        of the config file (seeds/002) under a batch id made up for the call if none is given, so a
-        retry after a commit whose answer was lost publishes nothing twice.
+        of the config file (RocketMQ cloud, "Send retry and flow control") under a batch id made
+        up for the call if none is given, so a retry after a commit whose answer was lost publishes
+        nothing twice.
 
         Raises, with nothing written: ``UnknownTopicError``; ``MalformedMessageError`` (naming the
         message index: what the client checks, and what PostgreSQL refuses as the row is written,
@@ -217,7 +225,7 @@ class Publishing(Administration):
         attempts are used up. ``TypeError`` / ``ValueError`` for an ``at`` that is not a
         timezone-aware datetime of years 1970..9000 (``check_at``)."""
         check_at(at)
-        self._topic(topic)  # UnknownTopicError before anything is encoded
+        self.context.topic_id(topic)  # UnknownTopicError before anything is encoded
         if batch_id is not None:
             check_batch_id(batch_id)
         columns = encoded_columns(messages)
@@ -235,17 +243,17 @@ class Publishing(Administration):
     def _before_publish_retry(self, retry_state) -> None:
         self.publish_waits.append(retry_state.upcoming_sleep)
         if self.conn.closed or self.conn.broken:
-            self.conn = db.connect(self.url, autocommit=True, connect_timeout=MIN_CONNECT_TIMEOUT)
+            self.context.conn = db.connect(self.url, autocommit=True, connect_timeout=MIN_CONNECT_TIMEOUT)
 
     def _publish_once(self, topic: str, columns: tuple, batch_id: str | None, at) -> list[int]:
         """One publish of the encoded ``columns``; a topic id this client keeps that no longer names
         ``topic`` (another process deleted it and made it again) is looked up again, once."""
         try:
-            return self._publish_to(self._topic(topic), columns, batch_id, at)
+            return self._publish_to(self.context.topic_id(topic), columns, batch_id, at)
         except UnknownTopicError:  # rolled back: nothing was written
-            if not self._topic_renamed(topic):
+            if not self.context.topic_renamed(topic):
                 raise
-            return self._publish_to(self._topic(topic), columns, batch_id, at)
+            return self._publish_to(self.context.topic_id(topic), columns, batch_id, at)
 
     def _publish_to(self, topic_id: int, columns: tuple, batch_id: str | None, at) -> list[int]:
         count = len(columns[1])
@@ -292,11 +300,13 @@ class Publishing(Administration):
         """{group id: policy} of the topic's subscriptions with a ready-backlog cap, resolved once
         per topic. A subscription whose policy cannot be resolved has no known cap: it never blocks
         a publish (the tier runs report it)."""
-        if topic_id not in self._caps:
+        if topic_id not in self.context.caps:
             pairs = [(topic_id, g) for g in catalog.subscribed_groups(self.conn, topic_id)]
             policies = catalog.effective_policies(self.conn, self.config, pairs, problems={})
-            self._caps[topic_id] = {g: p for (_, g), p in policies.items() if p.max_ready_backlog is not None}
-        return self._caps[topic_id]
+            self.context.caps[topic_id] = {
+                g: p for (_, g), p in policies.items() if p.max_ready_backlog is not None
+            }
+        return self.context.caps[topic_id]
 
     def _check_fits(self, topic_id: int, adding: int) -> None:
         """``BatchTooLargeError`` for a batch that no ready-backlog cap can ever take: not flow control."""

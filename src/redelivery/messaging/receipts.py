@@ -161,9 +161,10 @@ def error_texts(error: str | Sequence[str] | None, count: int) -> list[str | Non
 
 def retry_mode(delay: object = None, level: object = None) -> tuple[str, int, int]:
     """``(mode, delay seconds, level)`` of a retry after ``delay`` whole seconds or at delay
-    ``level`` (Pulsar ``reconsumeLater`` / RocketMQ delay levels, seeds/000, seeds/003): mode
-    ``"delay"``, ``"level"`` (n >= 1), ``"negative"`` (a negative level: dead-letter at once) or
-    ``"next"`` (neither, or level 0: the policy's wait for the next retry). The one rule of
+    ``level``, Pulsar's ``reconsumeLater`` / RocketMQ's delay levels (TDMQ Pulsar, "Message retry
+    and dead-letter mechanism"; RocketMQ broker, "RocketMQ message retry"): mode ``"delay"``,
+    ``"level"`` (n >= 1), ``"negative"`` (a negative level: dead-letter at once) or ``"next"``
+    (neither, or level 0: the policy's wait for the next retry). The one rule of
     ``reconsume_later`` and of a ``settle`` retry. Raises ``ValueError`` (both given),
     ``InvalidDelayError`` (not 1..864000 whole seconds), ``InvalidLevelError`` (not an int)."""
     if delay is not None and level is not None:
@@ -183,7 +184,7 @@ def plan_outcome(item: Outcome) -> tuple[str, int, int]:
     """``(mode, delay seconds, level)`` of one ``settle`` outcome, mode being ``"ack"`` or a failure
     mode of ``Client._fail`` (``"reject"``, ``"delay"``, ``"level"``, ``"negative"``, ``"next"``).
     Raises ``ValueError`` (an unknown outcome, both a delay and a level, a bad error text),
-    ``InvalidDelayError`` (not 1..864000 whole seconds, Pulsar reconsumeLater, seeds/000),
+    ``InvalidDelayError`` (not 1..864000 whole seconds, Pulsar's reconsumeLater range),
     ``InvalidLevelError`` (not an int), each naming the message."""
     where = f"message {getattr(item.receipt, 'message_id', '?')}"
     try:

@@ -2,7 +2,8 @@
 
 A level table is a list of delays in seconds, level 1 being the first. Retry number ``n`` (the
 ``n``-th reconsume, 1-based) uses level ``min(n, len(table))``: with the RocketMQ 5 table that is
-10s 30s 1m ... 2h for retries 1..16 and 2h for every retry after (seeds/001).
+10s 30s 1m ... 2h for retries 1..16 and 2h for every retry after (RocketMQ 5, "Consumption
+retry").
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from dataclasses import dataclass
 
 from redelivery.errors import InvalidDelayError, InvalidLevelError
 
-#: RocketMQ 5 retry intervals for unordered messages, retries 1..16 (seeds/001).
+#: RocketMQ 5 retry intervals for unordered messages, retries 1..16 (RocketMQ 5, "Consumption
+#: retry").
 ROCKETMQ_RETRY_LEVELS = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-#: RocketMQ broker ``messageDelayLevel`` (18 levels, seeds/000 and seeds/003).
+#: RocketMQ broker ``messageDelayLevel``, 18 levels (TDMQ Pulsar, "Message retry and dead-letter
+#: mechanism"; RocketMQ broker, "RocketMQ message retry").
 ROCKETMQ_BROKER_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-#: Explicit ``reconsume_later`` delay range in seconds (Pulsar reconsumeLater, seeds/000).
+#: Explicit ``reconsume_later`` delay range in seconds, Pulsar's reconsumeLater range (TDMQ Pulsar,
+#: "Message retry and dead-letter mechanism").
 MIN_DELAY_SECONDS = 1
 MAX_DELAY_SECONDS = 864_000
 
@@ -27,8 +31,8 @@ _DURATION = re.compile(r"^(\d+)([smhd])$")
 
 def parse_duration(text: str, maximum: int = MAX_DELAY_SECONDS) -> int:
     """``"10s"``, ``"2m"``, ``"1h"``, ``"1d"`` -> seconds, at most ``maximum`` (default 864000, 10
-    days: one retry wait at most, as Pulsar's reconsumeLater range, seeds/000). Raises
-    ``ValueError`` on anything else."""
+    days: one retry wait at most, as Pulsar's reconsumeLater range: TDMQ Pulsar, "Message retry
+    and dead-letter mechanism"). Raises ``ValueError`` on anything else."""
     match = _DURATION.fullmatch(str(text).strip())
     if not match or int(match.group(1)) <= 0:
         raise ValueError(
@@ -113,6 +117,6 @@ def check_delay(seconds: int) -> int:
     ):
         raise InvalidDelayError(
             f"retry delay {seconds!r} s is out of range: reconsume_later accepts whole seconds "
-            f"from {MIN_DELAY_SECONDS} to {MAX_DELAY_SECONDS} (Pulsar reconsumeLater, seeds/000)"
+            f"from {MIN_DELAY_SECONDS} to {MAX_DELAY_SECONDS} (Pulsar's reconsumeLater range)"
         )
     return seconds

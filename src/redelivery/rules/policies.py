@@ -114,7 +114,8 @@ class _LevelTableBackoff(_Strict):
 
 
 class LevelsBackoff(_LevelTableBackoff):
-    """Retry n waits level min(n, len(table)) of ``levels`` (RocketMQ 5 table by default, seeds/001)."""
+    """Retry n waits level min(n, len(table)) of ``levels``, by default RocketMQ 5's table
+    (RocketMQ 5, "Consumption retry")."""
 
     kind: Literal["levels"]
     levels: str = ROCKETMQ_RETRY_LEVELS
@@ -125,8 +126,9 @@ class LevelsBackoff(_LevelTableBackoff):
 
 
 class BrokerLevelsBackoff(_LevelTableBackoff):
-    """RocketMQ broker rule ``delayLevel = 3 + reconsumeTimes`` on its 18-level string (seeds/003):
-    retry n (reconsume times n-1 before it) waits level min(n + 2, 18)."""
+    """RocketMQ broker rule ``delayLevel = 3 + reconsumeTimes`` on its 18-level string (RocketMQ
+    broker, "RocketMQ message retry"): retry n (reconsume times n-1 before it) waits level
+    min(n + 2, 18)."""
 
     kind: Literal["rocketmq_broker"]
     levels: str = ROCKETMQ_BROKER_LEVELS
@@ -137,10 +139,11 @@ class BrokerLevelsBackoff(_LevelTableBackoff):
 
 
 class ArtemisBackoff(_Strict):
-    """Artemis redelivery (seeds/004): retry n waits ``redelivery_delay_ms * multiplier^(n-1)``
-    milliseconds, at most ``max_redelivery_delay_ms`` (default: delay x 10), then moved up or down
-    by ``delay * factor * U`` with U uniform in [0, 1) and a random sign (collision avoidance),
-    the result cut to 864000 s (``EffectivePolicy.delay``)."""
+    """Artemis redelivery (Artemis, "Message redelivery and undelivered messages"): retry n waits
+    ``redelivery_delay_ms * multiplier^(n-1)`` milliseconds, at most ``max_redelivery_delay_ms``
+    (default: delay x 10), then moved up or down by ``delay * factor * U`` with U uniform in
+    [0, 1) and a random sign (collision avoidance), the result cut to 864000 s
+    (``EffectivePolicy.delay``)."""
 
     kind: Literal["exponential"]
     redelivery_delay_ms: int = Field(default=0, ge=0, le=MAX_DELAY_MS)
@@ -160,7 +163,7 @@ class ArtemisBackoff(_Strict):
 
 class RocketMQExponentialBackoff(_Strict):
     """RocketMQ 5 exponential retry policy: retry n waits ``min(initial * multiplier^(n-1), max)``.
-    Defaults (not in the seeds): initial 1s, multiplier 2, max 2h."""
+    Defaults (not in the source documents: ours): initial 1s, multiplier 2, max 2h."""
 
     kind: Literal["rocketmq_exponential"]
     initial: str = "1s"
@@ -180,8 +183,9 @@ class RocketMQExponentialBackoff(_Strict):
 
 
 class FixedBackoff(_Strict):
-    """A fixed interval before every retry (RocketMQ ordered messages, seeds/001). Default 3s (the
-    seeds point to RocketMQ's parameter limits for the value; ours)."""
+    """A fixed interval before every retry, as RocketMQ's ordered messages (RocketMQ 5,
+    "Consumption retry"). Default 3s (the document points to RocketMQ's parameter limits for the
+    value; ours)."""
 
     kind: Literal["fixed"]
     interval: str = "3s"
@@ -293,9 +297,10 @@ class PolicyConfig(_Strict):
 
 #: Defaults of each broker preset (``broker:`` in the config file).
 PRESETS: dict[str, dict] = {
-    # RocketMQ 5 (seeds/001): 16-step table, 16 reconsume times, %DLQ%group, %RETRY%group. An explicit
-    # delayLevelWhenNextConsume indexes the broker's 18-level messageDelayLevel, a level above it is
-    # its last level (seeds/003).
+    # rocketmq (RocketMQ 5, "Consumption retry"): 16-step table, 16 reconsume times, %DLQ%group,
+    # %RETRY%group. An explicit delayLevelWhenNextConsume indexes the broker's 18-level
+    # messageDelayLevel, a level above it is its last level (RocketMQ broker, "RocketMQ message
+    # retry").
     "rocketmq": {
         "backoff": LevelsBackoff(kind="levels"),
         "max_reconsume_times": 16,
@@ -304,8 +309,9 @@ PRESETS: dict[str, dict] = {
         "explicit_levels": ROCKETMQ_BROKER_LEVELS,
         "clamp_explicit_levels": True,
     },
-    # TDMQ Pulsar (seeds/000): levels 1s 5s 10s ... 2h by increment, 16 retries, <topic>-<sub>-DLQ/-RETRY;
-    # reconsumeLater(msg, n) indexes MESSAGE_DELAYLEVEL (level 1 = 1s, level 3 = 10s).
+    # pulsar (TDMQ Pulsar, "Message retry and dead-letter mechanism"): levels 1s 5s 10s ... 2h by
+    # increment, 16 retries, <topic>-<sub>-DLQ/-RETRY; reconsumeLater(msg, n) indexes
+    # MESSAGE_DELAYLEVEL (level 1 = 1s, level 3 = 10s).
     "pulsar": {
         "backoff": LevelsBackoff(kind="levels", levels=ROCKETMQ_BROKER_LEVELS),
         "max_reconsume_times": 16,
@@ -314,7 +320,8 @@ PRESETS: dict[str, dict] = {
         "explicit_levels": ROCKETMQ_BROKER_LEVELS,
         "clamp_explicit_levels": False,
     },
-    # Artemis (seeds/004): redelivery-delay 0, multiplier 1.0, max-delivery-attempts 10, DLQ.<address>.
+    # artemis (Artemis, "Message redelivery and undelivered messages"): redelivery-delay 0,
+    # multiplier 1.0, max-delivery-attempts 10, DLQ.<address>.
     # Artemis has no delay levels: an explicit level indexes the routing table (ours).
     "artemis": {
         "backoff": ArtemisBackoff(kind="exponential"),
@@ -371,7 +378,8 @@ class EffectivePolicy:
     def explicit_delay(self, level: int, routing: LevelTable) -> int:
         """Seconds before a retry at explicit delay ``level`` (>= 1) of ``explicit_levels`` (or of
         ``routing``). A level above the table is its last level when ``clamp_explicit_levels``
-        (RocketMQ, seeds/003), else ``InvalidLevelError``; so is a level below 1 or not an int."""
+        (RocketMQ broker, "RocketMQ message retry"), else ``InvalidLevelError``; so is a level
+        below 1 or not an int."""
         table = LevelTable.parse(self.explicit_levels) if self.explicit_levels else routing
         if (
             self.clamp_explicit_levels

@@ -13,10 +13,10 @@ import os
 import platform
 import subprocess
 import sys
+from importlib.resources import files
 from pathlib import Path
 
 from redelivery.settings import get_settings
-from redelivery.spark.jobs import application
 
 
 def cds_archive() -> Path:
@@ -56,7 +56,7 @@ def build_cds_archive(force: bool = False) -> Path:
             "local[2]",
             "--driver-java-options",
             f"-XX:ArchiveClassesAtExit={archive}",
-            application("cds_warmup"),
+            str(files(__package__) / "cds_warmup.py"),  # a file of the package, never zipped
         ],
         env=env,
         capture_output=True,

@@ -1,7 +1,7 @@
 """Publish a Spark DataFrame as messages, exactly once per batch id, at the speed of COPY.
 
 Every Spark task checks its partition's Arrow batches and encodes them in PostgreSQL's binary COPY
-format (``store.copy_rows``, pgpq: no Python object per row), and stages them as chunks in
+format (``messaging.copy_rows``, pgpq: no Python object per row), and stages them as chunks in
 ``publish_staging`` (psycopg, with the application's own libpq connection string: Unix sockets,
 several hosts, ``sslmode`` and service files work as everywhere else). Then the driver publishes
 the whole batch in one transaction: one COPY into the log, fed with the staged chunks. Nothing else

@@ -26,7 +26,7 @@ def runs_driver_here(master: str) -> bool:
 def submit_environment(
     master: str, database_url: str | None = None, deployment: deploy.Deployment | None = None
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """``(env_vars, conf)`` for a spark-submit of one of ``redelivery/spark/jobs/`` to ``master``: the one
+    """``(env_vars, conf)`` for a spark-submit of one of ``redelivery/jobs/`` to ``master``: the one
     place that says what every submit needs (its py-files and archives: ``deploy.submit_files``).
     ``env_vars``: ``REDELIVERY_DATABASE_URL`` (when given; without its password for a driver in a
     cluster, where the Spark provider puts env_vars on spark-submit's command line: the cluster

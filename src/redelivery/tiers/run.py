@@ -1,7 +1,7 @@
 """The tier window job: promote due retries, expire leases, dead-letter used-up messages.
 
-The driver plans message-id ranges of about equal size (``transitions.plan_ranges``); every Spark
-task applies one range in one PostgreSQL transaction (``transitions.apply_window_range``). The
+The driver plans message-id ranges of about equal size (``tiers.window.plan_ranges``); every Spark
+task applies one range in one PostgreSQL transaction (``tiers.window.apply_window_range``). The
 payloads never leave the database. The run and its summary are recorded in ``tier_runs``.
 """
 
@@ -11,9 +11,10 @@ import functools
 import time
 from bisect import bisect_left
 from datetime import UTC, datetime
+from typing import Annotated
 
 from psycopg.types.json import Jsonb
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import InvalidLevelError, InvalidWindowError
@@ -73,20 +74,36 @@ def apply_range(
 class TierRunRequest(BaseModel):
     """One tier window to apply: tier ``tier``'s window ``[window_start, window_end)``
     (timezone-aware; ``window_start`` is recorded, never used to select), ``levels`` a subset of
-    the tier's (default: all of them), recorded under ``run_key`` in ``tier_runs`` (re-using a key
-    overwrites that run's record). A dry run counts and changes nothing. The same request is what
-    the Airflow operator, the engine hook and the spark-submit entry point pass (as JSON).
+    the tier's (default, empty or None: all of them), recorded under ``run_key`` in ``tier_runs``
+    (re-using a key overwrites that run's record). A dry run counts and changes nothing. The same
+    request is what the Airflow operator, the engine hook and the spark-submit entry point pass (as
+    JSON), and the one declaration of its fields: the tier DAGs' Params and ``redelivery tier
+    run``'s options are derived from it (``redelivery.fields``).
     Raises pydantic's ``ValidationError`` (a ``ValueError``) for a missing, unknown or ill-typed
     field or a naive time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tier: str = Field(min_length=1)
-    window_end: AwareDatetime
-    run_key: str = Field(min_length=1, max_length=1000)
-    window_start: AwareDatetime | None = None
-    levels: list[int] | None = None
-    dry_run: bool = False
+    tier: str = Field(min_length=1, title="Tier", description="A tier of the config file.")
+    window_end: AwareDatetime = Field(
+        title="Window end",
+        description="ISO 8601 time with zone: every message due by then moves.",
+    )
+    run_key: str = Field(
+        min_length=1, max_length=1000, title="Run key", description="The run's record in tier_runs."
+    )
+    window_start: AwareDatetime | None = Field(
+        default=None, title="Window start", description="ISO 8601 time with zone, recorded only."
+    )
+    levels: Annotated[list[int], BeforeValidator(lambda v: [] if v is None else v)] = Field(
+        default_factory=list,
+        title="Levels",
+        description="A subset of the tier's delay levels. Empty: all of them.",
+        json_schema_extra={"uniqueItems": True},
+    )
+    dry_run: bool = Field(
+        default=False, title="Dry run", description="Report what would move, change nothing."
+    )
 
 
 def run_tier_window(

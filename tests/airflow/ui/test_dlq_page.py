@@ -335,7 +335,7 @@ def test_the_form_offers_only_the_reasons_the_group_has(groups):
     html = render(page_data(groups.conn))
     forms = dict(
         re.findall(
-            r'<form class="redrive"[^>]*data-group="([^"]+)".*?<select name="reason">(.*?)</select>',
+            r'<form class="redrive"[^>]*data-group="([^"]+)".*?<select name="reasons">(.*?)</select>',
             html,
             re.S,
         )

@@ -60,7 +60,7 @@ def test_who_may_read_the_page_and_trigger_its_form(local_airflow, charted, user
         assert 'group="billing"' in pages["/redelivery/metrics"].text
     else:  # nothing of the state store leaks
         assert all(a.json() == {"detail": "Forbidden"} for a in pages.values()), pages
-    posted = post_form(base, {"group": "billing", "reason": "REJECTED"}, caller, Origin=base)
+    posted = post_form(base, {"group": "billing", "reasons": "REJECTED"}, caller, Origin=base)
     conf = {"group": "billing", "dry_run": True, "reasons": ["REJECTED"]}
     entries = audited(base, user, since)
     if refused is None:

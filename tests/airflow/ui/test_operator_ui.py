@@ -296,7 +296,7 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
     known = {r["dag_run_id"] for r in runs(airflow)}
     frame = open_page(browser, airflow)
     form = frame.locator('form[data-group="billing"]')
-    form.locator('select[name="reason"]').select_option("REJECTED")
+    form.locator('select[name="reasons"]').select_option("REJECTED")
     form.locator('input[name="error_contains"]').fill("schema")
     form.get_by_role("button").click()
     browser.wait_for_url(re.compile(r"/dags/dlq_redrive/runs/[^/?#]+"), timeout=30_000)
@@ -346,7 +346,7 @@ def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airf
     base = {"group": "billing"}
     same = {"Origin": airflow}
     logged = {e["event_log_id"] for e in trigger_logs(airflow)}
-    refused = post_form(airflow, {**base, "reason": "SOMETIMES"}, **same)
+    refused = post_form(airflow, {**base, "reasons": "SOMETIMES"}, **same)
     assert refused.status_code == 400 and "is not one of" in refused.text, refused.text
     [entry] = [e for e in trigger_logs(airflow) if e["event_log_id"] not in logged]  # audited too
     assert "is not one of" in " ".join(json.loads(entry["extra"])["refused"]) and entry["owner"]

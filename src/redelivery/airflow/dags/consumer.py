@@ -1,5 +1,5 @@
 """A consumer DAG scheduled on its subscription's asset: deliver the group's READY messages to an
-HTTP endpoint (``redelivery.messaging.http_delivery``) whenever there are new ones.
+HTTP endpoint (``redelivery.airflow.http_delivery``) whenever there are new ones.
 
 ``http_consumer_dag(topic, group, conn_id)`` is scheduled on ``redelivery://<topic>/<group>``
 with an ``AssetWatcher`` running ``ReadyMessagesTrigger`` in the triggerer, so a run starts when
@@ -9,8 +9,8 @@ redriven. One run drains what is READY; events that arrive meanwhile start one m
 
 The endpoint is the Airflow connection ``conn_id`` (type http): ``host`` (a host name, or a base
 URL with its scheme), ``port``, ``schema`` the scheme when the host has none (default http), and
-the path in the extra ``{"endpoint": "/flights"}`` (default ``/flights``). There is no default
-endpoint: a run without the connection fails, saying how to define it.
+the path in the extra ``{"endpoint": "/in"}`` (default: the factory's ``endpoint``, ``/``). There
+is no default connection: a run without it fails, saying how to define it.
 """
 
 from __future__ import annotations
@@ -20,25 +20,24 @@ from datetime import timedelta
 from airflow.sdk import DAG, AssetWatcher, Param, get_current_context, task
 
 from redelivery.airflow.assets import asset_for
-from redelivery.airflow.dags.tiers import START
+from redelivery.airflow.dags.tiers import system_dag
 from redelivery.airflow.hooks import RedeliveryHook
+from redelivery.airflow.http_delivery import HttpEndpoint, drain
 from redelivery.airflow.params import check_run_conf
 from redelivery.airflow.triggers import DEFAULT_POLL_SECONDS, ReadyMessagesTrigger
 from redelivery.client import Client
-from redelivery.messaging.http_delivery import HttpEndpoint, drain
-
-DEFAULT_ENDPOINT = "/flights"
 
 
-def endpoint_url(conn_id: str) -> str:
-    """The URL of the http connection ``conn_id``. Raises ``RuntimeError`` saying how to define
-    the connection when it is missing or has no host."""
+def endpoint_url(conn_id: str, endpoint: str = "/") -> str:
+    """The URL of the http connection ``conn_id``: its path is the extra's ``endpoint``, else
+    ``endpoint``. Raises ``RuntimeError`` saying how to define the connection when it is missing
+    or has no host."""
     from airflow.exceptions import AirflowNotFoundException
     from airflow.sdk import BaseHook
 
     example = (
         f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "http", "host": "127.0.0.1", '
-        f'"port": 8000, "extra": {{"endpoint": "{DEFAULT_ENDPOINT}"}}}}\''
+        f'"port": 8000, "extra": {{"endpoint": "{endpoint}"}}}}\''
     )
     try:
         conn = BaseHook.get_connection(conn_id)
@@ -50,7 +49,7 @@ def endpoint_url(conn_id: str) -> str:
     base = host if "://" in host else f"{conn.schema or 'http'}://{host}"
     if conn.port and "://" not in host:
         base += f":{conn.port}"
-    endpoint = str((conn.extra_dejson or {}).get("endpoint") or DEFAULT_ENDPOINT)
+    endpoint = str((conn.extra_dejson or {}).get("endpoint") or endpoint)
     return f"{base}/{endpoint.lstrip('/')}"
 
 
@@ -91,12 +90,14 @@ def http_consumer_dag(
     group: str,
     conn_id: str,
     dag_id: str,
+    endpoint: str = "/",
     body_field: str = "body",
     poll_interval: float = DEFAULT_POLL_SECONDS,
 ) -> DAG:
-    """The DAG ``dag_id`` delivering ``group``'s messages of ``topic`` to the endpoint of
-    connection ``conn_id``, each body under ``body_field``; its watcher polls every
-    ``poll_interval`` seconds. Raises ``InvalidNameError`` / ``ValueError`` for bad arguments."""
+    """The DAG ``dag_id`` delivering ``group``'s messages of ``topic`` to connection ``conn_id``
+    (at path ``endpoint`` when the connection's extra names none), each body under
+    ``body_field``; its watcher polls every ``poll_interval`` seconds. Raises
+    ``InvalidNameError`` / ``ValueError`` for bad arguments."""
     watcher = AssetWatcher(
         name="redelivery_ready",
         trigger=ReadyMessagesTrigger(topic=topic, group=group, poll_interval=poll_interval),
@@ -110,15 +111,12 @@ event, or when a tier run promoted some. The task leases batches, posts each to 
 Airflow connection `{conn_id}` and acks, retries or rejects every message by the answer
 (2xx: ack; 4xx other than 408/429: reject; anything else: retry), until nothing is READY.
 """
-    with DAG(
-        dag_id=dag_id,
+    with system_dag(
+        dag_id,
+        tag="consumer",
+        retry_delay=timedelta(seconds=10),
         schedule=asset_for(topic, group, watchers=[watcher]),
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=["redelivery", "consumer"],
         doc_md=doc,
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
         params=consumer_params(),
     ) as dag:
 
@@ -130,18 +128,18 @@ Airflow connection `{conn_id}` and acks, retries or rejects every message by the
                 for event in events:
                     print(f"started by an event of {asset}: {event.extra}")
             params = context["params"]
-            endpoint = HttpEndpoint(endpoint_url(conn_id), body_field=body_field)
+            target = HttpEndpoint(endpoint_url(conn_id, endpoint), body_field=body_field)
             with Client(RedeliveryHook().get_database_url()) as client:
                 counts = drain(
                     client,
                     topic,
                     group,
-                    endpoint,
+                    target,
                     batch_size=params["batch_size"],
                     max_messages=params["max_messages"],
                     invisible_duration=params["invisible_duration"],
                 )
-            print(f"delivered to {endpoint.url}: {counts}")
+            print(f"delivered to {target.url}: {counts}")
             return counts
 
         deliver()

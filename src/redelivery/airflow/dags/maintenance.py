@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, get_current_context, task
 
-from redelivery.airflow.dags.tiers import START
+from redelivery.airflow.dags.tiers import system_dag
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.airflow.params import check_run_conf
 from redelivery.config import cached_config
@@ -29,16 +29,13 @@ audit.
 
 
 def maintenance_dag() -> DAG:
-    with DAG(
-        dag_id="redelivery_maintenance",
+    with system_dag(
+        "redelivery_maintenance",
+        tag="maintenance",
+        retry_delay=timedelta(minutes=1),
         schedule=timedelta(hours=1),  # the log's partitions (1 h by default)
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
         is_paused_upon_creation=False,  # retention: the store grows without it
-        tags=["redelivery", "maintenance"],
         doc_md=DOC,
-        default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     ) as dag:
 
         @task(task_id="cleanup")

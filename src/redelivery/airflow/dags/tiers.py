@@ -11,17 +11,52 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, DeltaDataIntervalTimetable, Param
+from airflow.sdk import DAG, DeltaDataIntervalTimetable
 
 from redelivery.airflow.operators import TierWindowOperator
+from redelivery.airflow.params import params_of
 from redelivery.config import RedeliveryConfig, TierConfig, cached_config
 from redelivery.rules.levels import format_duration
+from redelivery.tiers.run import TierRunRequest
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+def system_dag(dag_id: str, *, schedule, tag: str, retry_delay: timedelta, **specific) -> DAG:
+    """A DAG of this system on ``schedule`` (every factory of this folder makes its DAGs here):
+    from ``START``, no catch-up, one active run at a time, tagged ``redelivery`` and ``tag``, each
+    task retried twice ``retry_delay`` apart. ``specific``: the DAG's own other arguments (doc_md,
+    params, is_paused_upon_creation)."""
+    return DAG(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["redelivery", tag],
+        default_args={"retries": 2, "retry_delay": retry_delay},
+        **specific,
+    )
+
+
 def dag_id(tier: TierConfig) -> str:
     return f"redelivery_tier_{tier.name}"
+
+
+def tier_params(tier: TierConfig) -> dict:
+    """A tier DAG's Params: ``TierRunRequest``'s fields a person sets (its one declaration); the
+    window end empty for the run's data interval end, the levels narrowed to the tier's own."""
+    return params_of(
+        TierRunRequest,
+        include=("window_end", "levels", "dry_run"),
+        defaults={"window_end": None},
+        refine={
+            "window_end": {"description": "ISO 8601 time with zone. Empty: the run's data interval end "
+                           "(now for a manual run)."},
+            "levels": {"items": {"type": "integer", "enum": list(tier.levels)},
+                       "description": f"Subset of this tier's levels {tier.levels}. Empty: all."},
+        },
+    )  # fmt: skip
 
 
 def tier_dag(tier: TierConfig, config: RedeliveryConfig) -> DAG:
@@ -38,41 +73,15 @@ The task's return value (XCom) and the `tier_runs` table hold the summary: count
 level, and lateness from due time to window end (p50, p99, max). A window of fewer than
 `spark_threshold` messages moves in the task; a larger one runs on Spark (`redelivery_spark`).
 """
-    with DAG(
-        dag_id=dag_id(tier),
+    with system_dag(
+        dag_id(tier),
+        tag="tier",
+        retry_delay=timedelta(seconds=5),
         schedule=DeltaDataIntervalTimetable(timedelta(seconds=tier.window_seconds)),
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
         # the system's heartbeat: paused, no retry ever comes back and no lease expiry is handled
         is_paused_upon_creation=False,
-        tags=["redelivery", "tier"],
         doc_md=doc,
-        params={
-            "window_end": Param(
-                None,
-                type=["null", "string"],
-                format="date-time",
-                title="Window end",
-                description="ISO 8601 time with zone. Empty: the run's data interval end "
-                "(now for a manual run).",
-            ),
-            "levels": Param(
-                [],
-                type="array",
-                items={"type": "integer", "enum": list(tier.levels)},
-                uniqueItems=True,
-                title="Levels",
-                description=f"Subset of this tier's levels {tier.levels}. Empty: all.",
-            ),
-            "dry_run": Param(
-                False,
-                type="boolean",
-                title="Dry run",
-                description="Report what would move and change nothing.",
-            ),
-        },
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
+        params=tier_params(tier),
     ) as dag:
         TierWindowOperator(task_id="apply_window", tier=tier.name)
     return dag

@@ -66,7 +66,7 @@ READ_EVENTS = {
 }
 logger = logging.getLogger(__name__)
 #: The form's fields and the longest value each takes.
-FORM_FIELDS = {"group": 2000, "reason": 2000, "error_contains": 100_000}
+FORM_FIELDS = {"group": 2000, "reasons": 2000, "error_contains": 100_000}
 _may_read = requires_access_dag("GET", param_dag_id=REDRIVE_DAG)
 _may_trigger = requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=REDRIVE_DAG)
 
@@ -317,11 +317,12 @@ def run_page(run_id: str) -> str:
     return run_url(_ui_root(), REDRIVE_DAG, run_id)
 
 
-def redrive_conf(group: str, reason: str, error_contains: str) -> dict:
-    """The conf of the dry run the form asks for (empty fields left out)."""
+def redrive_conf(group: str, reasons: str, error_contains: str) -> dict:
+    """The conf of the dry run the form asks for (empty fields left out; the form's one reason as
+    the list ``reasons``)."""
     conf_ = {"group": group, "dry_run": True}
-    if reason:
-        conf_["reasons"] = [reason]
+    if reasons:
+        conf_["reasons"] = [reasons]
     if error_contains:
         conf_["error_contains"] = error_contains
     return conf_
@@ -338,12 +339,12 @@ def dry_run_redrive(
     user: GetUserDep,
     session: SessionDep,
     group: Annotated[str, Form(max_length=FORM_FIELDS["group"])] = "",
-    reason: Annotated[str, Form(max_length=FORM_FIELDS["reason"])] = "",
+    reasons: Annotated[str, Form(max_length=FORM_FIELDS["reasons"])] = "",
     error_contains: Annotated[str, Form(max_length=FORM_FIELDS["error_contains"])] = "",
 ) -> Response:
     """Trigger a dry run of dlq_redrive for ``group`` (see the module docstring); 303 to the run,
     or the refusal page (400) listing every value refused."""
-    return trigger_redrive(request, user, session, redrive_conf(group, reason, error_contains))
+    return trigger_redrive(request, user, session, redrive_conf(group, reasons, error_contains))
 
 
 def trigger_redrive(request: Request, user, session, conf_: dict) -> Response:

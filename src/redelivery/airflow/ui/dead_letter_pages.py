@@ -14,7 +14,6 @@ or a value the filter refuses is a ``BadQuery``, every problem one line. Everyth
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,19 +25,10 @@ from pydantic import ValidationError
 from redelivery.airflow.params import unknown_key
 from redelivery.airflow.ui.charts import number
 from redelivery.airflow.ui.page import STYLE, TOP_LINKS, Html, cell, run_link, table, when
-from redelivery.dead_letters import (
-    BODY_PREVIEW_BYTES,
-    ERROR_CHARS,
-    REASONS,
-    Cursor,
-    DlqFilter,
-)
+from redelivery.dead_letters import BODY_PREVIEW_BYTES, ERROR_CHARS, Cursor, DlqFilter
+from redelivery.fields import FormField, form_fields, split_many
 from redelivery.messaging.codec import RETRY_PROPERTIES
 
-#: The filter's fields in the address, in the order a link writes them; those taking many values.
-FILTER_FIELDS = ("group", "topic", "reasons", "dead_lettered_from", "dead_lettered_to", "error_contains",
-                 "key", "message_ids")  # fmt: skip
-MANY = {"reasons", "message_ids"}
 #: The selection form's own fields: ticked ids, "selected" or "all" matching, "dry_run" or "real".
 SELECTION_FIELDS = ("selected", "selection", "run")
 #: The longest value of any field taken (the filter's own limits are lower, message ids aside).
@@ -80,12 +70,19 @@ class Query:
 
 def _ids(values: list[str], field: str, problems: list[str]) -> list[int]:
     ids = []
-    for part in (p for v in values for p in re.split(r"[\s,]+", v.strip()) if p):
+    for part in split_many(values):
         if part.isascii() and part.isdigit():
             ids.append(int(part))
         else:
             problems.append(f"{field}: {part[:40]!r} is not a message id")
     return ids
+
+
+def _many(field: FormField, values: list[str], problems: list[str]) -> list:
+    """An array field's values as the address gives them (repeated or separated by commas)."""
+    if field.item_kind == "integer":
+        return _ids(values, field.name, problems)
+    return [v for v in values if v] if field.choices else split_many(values)
 
 
 def _filter_problems(error: ValidationError) -> list[str]:
@@ -99,12 +96,15 @@ def _filter_problems(error: ValidationError) -> list[str]:
     return lines
 
 
-def parse_query(items: Iterable[tuple[str, str]], extra: Sequence[str] = ()) -> Query:
-    """A ``Query`` from an address's or a form's (name, value) pairs: the filter's fields, and
-    ``extra`` of ``("after",) + SELECTION_FIELDS``; an empty value is no condition. Raises
-    ``BadQuery`` listing every problem (an unknown name with the closest known one, a field given
-    twice, a value the filter refuses, a bad cursor)."""
-    known = (*FILTER_FIELDS, *extra)
+def parse_query(
+    items: Iterable[tuple[str, str]], extra: Sequence[str] = (), model: type[DlqFilter] = DlqFilter
+) -> Query:
+    """A ``Query`` from an address's or a form's (name, value) pairs: the fields of ``model`` (the
+    filter, under its own names) and ``extra`` of ``("after",) + SELECTION_FIELDS``; an empty value
+    is no condition. Raises ``BadQuery`` listing every problem (an unknown name with the closest
+    known one, a field given twice, a value the filter refuses, a bad cursor)."""
+    fields = {f.name: f for f in form_fields(model)}
+    known = (*fields, *extra)
     given: dict[str, list[str]] = {}
     problems = []
     for name, value in items:
@@ -112,13 +112,13 @@ def parse_query(items: Iterable[tuple[str, str]], extra: Sequence[str] = ()) -> 
             problems.append(unknown_key(name, list(known)).replace("unknown key", "unknown parameter"))
         else:
             given.setdefault(name, []).append(value[:VALUE_CHARS])
+    many = {name for name, f in fields.items() if f.many}
     for name, values in given.items():
-        if name not in MANY and name != "selected" and len(values) > 1:
+        if name not in many and name != "selected" and len(values) > 1:
             problems.append(f"{name}: given {len(values)} times, takes one value")
-    one = {name: values[0] for name, values in given.items() if name not in MANY and values[0] != ""}
-    values = {k: v for k, v in one.items() if k in FILTER_FIELDS}
-    values["reasons"] = [r for r in given.get("reasons", []) if r]
-    values["message_ids"] = _ids(given.get("message_ids", []), "message_ids", problems)
+    one = {name: values[0] for name, values in given.items() if name not in many and values[0] != ""}
+    values = {k: v for k, v in one.items() if k in fields}
+    values |= {name: _many(fields[name], given.get(name, []), problems) for name in many}
     selected = _ids(given.get("selected", []), "selected", problems)
     after = None
     try:
@@ -130,7 +130,7 @@ def parse_query(items: Iterable[tuple[str, str]], extra: Sequence[str] = ()) -> 
     if one.get("run", "dry_run") not in ("dry_run", "real"):
         problems.append(f"run: {one['run'][:40]!r} is neither 'dry_run' nor 'real'")
     try:
-        request = DlqFilter.model_validate({"group": "", **values})
+        request = model.model_validate({"group": "", **values})
     except ValidationError as exc:
         problems += _filter_problems(exc)
     if problems:
@@ -140,15 +140,16 @@ def parse_query(items: Iterable[tuple[str, str]], extra: Sequence[str] = ()) -> 
 
 
 def query_pairs(request: DlqFilter) -> list[tuple[str, str]]:
-    """``request``'s non-empty fields as an address's (name, value) pairs, in ``FILTER_FIELDS``
-    order: what ``parse_query`` reads back as the same filter."""
+    """``request``'s non-empty fields as an address's (name, value) pairs, in the model's order:
+    what ``parse_query`` reads back as the same filter (a list of choices repeated, another list
+    separated by commas)."""
     pairs: list[tuple[str, str]] = []
-    for name in FILTER_FIELDS:
-        value = getattr(request, name)
-        if name == "message_ids" and value:
-            pairs.append((name, ",".join(str(i) for i in value)))
-        elif name == "reasons":
-            pairs += [(name, r) for r in value]
+    for field in form_fields(type(request)):
+        name, value = field.name, getattr(request, field.name)
+        if field.many and field.choices:
+            pairs += [(name, str(v)) for v in value]
+        elif field.many and value:
+            pairs.append((name, ",".join(str(v) for v in value)))
         elif isinstance(value, datetime):
             pairs.append((name, value.isoformat()))
         elif value:
@@ -189,7 +190,8 @@ def posted_conf(items: Iterable[tuple[str, str]]) -> dict:
         raw: dict = {}
         for name, value in pairs:
             raw.setdefault(name[:100], []).append(value[:2000])
-        return {k: v[0] if len(v) == 1 and k not in MANY else v for k, v in raw.items()}
+        many = {f.name for f in form_fields(DlqFilter) if f.many}
+        return {k: v[0] if len(v) == 1 and k not in many else v for k, v in raw.items()}
 
 
 # ---- HTML ----------------------------------------------------------------------------------------
@@ -214,34 +216,39 @@ def _checked(on: bool) -> str:
     return " checked" if on else ""
 
 
+#: An input's width on the filter form, pixels, by what it takes.
+_WIDTHS = {"string": 170, "time": 230, "array": 420}
+
+
+def _field_input(field: FormField, value) -> str:
+    """One field of the filter form: ticks for a list of choices, else a text input (a list's
+    values separated by commas, a time in ISO 8601)."""
+    if field.many and field.choices:
+        ticks = "".join(
+            f'<label><input type="checkbox" name="{field.name}" value="{escape(str(c))}"'
+            f"{_checked(c in value)}> {escape(str(c))}</label>"
+            for c in field.choices
+        )
+        return f"<br>{escape(field.title)}: {ticks}<br>"
+    if field.many:
+        text = ",".join(str(v) for v in value)
+    else:
+        text = value.isoformat() if isinstance(value, datetime) else "" if value is None else str(value)
+    width = _WIDTHS["time" if field.is_time else "array" if field.many else "string"]
+    label = f"{field.title} (ISO 8601, UTC if no zone)" if field.is_time else field.title
+    return _input(label, field.name, text, width=width)
+
+
 def filter_form(request: DlqFilter, base: str) -> str:
-    """The list's filter: a GET form, so a filtered view is an address to share."""
-    ticks = "".join(
-        f'<label><input type="checkbox" name="reasons" value="{r}"{_checked(r in request.reasons)}>'
-        f" {r}</label>"
-        for r in REASONS
-    )
-    utc = lambda m: m.isoformat() if m else ""  # noqa: E731
+    """The list's filter, a field for each of the filter model's (``type(request)``): a GET form,
+    so a filtered view is an address to share."""
+    inputs = "".join(_field_input(f, getattr(request, f.name)) for f in form_fields(type(request)))
+    cleared = type(request)(group=request.group)
     return (
         f'<form class="dlqfilter" method="get" action="{escape(base)}">'
-        + _input("Group", "group", request.group, width=160)
-        + _input("Topic", "topic", request.topic or "", width=140)
-        + _input("Key", "key", request.key or "", width=160)
-        + _input("Last error contains", "error_contains", request.error_contains or "", width=200)
-        + "<br>"
-        + _input(
-            "Dead-lettered from (ISO 8601, UTC if no zone)",
-            "dead_lettered_from",
-            utc(request.dead_lettered_from),
-            width=230,
-        )  # fmt: skip
-        + _input("before", "dead_lettered_to", utc(request.dead_lettered_to), width=230)
-        + "<br>Reasons: "
-        + ticks
-        + "<br>"
-        + _input("Message ids", "message_ids", ",".join(str(i) for i in request.message_ids), width=420)
+        + inputs
         + ' <button type="submit">Filter</button> '
-        + f'<a href="{escape(base)}?{escape(query_string(DlqFilter(group=request.group)))}">clear</a></form>'
+        + f'<a href="{escape(base)}?{escape(query_string(cleared))}">clear</a></form>'
     )
 
 

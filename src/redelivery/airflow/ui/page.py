@@ -450,7 +450,7 @@ def redrive_form(group: str, reasons: list[tuple[str, int]]) -> str:
         '<form class="redrive" method="post" action="dlq/redrive" '
         f'data-group="{escape(group)}">'
         f'<input type="hidden" name="group" value="{escape(group)}">'
-        f'<label>Reason <select name="reason">{options}</select></label>'
+        f'<label>Reason <select name="reasons">{options}</select></label>'
         '<label>Last error contains <input type="text" name="error_contains"></label>'
         f'<button type="submit">Dry run redrive of {escape(group)}</button>'
         '<div class="muted">Triggers <b>dlq_redrive</b> as a <b>dry run</b>: it counts and samples what '

@@ -32,8 +32,9 @@ POLICIES_CTE = """policies AS MATERIALIZED (
 POLICY_JOIN = "p.topic_id = d.topic_id AND p.group_id = d.group_id"
 CAN_RETRY = "(p.max_times = -1 OR d.reconsume_times < p.max_times)"
 # Retry n = d.reconsume_times + 1: its routing level, and its wait in seconds with Artemis collision
-# avoidance (wait + wait * factor * U[0,1) with a random sign, seeds/004), at most 864000 s
-# (levels.MAX_DELAY_SECONDS; policies.EffectivePolicy.delay cuts it the same way).
+# avoidance, wait + wait * factor * U[0,1) with a random sign (Artemis, "Message redelivery and
+# undelivered messages"), at most 864000 s (levels.MAX_DELAY_SECONDS;
+# policies.EffectivePolicy.delay cuts it the same way).
 NEXT_LEVEL = "p.levels[least(d.reconsume_times + 1, cardinality(p.levels))]"
 NEXT_DELAY = """least(p.delays[least(d.reconsume_times + 1, cardinality(p.delays))]
                  * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000)"""
@@ -136,11 +137,13 @@ FROM promoted GROUP BY 1, 2, 3, 6, 8"""
 #: text matches with strpos, so '%' and '_' are plain characters.
 DLQ_FILTER = """q.group_id = %(group_id)s
     AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
-    AND (%(from)s::timestamptz IS NULL OR q.dead_lettered_at >= %(from)s::timestamptz)
-    AND (%(to)s::timestamptz IS NULL OR q.dead_lettered_at < %(to)s::timestamptz)
+    AND (%(dead_lettered_from)s::timestamptz IS NULL
+         OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
+    AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
     AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
-    AND (%(error)s::text IS NULL OR strpos(lower(coalesce(q.last_error, '')), lower(%(error)s::text)) > 0)
-    AND (%(ids)s::bigint[] IS NULL OR q.message_id = ANY(%(ids)s::bigint[]))
-    AND (%(message_key)s::text IS NULL OR q.key = %(message_key)s::text)"""
+    AND (%(error_contains)s::text IS NULL
+         OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
+    AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
+    AND (%(key)s::text IS NULL OR q.key = %(key)s::text)"""
 _DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id"
 # fmt: on

@@ -28,7 +28,7 @@ from redelivery.store.statements._shared import (
 #: Both publishers write the log with one binary COPY of these columns, a row per message whatever
 #: the number of groups (each group's offset reaches it): the API encodes its messages from Arrow
 #: arrays, a Spark publish's driver streams the chunks its tasks encoded and staged
-#: (``store.copy_rows``). Ids come from the column's default, ``nextval('message_ids')``, in the
+#: (``messaging.copy_rows``). Ids come from the column's default, ``nextval('message_ids')``, in the
 #: order of the rows, under the topic's publish lock. PostgreSQL checks each row as it is written:
 #: a key's encoding, properties that are a JSON object, a JSON body that is JSON
 #: (``messages_json_body``); the error names the row (``copy_rows.refused_row``).

@@ -107,7 +107,7 @@ TIER_RUN_FINISH = _named("TIER_RUN_FINISH", f"""
       WHERE run_key = %(run_key)s RETURNING tier, dry_run)
     {_HISTOGRAM_ADD.format(metric="run_duration", rows="FROM finished WHERE NOT dry_run")}""")
 #: The lateness of a tier run's transaction's promotions (``bucket_*``, ``observed_sum`` in seconds:
-#: ``transitions.count_moves``), after its ADD_GROUP_TOTALS.
+#: ``tiers.window.count_moves``), after its ADD_GROUP_TOTALS.
 ADD_RETRY_LATENESS = _named("ADD_RETRY_LATENESS", f"""
     WITH finished AS (SELECT %(tier)s::text AS tier)
     {_HISTOGRAM_ADD.format(metric="retry_lateness", rows="FROM finished")}""")

@@ -59,7 +59,7 @@ def upgrade() -> None:
     CREATE INDEX messages_topic ON messages (topic_id, id);
     CREATE INDEX messages_publish_batch ON messages (publish_batch) WHERE publish_batch IS NOT NULL;
 
-    -- One row per (message, subscribed group): the state machine of RocketMQ 5 (seeds/001).
+    -- One row per (message, subscribed group): the state machine of RocketMQ 5, "Consumption retry".
     CREATE TABLE deliveries (
         message_id bigint NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
         group_id integer NOT NULL REFERENCES consumer_groups (id) ON DELETE CASCADE,
