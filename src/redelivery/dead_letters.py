@@ -12,7 +12,15 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal, get_args
 
 import psycopg
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import ConfigError
@@ -43,11 +51,12 @@ def _blank_is_none(value):
     return None if value == "" else value
 
 
-def _name_of(kind: str):
-    """A validator of a ``kind`` name (``rules.names``), a blank being no name."""
+def _name_of(kind: str, optional: bool):
+    """A validator of a ``kind`` name (``rules.names``, its message); for an ``optional`` one, a
+    blank is no name."""
 
     def check(value):
-        value = _blank_is_none(value)
+        value = _blank_is_none(value) if optional else value
         return value if value is None else check_name(kind, value)
 
     return BeforeValidator(check)
@@ -55,8 +64,8 @@ def _name_of(kind: str):
 
 #: A topic or group name: the rule of ``rules.names`` (its message), its pattern for the forms.
 Name = Annotated[str, Field(pattern=f"^{NAME_REGEX}$")]
-GroupName = Annotated[Name, _name_of("group")]
-TopicName = Annotated[Name | None, _name_of("topic")]
+GroupName = Annotated[Name, _name_of("group", optional=False)]
+TopicName = Annotated[Name | None, _name_of("topic", optional=True)]
 #: Text without a NUL character, a blank being no text.
 Text = Annotated[str | None, BeforeValidator(_blank_is_none)]
 
@@ -79,14 +88,14 @@ class DlqFilter(BaseModel):
     dead_lettered_from: datetime | None = Field(
         default=None,
         title="Dead-lettered from",
-        description="ISO 8601 time, inclusive (UTC if no zone). Empty: no lower bound.",
+        description="ISO 8601 time, inclusive. Empty: no lower bound.",
     )
     dead_lettered_to: datetime | None = Field(
         default=None,
         title="Dead-lettered before",
-        description="ISO 8601 time, exclusive (UTC if no zone). Empty: no upper bound.",
+        description="ISO 8601 time, exclusive. Empty: no upper bound.",
     )
-    reasons: list[Reason] = Field(
+    reasons: Annotated[list[Reason], AfterValidator(lambda v: list(dict.fromkeys(v)))] = Field(
         default_factory=list,
         title="Reasons",
         description="Only these dead-letter reasons. Empty: all.",

@@ -6,7 +6,7 @@ Airflow finds it by the distribution's ``airflow.plugins`` entry point; the chec
 ``plugins/redelivery_plugin.py`` exposes it to a plugins folder only where no entry point does
 (``registered_by_entry_point``)."""
 
-from importlib.metadata import entry_points
+from importlib.metadata import distributions
 
 from airflow.plugins_manager import AirflowPlugin
 
@@ -47,8 +47,14 @@ def registered_by_entry_point() -> bool:
     plugins folder first, then the entry points, and a second plugin of the same name is skipped
     with a warning and an import error that the UI shows; so the plugins folder's file exposes the
     class only when this is False (the package on the path without its metadata), and the plugin
-    is registered exactly once either way. Reads the installed metadata only: raises nothing."""
-    return any(
-        (entry.module, entry.attr) == (RedeliveryPlugin.__module__, RedeliveryPlugin.__qualname__)
-        for entry in entry_points(group="airflow.plugins")
-    )
+    is registered exactly once either way. Reads every distribution's metadata as Airflow does
+    (``entry_points()`` keeps the first distribution of a name only): raises nothing."""
+    wanted = f"{RedeliveryPlugin.__module__}:{RedeliveryPlugin.__qualname__}"
+    for distribution in distributions():
+        try:
+            entries = list(distribution.entry_points)
+        except Exception:  # unreadable metadata: Airflow skips it too
+            continue
+        if any(e.group == "airflow.plugins" and e.value.replace(" ", "") == wanted for e in entries):
+            return True
+    return False

@@ -365,8 +365,9 @@ def tier_run(
 ) -> None:
     """Run one tier window outside Airflow (window end: now if not given; a time without a zone
     is UTC) and print its summary as JSON."""
+    from redelivery.config import cached_config
     from redelivery.store.db import migrate
-    from redelivery.tiers.run import run_tier
+    from redelivery.tiers.run import run_tier, tier_levels
 
     try:
         end = (
@@ -376,7 +377,8 @@ def tier_run(
         raise RedeliveryError(f"window_end: {exc}") from None
     end = end if end.tzinfo else end.replace(tzinfo=UTC)
     run_key = f"cli/{tier}/{datetime.now(UTC).isoformat()}"
-    request = TierRunRequest(tier=tier, window_end=end, run_key=run_key, **fields)  # refused: nothing ran
+    request = TierRunRequest(tier=tier, window_end=end, run_key=run_key, **fields)
+    tier_levels(cached_config(), request.tier, request.levels)  # an unknown tier or level: nothing ran
     migrate()
     sessions = []
 

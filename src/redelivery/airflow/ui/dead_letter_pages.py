@@ -82,7 +82,7 @@ def _many(field: FormField, values: list[str], problems: list[str]) -> list:
     """An array field's values as the address gives them (repeated or separated by commas)."""
     if field.item_kind == "integer":
         return _ids(values, field.name, problems)
-    return [v for v in values if v] if field.choices else split_many(values)
+    return split_many(values)
 
 
 def _filter_problems(error: ValidationError) -> list[str]:
