@@ -486,14 +486,13 @@ class Controller(KillPoints):
         return self.report(time.monotonic() - started)
 
     def report(self, seconds: float) -> int:
+        from redelivery.messaging.codec import STATES
         from redelivery.store import statements as S
 
         messages = self.conn.execute("SELECT count(*) FROM messages").fetchone()[0]
         states: Counter = Counter()
         for _, _, *numbers in self.conn.execute(S.SUBSCRIPTION_STATES):
-            states.update(
-                dict(zip(("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"), numbers, strict=True))
-            )
+            states.update(dict(zip(STATES, numbers, strict=True)))
         states = dict(states)
         stale = int(
             self.conn.execute("SELECT coalesce(sum(stale_receipts), 0) FROM consumer_groups").fetchone()[0]

@@ -16,7 +16,9 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 
 | name | type | labels | meaning | source |
 |---|---|---|---|---|
-| ``redelivery_messages`` | gauge | topic, group, state | messages in READY (READY rows and the messages past the group's consume offset), INFLIGHT, WAITING_RETRY or DLQ (0 for a subscription with none) | READY: the partial index ``deliveries_ready`` and the log's primary key from the offset on; INFLIGHT, WAITING_RETRY: the partial indexes ``deliveries_inflight``, ``deliveries_waiting``, which carry group and topic; DLQ: ``dlq_messages`` |
+| ``redelivery_messages`` | gauge | topic, group, state | messages in READY (READY rows and the messages past the group's consume offset), INFLIGHT, WAITING_RETRY, DLQ or BLOCKED (an ordered subscription's messages waiting behind their key's head) (0 for a subscription with none) | READY: the partial index ``deliveries_ready`` and the log's primary key from the offset on; INFLIGHT, WAITING_RETRY: the partial indexes ``deliveries_inflight``, ``deliveries_waiting``, which carry group and topic; DLQ: ``dlq_messages``; BLOCKED: the partial index ``deliveries_key`` |
+| ``redelivery_blocked_keys`` | gauge | topic, group | an ordered subscription's keys held back: with messages BLOCKED behind their head, or a HALTED head (issue 31) | partial index ``deliveries_key`` (ordered subscriptions' rows only) |
+| ``redelivery_blocked_oldest_age_seconds`` | gauge | topic, group | how long the message BLOCKED the longest has waited behind its key's head, seconds, from when the offset passed it (0: none) | ``deliveries.created_at`` of the BLOCKED rows |
 | ``redelivery_retry_waiting_messages`` | gauge | topic, group, delay_level | WAITING_RETRY deliveries per delay level (levels with some) | partial index ``deliveries_waiting`` |
 | ``redelivery_consumer_ready_oldest_age_seconds`` | gauge | topic, group | how long the message READY the longest has been READY (RocketMQ's consumer lag latency); 0 with none | ``deliveries.ready_at`` of the READY rows (``deliveries_ready``), the publish time of the first message past the offset |
 | ``redelivery_committed_messages_total`` | counter | topic, group | messages the group acknowledged (or closed by a redrive to another topic) | ``subscriptions``: the messages it took past its offset, less its delivery rows and its dead letters (deleted ones included) |
@@ -65,7 +67,7 @@ from redelivery.store import statements as S
 #: The content type of ``render``'s text (the HTTP route's ``Content-Type``).
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The delivery states ``redelivery_messages`` counts (COMMITTED is history: see above).
-LIVE_STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "DLQ")
+LIVE_STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "DLQ", "BLOCKED")
 #: Counter name -> column of METRICS_GROUP_TOTALS (after the group name) and help text.
 COUNTERS = {
     "redelivery_promoted_messages": (1, "Retries promoted to READY by tier runs."),
@@ -218,6 +220,7 @@ class StateStoreCollector(Collector):
                 "inflight": execute(S.METRICS_INFLIGHT).fetchall(),
                 "waiting": execute(S.METRICS_WAITING).fetchall(),
                 "dead": execute(S.METRICS_DEAD_LETTERS).fetchall(),
+                "blocked": execute(S.METRICS_BLOCKED, {"at": self.at}).fetchall(),
                 "committed": execute(S.METRICS_COMMITTED).fetchall(),
                 "totals": execute(S.METRICS_GROUP_TOTALS).fetchall(),
                 "histograms": execute(S.METRICS_HISTOGRAMS).fetchall(),
@@ -250,15 +253,32 @@ def _live_gauges(rows: dict) -> Iterator:
         counts[(topic, group, "INFLIGHT")] = n
     for topic, group, _, n in waiting:
         counts[(topic, group, "WAITING_RETRY")] = counts.get((topic, group, "WAITING_RETRY"), 0) + n
+    keys = {(topic, group): 0 for topic, group in subscriptions}
+    blocked_age = {(topic, group): 0.0 for topic, group in subscriptions}
+    for topic, group, held_keys, n, oldest in rows["blocked"]:
+        counts[(topic, group, "BLOCKED")] = n
+        keys[(topic, group)], blocked_age[(topic, group)] = held_keys, oldest
     per_queue: dict = {}
     for dlq, topic, group, reason, n in rows["dead"]:
         counts[(topic, group, "DLQ")] = counts.get((topic, group, "DLQ"), 0) + n
         per_queue[(dlq, group, reason)] = per_queue.get((dlq, group, reason), 0) + n
     yield _gauge(
         "redelivery_messages",
-        "Deliveries per topic, group and live state (READY, INFLIGHT, WAITING_RETRY, DLQ).",
+        "Deliveries per topic, group and live state (READY, INFLIGHT, WAITING_RETRY, DLQ, BLOCKED).",
         ["topic", "group", "state"],
         ((list(labels), n) for labels, n in sorted(counts.items())),
+    )
+    yield _gauge(
+        "redelivery_blocked_keys",
+        "Keys of an ordered subscription held back behind their head (BLOCKED messages or a HALTED head).",
+        ["topic", "group"],
+        ((list(labels), n) for labels, n in sorted(keys.items())),
+    )
+    yield _gauge(
+        "redelivery_blocked_oldest_age_seconds",
+        "How long the message BLOCKED the longest has waited behind its key's head, seconds (0: none).",
+        ["topic", "group"],
+        ((list(labels), seconds) for labels, seconds in sorted(blocked_age.items())),
     )
     yield _gauge(
         "redelivery_retry_waiting_messages",

@@ -202,6 +202,9 @@ def _move_batch_once(
             catalog.lock_topic_for_publish(conn, params["dest"])
         else:  # delivery rows come back: their topics may not be deleted under them
             catalog.lock_topics_shared(conn, params["revived_topics"])
+        # an ordered subscription's receives and this batch take turns (RECEIVE_ORDERED's rule);
+        # its HALTED heads too, when their dead letters leave for another topic
+        conn.execute(S.LOCK_ORDERED_SUBSCRIPTIONS, {"group_id": params["group_id"]})
         room = _room(conn, lane) if lane is not None else None
         if room is not None:
             if room == 0:

@@ -22,7 +22,9 @@ def test_publish_stats_and_dlq_list(clean_db):
     assert json.loads(done.stdout)["published"] == 2
     stats = json.loads(run("stats", "--json", database_url=clean_db).stdout)
     assert stats == {
-        "orders": {"billing": {"READY": 2, "INFLIGHT": 0, "WAITING_RETRY": 0, "COMMITTED": 0, "DLQ": 0}}
+        "orders": {
+            "billing": {"READY": 2, "INFLIGHT": 0, "WAITING_RETRY": 0, "COMMITTED": 0, "DLQ": 0, "BLOCKED": 0}
+        }
     }
     from redelivery.client import Client
 

@@ -283,7 +283,7 @@ def test_dead_letters_past_their_retention_are_deleted_and_committed_stays(clien
     config = RedeliveryConfig.model_validate({"retention": {"dead_letters": "30d"}})
     assert maintenance.cleanup(client.conn, config)["dead_letters"] == 1
     assert client.stats()["orders"]["billing"] == {
-        "READY": 0, "INFLIGHT": 0, "WAITING_RETRY": 0, "COMMITTED": 1, "DLQ": 1,
+        "READY": 0, "INFLIGHT": 0, "WAITING_RETRY": 0, "COMMITTED": 1, "DLQ": 1, "BLOCKED": 0,
     }  # fmt: skip
 
 

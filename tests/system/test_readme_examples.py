@@ -74,6 +74,7 @@ def test_the_spark_example(client, spark):
         "WAITING_RETRY": 0,
         "COMMITTED": 2,
         "DLQ": 1,
+        "BLOCKED": 0,
     }
 
 

@@ -165,9 +165,24 @@ def subscribe(
         str,
         typer.Option(help="latest: messages published from now on; earliest: every message the log holds"),
     ] = "latest",
+    ordered: Annotated[
+        bool,
+        typer.Option(
+            "--ordered/--unordered",
+            help="deliver each message key's messages one at a time, in publish order, a failed one "
+            "holding back the later ones of its key (for life)",
+        ),
+    ] = False,
+    on_exhausted: Annotated[
+        str,
+        typer.Option(
+            help="ordered only: continue (a dead-lettered message releases its key) or halt (its key "
+            "waits until the dead letter is redriven)"
+        ),
+    ] = "continue",
 ) -> None:
     """Subscribe a consumer group to a topic (an existing subscription keeps its consume offset)."""
-    _client().subscribe(group, topic, start=start)
+    _client().subscribe(group, topic, start=start, ordered=ordered, on_exhausted=on_exhausted)
 
 
 @app.command("publish")

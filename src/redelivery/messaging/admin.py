@@ -24,6 +24,14 @@ def check_max_reconsume_times(limit: object) -> int | None:
     return limit
 
 
+#: What an ordered subscription's dead-lettered message does to its key (``subscribe``).
+ON_EXHAUSTED = ("continue", "halt")
+
+
+def _ordering_text(ordered: bool, on_exhausted: str) -> str:
+    return f"ordered (on_exhausted={on_exhausted!r})" if ordered else "unordered"
+
+
 class Administration(Role):
     """The admin calls of a client (``Client`` offers them as its own)."""
 
@@ -68,15 +76,39 @@ class Administration(Role):
             self.context.topic_id(topic), self.context.group(group)[0], topic, group
         )
 
-    def subscribe(self, group: str, topic: str, start: str = "latest") -> None:
+    def subscribe(
+        self,
+        group: str,
+        topic: str,
+        start: str = "latest",
+        *,
+        ordered: bool = False,
+        on_exhausted: str = "continue",
+    ) -> None:
         """Subscribe ``group`` to ``topic`` (idempotent: an existing subscription keeps its
         offset). ``start`` (Kafka's ``auto.offset.reset``): ``"latest"``, messages published from
         now on are delivered to the group; ``"earliest"``, every message the topic's log still holds
-        too. Raises ``UnknownGroupError`` / ``UnknownTopicError``, ``ValueError`` (another
-        ``start``), and ``InvalidNameError`` when the pair's DLQ or retry name (by its policy)
-        cannot name a table."""
+        too.
+
+        ``ordered``: messages of one key are delivered one at a time in publish order, each after
+        the one before it is committed or dead-lettered (SQS FIFO message groups, Pub/Sub ordering
+        keys, RocketMQ orderly consumption); keyless messages stay unordered. ``on_exhausted``
+        (ordered only): ``"continue"`` (default), a dead-lettered message releases its key, as SQS
+        FIFO and RocketMQ orderly do; ``"halt"``, its key stays held until its dead letter is
+        redriven. Both are the subscription's for life.
+
+        Raises ``UnknownGroupError`` / ``UnknownTopicError``, ``ValueError`` (another ``start`` or
+        ``on_exhausted``, ``on_exhausted`` without ``ordered``, or a subscription that exists with
+        another ordering: nothing changes), and ``InvalidNameError`` when the pair's DLQ or retry
+        name (by its policy) cannot name a table."""
         if start not in ("latest", "earliest"):
             raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
+        if not isinstance(ordered, bool):
+            raise ValueError(f"ordered must be true or false, got {ordered!r}")
+        if on_exhausted not in ON_EXHAUSTED:
+            raise ValueError(f"on_exhausted must be 'continue' or 'halt', got {on_exhausted!r}")
+        if on_exhausted != "continue" and not ordered:
+            raise ValueError("on_exhausted applies to an ordered subscription only (ordered=True)")
         group_id, own_max = self.context.group(group)
         self.context.topic_renamed(topic)  # a rare call: never subscribe a topic id that is gone
         topic_id = self.context.topic_id(topic)
@@ -84,14 +116,27 @@ class Administration(Role):
             self.config.policy_for(topic, group, own_max)
         except ConfigError as exc:
             raise InvalidNameError(f"cannot subscribe group {group!r} to topic {topic!r}: {exc}") from None
-        subscription = {"topic_id": topic_id, "group_id": group_id, "from_beginning": start == "earliest"}
+        subscription = {
+            "topic_id": topic_id,
+            "group_id": group_id,
+            "from_beginning": start == "earliest",
+            "ordered": ordered,
+            "on_exhausted": on_exhausted,
+        }
         with self.conn.transaction():  # the offset read after the topic's publishes and retention
             if not self.conn.execute(
                 S.LOCK_TOPIC_FOR_SUBSCRIBE, {**subscription, **RETENTION_LOCK}
             ).fetchone():
                 raise UnknownTopicError(f"unknown topic {topic!r}")
             self.conn.execute(S.SUBSCRIBE, subscription)
+            existing = tuple(self.conn.execute(S.SUBSCRIPTION_ORDERING, subscription).fetchone())
         self.context.forget_topic(topic_id)
+        if existing != (ordered, on_exhausted):
+            have = _ordering_text(*existing)
+            raise ValueError(
+                f"group {group!r} is subscribed to topic {topic!r} {have} already; a subscription keeps "
+                f"its ordering for life (delete the group's subscription to change it)"
+            )
 
     def delete_topic(self, name: str) -> None:
         """Delete topic ``name`` with its messages, deliveries, subscriptions and dead letters, in one

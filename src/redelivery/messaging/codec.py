@@ -23,7 +23,7 @@ BINARY = "application/octet-stream"
 TEXT = "text/plain"
 CONTENT_TYPES = (JSON, BINARY, TEXT)
 #: The states of a delivery, RocketMQ 5's PushConsumer (RocketMQ 5, "Consumption retry").
-STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ")
+STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ", "BLOCKED")
 #: Properties set on a redelivered message, Pulsar's retry letter (TDMQ Pulsar, "Message retry and
 #: dead-letter mechanism"); publishers may not set them.
 RETRY_PROPERTIES = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUMETIMES")

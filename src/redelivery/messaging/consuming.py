@@ -70,6 +70,18 @@ def _retry_properties(
     )
 
 
+#: How far past its offset an ordered subscription's receive looks for messages of free keys: the
+#: most SQS FIFO scans past blocked message groups (Amazon SQS Developer Guide, "FIFO queue
+#: message grouping": 20,000 messages).
+MAX_ORDERED_SCAN = 20_000
+
+
+def ordered_scan(max_messages: int) -> int:
+    """Messages an ordered receive of ``max_messages`` reads past the offset: four times the batch
+    (at least 100), so that a batch fills past keys blocked in it, at most ``MAX_ORDERED_SCAN``."""
+    return min(MAX_ORDERED_SCAN, max(100, 4 * max_messages))
+
+
 class Consumer(Role):
     """The consumer of a client (``Client.consumer``; ``Client`` offers its public calls as its own)."""
 
@@ -180,6 +192,7 @@ class Consumer(Role):
             "max_messages": max_messages,
             "invisible_duration": float(invisible_duration),
             "at": at,
+            "scan": ordered_scan(max_messages),
         }
         return group_id, topic_id, params
 
@@ -189,13 +202,30 @@ class Consumer(Role):
         reported the statement's transaction ended), so the delivery counts are persisted before a
         caller sees a message, and the subscription row is locked only while it runs, not while
         the rows travel and are decoded. Results in PostgreSQL's binary format: bodies arrive as
-        their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again."""
+        their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again.
+
+        An ordered subscription's receive is a transaction of two statements: its subscription row
+        locked (LOCK_ORDERED_SUBSCRIPTION), then RECEIVE_ORDERED, which then sees every delivery
+        row committed before; committed before the rows are returned. A receive that would give a
+        key a second head (a redrive of the key committed meanwhile: ``deliveries_key_head``
+        refuses it) changed nothing and runs again."""
+        key = (params["topic_id"], params["group_id"])
 
         def lease() -> list[tuple]:
             with self.conn.cursor(binary=True) as cursor:
                 return cursor.execute(S.RECEIVE, params).fetchall()
 
-        return db.retry_lock_conflicts(lease)
+        def lease_ordered() -> list[tuple]:
+            with self.conn.transaction(), self.conn.cursor(binary=True) as cursor:
+                if cursor.execute(S.LOCK_ORDERED_SUBSCRIPTION, params).fetchone() is None:
+                    return []
+                return cursor.execute(S.RECEIVE_ORDERED, params).fetchall()
+
+        ordered = self.context.is_ordered(*key)
+        rows = db.retry_lock_conflicts(lease_ordered if ordered else lease, conflicts=db.HEAD_CONFLICTS)
+        if not rows:  # the subscription may have been made again with the other ordering
+            self.context.ordered.pop(key, None)
+        return rows
 
     @staticmethod
     def _decode_received(rows, group, topic, retry_topic) -> tuple[list[ReceivedMessage], list[tuple]]:

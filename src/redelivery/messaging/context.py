@@ -12,6 +12,7 @@ from redelivery.errors import NotSubscribedError
 from redelivery.rules.levels import LevelTable
 from redelivery.rules.policies import EffectivePolicy
 from redelivery.store import catalog
+from redelivery.store import statements as S
 
 
 class ClientContext:
@@ -26,6 +27,7 @@ class ClientContext:
         self.groups: dict[str, tuple[int, int | None]] = {}
         self.policies: dict[tuple[int, int], tuple[EffectivePolicy, dict]] = {}
         self.caps: dict[int, dict] = {}  # topic id -> {group id: policy with a ready-backlog cap}
+        self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
         self.config = config  # and ``levels``, its level table
 
     @property
@@ -71,6 +73,18 @@ class ClientContext:
         """Topic ``topic_id`` changed (deleted, or a subscription added): its policies and caps."""
         self.caps.pop(topic_id, None)
         self.policies = {k: v for k, v in self.policies.items() if k[0] != topic_id}
+        self.ordered = {k: v for k, v in self.ordered.items() if k[0] != topic_id}
+
+    def is_ordered(self, topic_id: int, group_id: int) -> bool:
+        """Whether subscription (topic, group) is ordered (False for none: the receive then finds
+        nothing), cached; ``forget_ordering`` drops it (an empty receive, in case the subscription
+        was made again with the other ordering)."""
+        key = (topic_id, group_id)
+        if key not in self.ordered:
+            row = self.conn.execute(S.SUBSCRIPTION_ORDERING, {"topic_id": topic_id, "group_id": group_id})
+            found = row.fetchone()
+            self.ordered[key] = bool(found and found[0])
+        return self.ordered[key]
 
     def effective_policy(self, topic_id: int, group_id: int, topic: str, group: str) -> EffectivePolicy:
         """The policy of one subscription, read only (a check before a change writes nothing)."""

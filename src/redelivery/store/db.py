@@ -245,11 +245,19 @@ def empty_state_store(conn: psycopg.Connection) -> None:
     conn.execute(S.TRUNCATE_TABLES.format(tables=sql.SQL(", ").join(tables)))
 
 
-def retry_lock_conflicts(call: Callable[[], T], attempts: int = 5) -> T:
+#: What ``retry_lock_conflicts`` runs again: a deadlock victim, a serialization failure.
+LOCK_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+#: And, for a receive or a redrive of an ordered subscription, a second head refused by
+#: ``deliveries_key_head`` (a concurrent writer of the key committed first).
+HEAD_CONFLICTS = (*LOCK_CONFLICTS, psycopg.errors.UniqueViolation)
+
+
+def retry_lock_conflicts(
+    call: Callable[[], T], attempts: int = 5, conflicts: tuple[type[Exception], ...] = LOCK_CONFLICTS
+) -> T:
     """Run ``call`` (one transaction) again when PostgreSQL aborted it as a deadlock victim or for
-    a serialization failure: it changed nothing, and every statement is guarded, so running it
-    again is safe. Raises the last error after ``attempts`` tries."""
-    conflicts = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+    a serialization failure (or another of ``conflicts``): it changed nothing, and every statement
+    is guarded, so running it again is safe. Raises the last error after ``attempts`` tries."""
     retries = Retrying(
         stop=stop_after_attempt(attempts),
         wait=wait_random(0.01, 0.2),

@@ -58,8 +58,8 @@ def _without_timeouts():
             bind.execute(text(restore), {"l": saved[0], "s": saved[1]})
 
 
-def build_index(name: str, definition: str, *, replace: bool = False) -> None:
-    """Build index ``redelivery.<name>`` as ``CREATE INDEX <name> ON redelivery.<definition>``
+def build_index(name: str, definition: str, *, replace: bool = False, unique: bool = False) -> None:
+    """Build index ``redelivery.<name>`` as ``CREATE [UNIQUE] INDEX <name> ON redelivery.<definition>``
     without blocking writes: built CONCURRENTLY as ``<name>_build``, then (``replace``) the old
     index dropped CONCURRENTLY, then renamed (a SHARE UPDATE EXCLUSIVE lock: writes go on).
 
@@ -83,7 +83,8 @@ def build_index(name: str, definition: str, *, replace: bool = False) -> None:
                 op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{building}")
             if current is True and not replace:
                 return
-            op.execute(f"CREATE INDEX CONCURRENTLY {building} ON {SCHEMA}.{definition}")
+            kind = "UNIQUE INDEX" if unique else "INDEX"
+            op.execute(f"CREATE {kind} CONCURRENTLY {building} ON {SCHEMA}.{definition}")
             op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SCHEMA}.{name}")
     with op.get_context().autocommit_block():  # under the migration's lock_timeout again
         op.execute(f"ALTER INDEX {SCHEMA}.{building} RENAME TO {name}")

@@ -107,7 +107,8 @@ DLQ_COUNT_FROM_TOPIC = _named("DLQ_COUNT_FROM_TOPIC", f"""
     SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER} AND q.topic_id = %(dest)s::int""")
 #: One batch of a redrive, in one transaction: up to ``batch_size`` selected dead letters (in the id
 #: range [low, high) when given; never one this run moved already) leave their DLQ table. To their
-#: own topic: each becomes a READY delivery row again (the delivery count and history kept: the
+#: own topic: each becomes a READY delivery row again (of an ordered subscription: BLOCKED behind
+#: its key's current head, when its key has one) (the delivery count and history kept: the
 #: count never decreases, old receipts stay stale; ``reset`` restores the retry budget, reconsume
 #: times 0; the redrive count goes up), and a message retention dropped from the log goes back into
 #: it from the dead letter's copy, with its id and publish time (its partition made before:
@@ -138,14 +139,48 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       WHERE %(dest)s::int IS NULL
       -- another group's redrive put it back (or is putting it back: this waits for its commit)
       ON CONFLICT DO NOTHING),
+    -- an ordered subscription's revived message carries its key (RECEIVE_ORDERED); its key is
+    -- held when it has a delivery row (its newest locked FOR KEY SHARE, as RECEIVE_ORDERED does)
+    revived_keys AS (
+      SELECT r.topic_id, r.message_id, CASE WHEN s.ordered THEN r.key END AS key
+      FROM removed r LEFT JOIN subscriptions s ON s.topic_id = r.topic_id AND s.group_id = r.group_id
+      WHERE %(dest)s::int IS NULL),
+    held AS (
+      SELECT k.topic_id, k.key FROM (SELECT DISTINCT topic_id, key FROM revived_keys WHERE key IS NOT NULL) k
+      CROSS JOIN LATERAL (
+        SELECT 1 FROM deliveries d
+        WHERE d.topic_id = k.topic_id AND d.group_id = %(group_id)s AND d.key = k.key
+        ORDER BY d.message_id DESC LIMIT 1 FOR KEY SHARE) newest),
+    heads AS (
+      SELECT k.topic_id, min(k.message_id) AS message_id FROM revived_keys k
+      WHERE k.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM held h WHERE h.topic_id = k.topic_id
+                                                AND h.key = k.key)
+      GROUP BY k.topic_id, k.key),
+    -- to its own topic: READY, or BLOCKED behind its key's head (the first of a free key in the
+    -- batch is the head); a HALTED head revived is READY again, in its own row
     revived AS (
-      INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, delivery_count,
+      INSERT INTO deliveries AS d (topic_id, group_id, message_id, published_at, key, state, delivery_count,
                               reconsume_times, redrive_count, first_failure_at, last_failure_at, last_error,
                               attempts, ready_at)
-      SELECT r.topic_id, r.group_id, r.message_id, r.published_at, 'READY', r.delivery_count,
-             CASE WHEN %(reset)s THEN 0 ELSE r.reconsume_times END, r.redrive_count + 1,
+      SELECT r.topic_id, r.group_id, r.message_id, r.published_at, k.key,
+             CASE WHEN k.key IS NULL OR EXISTS (SELECT 1 FROM heads h WHERE h.topic_id = r.topic_id
+                                                  AND h.message_id = r.message_id)
+                  THEN 'READY' ELSE 'BLOCKED' END::delivery_state,
+             r.delivery_count, CASE WHEN %(reset)s THEN 0 ELSE r.reconsume_times END, r.redrive_count + 1,
              r.first_failure_at, r.last_failure_at, r.last_error, r.attempts, now()
-      FROM removed r WHERE %(dest)s::int IS NULL),
+      FROM removed r JOIN revived_keys k ON k.topic_id = r.topic_id AND k.message_id = r.message_id
+      ON CONFLICT (topic_id, group_id, message_id) DO UPDATE SET state = 'READY',
+          delivery_count = EXCLUDED.delivery_count, reconsume_times = EXCLUDED.reconsume_times,
+          redrive_count = EXCLUDED.redrive_count, attempts = EXCLUDED.attempts, ready_at = now(),
+          updated_at = now()
+      WHERE d.state = 'HALTED'),
+    -- to another topic: the dead letter ends, and a HALTED head with it (its key is released:
+    -- finish_ordered_heads promotes the next message)
+    released AS (
+      DELETE FROM deliveries d
+      WHERE %(dest)s::int IS NOT NULL AND d.group_id = %(group_id)s AND d.state = 'HALTED'
+        AND d.topic_id = ANY(ARRAY(SELECT topic_id FROM removed))
+        AND d.message_id = ANY(ARRAY(SELECT message_id FROM removed))),
     copies AS (
       INSERT INTO messages (topic_id, id, key, body, content_type, properties, origin_message_id)
       SELECT %(dest)s::int, nextval('message_ids'), r.key, r.body, r.content_type, r.properties,
@@ -173,6 +208,11 @@ DEAD_LETTER_LOG_GAPS = _named("DEAD_LETTER_LOG_GAPS", f"""
     ORDER BY 1""")
 #: A redrive batch holds the topics it revives dead letters of FOR KEY SHARE (``topic_ids``, in
 #: id order): no topic is deleted under it.
+#: A redrive batch of a group locks its ordered subscriptions' rows first (in topic order), as their
+#: receives do (LOCK_ORDERED_SUBSCRIPTION): the batch's statement then sees every delivery row they
+#: committed.
+LOCK_ORDERED_SUBSCRIPTIONS = _named("LOCK_ORDERED_SUBSCRIPTIONS", """
+    SELECT 1 FROM subscriptions WHERE group_id = %(group_id)s AND ordered ORDER BY topic_id FOR UPDATE""")
 LOCK_TOPICS_SHARED = _named("LOCK_TOPICS_SHARED", """
     SELECT id FROM topics WHERE id = ANY(%(topic_ids)s::int[]) ORDER BY id FOR KEY SHARE""")
 #: Close a redrive run: ``status`` and, when given, ``matched``, ``held_by_backlog_cap`` and ``sample``.

@@ -169,16 +169,13 @@ _COUNT_STALE = """stale AS (
       RETURNING 1)"""
 #: The lease of a receive: ``at`` (or now) plus ``invisible_duration`` seconds.
 _LEASE_END = f"{AT} + make_interval(secs => %(invisible_duration)s)"
-#: Lease up to ``max_messages`` messages of a topic to a group, in one statement: first its READY
-#: rows (retries a tier run promoted, dead letters redriven: they waited already, and serving them
-#: first keeps the lateness the tiers promise), oldest id first, ``FOR UPDATE SKIP LOCKED``; then,
-#: for the rest of the batch, the messages past its consume offset: the subscription row locked
-#: ``FOR UPDATE`` (two consumers of a group take turns for this statement), an INFLIGHT row with
-#: delivery count 1 for each, and the offset moved past them. The claimed READY ids go to the UPDATE
-#: as an array: a primary-key lookup. A READY row whose message a retention run has just detached is
-#: left alone (it is attached again: ``log.drop_expired_partitions``).
-RECEIVE = _named("RECEIVE", f"""
-    WITH ready AS (
+#: A receive's READY rows (retries a tier run promoted, dead letters redriven, the next message of
+#: a key an ordered subscription released: they waited already, and serving them first keeps the
+#: lateness the tiers promise), oldest id first, ``FOR UPDATE SKIP LOCKED``, leased by their ids (an
+#: array: a primary-key lookup); and the room they leave in the batch. A READY row whose message a
+#: retention run has just detached is left alone (it is attached again:
+#: ``log.drop_expired_partitions``).
+_RECEIVE_READY = f"""ready AS (
       SELECT d.message_id FROM deliveries d
       WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.state = 'READY'
         AND EXISTS (SELECT 1 FROM messages m
@@ -191,37 +188,116 @@ RECEIVE = _named("RECEIVE", f"""
         AND d.message_id = ANY(ARRAY(SELECT message_id FROM ready))
       RETURNING d.message_id, d.published_at, d.delivery_count, d.reconsume_times, d.delay_level,
                 d.invisible_until, d.last_error, d.redrive_count),
-    room AS (SELECT %(max_messages)s - count(*) AS n FROM again),
-    subscription AS (
-      SELECT s.consume_offset FROM subscriptions s
-      WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND (SELECT n FROM room) > 0
-      FOR UPDATE),
-    new AS (
+    room AS (SELECT %(max_messages)s - count(*) AS n FROM again)"""
+#: The messages past the offset, oldest first, as many as the batch has room for.
+_RECEIVE_NEW = """new AS (
       SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
       FROM messages m
       WHERE m.topic_id = %(topic_id)s AND m.id > (SELECT consume_offset FROM subscription)
-      ORDER BY m.id LIMIT (SELECT n FROM room)),
+      ORDER BY m.id LIMIT (SELECT n FROM room))"""
+#: The offset moved past every message of ``new``, which the subscription has taken.
+_RECEIVE_MOVED = """moved AS (
+      UPDATE subscriptions s SET consume_offset = (SELECT max(id) FROM new),
+          messages_taken = s.messages_taken + (SELECT count(*) FROM new)
+      WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))"""
+
+
+def _receive_rows(handed: str) -> str:
+    """The rows a receive returns (``RECEIVE_COLUMNS``): the READY rows it leased, then the messages
+    of the CTE ``handed`` (every one leased with delivery count 1; their lease the same expression:
+    now() is the transaction's start)."""
+    return f"""SELECT a.message_id, m.key, m.body, m.content_type, m.properties::text AS properties,
+           m.published_at, a.delivery_count, a.reconsume_times, a.delay_level, a.invisible_until,
+           coalesce(m.origin_message_id, m.id) AS origin_message_id, a.last_error, a.redrive_count
+    FROM again a JOIN messages m
+      ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
+    UNION ALL
+    SELECT n.id, n.key, n.body, n.content_type, n.properties::text, n.published_at,
+           1, 0, NULL::smallint, {_LEASE_END}, coalesce(n.origin_message_id, n.id), NULL::text, 0
+    FROM {handed} n
+    ORDER BY 1"""
+
+
+#: Lease up to ``max_messages`` messages of a topic to a group of an unordered subscription, in one
+#: statement: first its READY rows, then, for the rest of the batch, the messages past its consume
+#: offset: the subscription row locked ``FOR UPDATE`` (two consumers of a group take turns for this
+#: statement), an INFLIGHT row with delivery count 1 for each, and the offset moved past them.
+#: Nothing past the offset for an ordered subscription (RECEIVE_ORDERED takes those).
+RECEIVE = _named("RECEIVE", f"""
+    WITH {_RECEIVE_READY},
+    subscription AS (
+      SELECT s.consume_offset FROM subscriptions s
+      WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND NOT s.ordered
+        AND (SELECT n FROM room) > 0
+      FOR UPDATE),
+    {_RECEIVE_NEW},
     taken AS (
       INSERT INTO deliveries (topic_id, group_id, message_id, published_at, state, delivery_count,
                               invisible_until, ready_at)
       SELECT %(topic_id)s, %(group_id)s, n.id, n.published_at, 'INFLIGHT', 1, {_LEASE_END}, n.published_at
       FROM new n),
-    moved AS (
-      UPDATE subscriptions s SET consume_offset = (SELECT max(id) FROM new),
-          messages_taken = s.messages_taken + (SELECT count(*) FROM new)
-      WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))
-    SELECT a.message_id, m.key, m.body, m.content_type, m.properties::text AS properties, m.published_at,
-           a.delivery_count, a.reconsume_times, a.delay_level, a.invisible_until,
-           coalesce(m.origin_message_id, m.id) AS origin_message_id, a.last_error, a.redrive_count
-    FROM again a JOIN messages m
-      ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
-    UNION ALL
-    -- the rows taken (every one of new: taken inserts them all, or the statement fails), their
-    -- lease the same expression: now() is the transaction's start
-    SELECT n.id, n.key, n.body, n.content_type, n.properties::text, n.published_at,
-           1, 0, NULL::smallint, {_LEASE_END}, coalesce(n.origin_message_id, n.id), NULL::text, 0
-    FROM new n
-    ORDER BY 1""")
+    {_RECEIVE_MOVED}
+    {_receive_rows("new")}""")
+#: An ordered subscription's receive begins with this, in the receive's transaction: its row locked
+#: (receives and redrives of the group take turns), so that RECEIVE_ORDERED, the next statement,
+#: sees every delivery row committed before. Nothing: the subscription is not ordered (or gone).
+LOCK_ORDERED_SUBSCRIPTION = _named("LOCK_ORDERED_SUBSCRIPTION", """
+    SELECT 1 FROM subscriptions
+    WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND ordered FOR UPDATE""")
+#: RECEIVE for an ordered subscription (after LOCK_ORDERED_SUBSCRIPTION). Past the offset it reads
+#: up to ``scan`` messages' ids and keys (a bounded scan, as SQS FIFO looks past a blocked message
+#: group: at most 20,000), and a message there is free when it has no key, or it is the first of its
+#: key in the scan and its key has no delivery row (no unfinished message, no HALTED head). It takes
+#: the messages up to the batch's room-th free one (all it scanned when fewer are free): the free
+#: ones are leased, every other one gets a BLOCKED row (no lease, delivery count 0) that
+#: finish_ordered_heads promotes once its key's head ends, and the offset moves past all of them, so
+#: a blocked key never holds back the other keys. A key's newest delivery row is locked ``FOR KEY
+#: SHARE``: an answer that deletes it (the key's last row, its head) waits for this receive, and its
+#: trigger then sees the BLOCKED rows written here; a head deleted before drops out of the lock (its
+#: key is free). One message per key per receive: a batch never holds two messages of a key, so no
+#: answer can commit one ahead of another.
+RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
+    WITH {_RECEIVE_READY},
+    subscription AS (
+      SELECT s.consume_offset FROM subscriptions s
+      WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND s.ordered
+        AND (SELECT n FROM room) > 0),
+    scanned AS (
+      SELECT m.id, m.key, m.published_at FROM messages m
+      WHERE m.topic_id = %(topic_id)s AND m.id > (SELECT consume_offset FROM subscription)
+      ORDER BY m.id LIMIT %(scan)s),
+    firsts AS (SELECT c.key, min(c.id) AS id FROM scanned c WHERE c.key IS NOT NULL GROUP BY c.key),
+    held AS (
+      SELECT f.key FROM firsts f
+      CROSS JOIN LATERAL (
+        SELECT 1 FROM deliveries d
+        WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.key = f.key
+        ORDER BY d.message_id DESC LIMIT 1 FOR KEY SHARE) newest),
+    flagged AS (
+      SELECT c.id, c.key, c.published_at,
+             c.key IS NULL OR c.id IN (SELECT f.id FROM firsts f WHERE f.key NOT IN (SELECT key FROM held))
+               AS free
+      FROM scanned c),
+    cut AS (
+      SELECT coalesce((SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS k FROM flagged
+                                        WHERE free) x
+                       WHERE x.k = (SELECT n FROM room)),
+                      (SELECT max(id) FROM scanned)) AS id),
+    new AS (SELECT f.* FROM flagged f WHERE f.id <= (SELECT id FROM cut)),
+    handed AS (
+      SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
+      FROM messages m
+      WHERE m.topic_id = %(topic_id)s AND m.id = ANY(ARRAY(SELECT id FROM new WHERE free))
+        AND (m.id, m.published_at) IN (SELECT id, published_at FROM new WHERE free)),
+    taken AS (
+      INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state, delivery_count,
+                              invisible_until, ready_at)
+      SELECT %(topic_id)s, %(group_id)s, n.id, n.published_at, n.key,
+             CASE WHEN n.free THEN 'INFLIGHT' ELSE 'BLOCKED' END::delivery_state,
+             CASE WHEN n.free THEN 1 ELSE 0 END, CASE WHEN n.free THEN {_LEASE_END} END, n.published_at
+      FROM new n),
+    {_RECEIVE_MOVED}
+    {_receive_rows("handed")}""")
 
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
 #: ack deletes the delivery row, and the message, below its group's offset with no row, is
@@ -340,18 +416,22 @@ FAIL_DEAD_LETTER = _named("FAIL_DEAD_LETTER", f"""
 # ---- views ----------------------------------------------------------------------------------------
 
 #: Per subscription (topic name, group name): READY (its READY rows and the messages past its
-#: offset), INFLIGHT, WAITING_RETRY, COMMITTED and DLQ. COMMITTED has no rows: it is what the
-#: subscription took past its offset, ever, less what is still unfinished (delivery rows), dead
-#: (DLQ rows) or dead and deleted by retention. One snapshot, so the five always add up.
+#: offset), INFLIGHT, WAITING_RETRY, COMMITTED, DLQ and BLOCKED (an ordered subscription's messages
+#: held behind their key's head). COMMITTED has no rows: it is what the subscription took past its
+#: offset, ever, less what is still unfinished (delivery rows but HALTED ones, whose message is a
+#: dead letter), dead (DLQ rows) or dead and deleted by retention. One snapshot, so they always add up.
 SUBSCRIPTION_STATES = _named("SUBSCRIPTION_STATES", """
     WITH dead AS (SELECT topic_id, group_id, count(*) AS n FROM dlq_messages GROUP BY 1, 2)
     SELECT t.name, g.name, r.ready + p.past, r.inflight, r.waiting,
-           s.messages_taken - r.unfinished - coalesce(q.n, 0) - s.dead_letters_expired, coalesce(q.n, 0)
+           s.messages_taken - r.unfinished - coalesce(q.n, 0) - s.dead_letters_expired, coalesce(q.n, 0),
+           r.blocked
     FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
     CROSS JOIN LATERAL (
       SELECT count(*) FILTER (WHERE d.state = 'READY') AS ready,
              count(*) FILTER (WHERE d.state = 'INFLIGHT') AS inflight,
-             count(*) FILTER (WHERE d.state = 'WAITING_RETRY') AS waiting, count(*) AS unfinished
+             count(*) FILTER (WHERE d.state = 'WAITING_RETRY') AS waiting,
+             count(*) FILTER (WHERE d.state = 'BLOCKED') AS blocked,
+             count(*) FILTER (WHERE d.state <> 'HALTED') AS unfinished
       FROM deliveries d WHERE d.topic_id = s.topic_id AND d.group_id = s.group_id) r
     CROSS JOIN LATERAL (
       SELECT count(*) AS past FROM messages m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset) p

@@ -136,10 +136,12 @@ METRICS_READY = _named("METRICS_READY", f"""
       SELECT count(*) AS n, min(m.published_at) AS oldest FROM messages m
       WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset) p""")
 #: COMMITTED messages per subscription, a total that never decreases (``SUBSCRIPTION_STATES``: what
-#: it took past its offset less its delivery rows and its dead letters, deleted ones included).
+#: it took past its offset less its delivery rows, HALTED ones aside, and its dead letters, deleted
+#: ones included).
 METRICS_COMMITTED = _named("METRICS_COMMITTED", """
     WITH dead AS (SELECT topic_id, group_id, count(*) AS n FROM dlq_messages GROUP BY 1, 2),
-    unfinished AS (SELECT topic_id, group_id, count(*) AS n FROM deliveries GROUP BY 1, 2)
+    unfinished AS (SELECT topic_id, group_id, count(*) AS n FROM deliveries WHERE state <> 'HALTED'
+                   GROUP BY 1, 2)
     SELECT t.name, g.name,
            s.messages_taken - coalesce(u.n, 0) - coalesce(q.n, 0) - s.dead_letters_expired
     FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
@@ -161,6 +163,19 @@ METRICS_DEAD_LETTERS = _named("METRICS_DEAD_LETTERS", """
     FROM (SELECT dlq_id, group_id, topic_id, reason, count(*) AS n FROM dlq_messages GROUP BY 1, 2, 3, 4) c
     JOIN dead_letter_queues dq ON dq.id = c.dlq_id JOIN topics t ON t.id = c.topic_id
     JOIN consumer_groups g ON g.id = c.group_id""")
+#: Ordered subscriptions' held keys: (topic, group, keys with a BLOCKED or HALTED row, BLOCKED rows,
+#: the age in seconds at ``at`` (default the database clock) of the oldest BLOCKED row: how long a
+#: message has waited behind its key's head, from when the offset passed it). Through the index
+#: deliveries_key, which holds only ordered subscriptions' rows.
+METRICS_BLOCKED = _named("METRICS_BLOCKED", f"""
+    SELECT t.name, g.name, c.keys, c.blocked, c.oldest
+    FROM (SELECT topic_id, group_id, count(DISTINCT key) AS keys,
+                 count(*) FILTER (WHERE state = 'BLOCKED') AS blocked,
+                 coalesce(greatest(extract(epoch FROM {AT} - min(created_at)
+                                                               FILTER (WHERE state = 'BLOCKED')), 0),
+                          0)::float8 AS oldest
+          FROM deliveries WHERE key IS NOT NULL AND state IN ('BLOCKED', 'HALTED') GROUP BY 1, 2) c
+    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
 METRICS_GROUP_TOTALS = _named("METRICS_GROUP_TOTALS", """
     SELECT name, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups""")
 METRICS_HISTOGRAMS = _named("METRICS_HISTOGRAMS", """

@@ -55,12 +55,13 @@ LOCK_TOPIC_FOR_SUBSCRIBE = _named("LOCK_TOPIC_FOR_SUBSCRIBE", """
 #: messages published from now on), which is the id sequence's position, not the log's largest id
 #: (a dead letter redriven after retention dropped its message comes back under its old id, and must
 #: not go to a group that subscribed after the message had left); or just before the oldest message
-#: the log still holds (``earliest``), the same position when it holds none.
+#: the log still holds (``earliest``), the same position when it holds none. ``ordered`` and
+#: ``on_exhausted`` are the subscription's for life (SUBSCRIPTION_ORDERING reads them back).
 SUBSCRIBE = _named("SUBSCRIBE", """
     WITH sequence_end AS (
       SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS id FROM message_ids)
-    INSERT INTO subscriptions (topic_id, group_id, consume_offset)
-    SELECT %(topic_id)s, %(group_id)s,
+    INSERT INTO subscriptions (topic_id, group_id, ordered, on_exhausted, consume_offset)
+    SELECT %(topic_id)s, %(group_id)s, %(ordered)s, %(on_exhausted)s,
            CASE WHEN %(from_beginning)s
                 THEN coalesce((SELECT min(id) - 1 FROM messages WHERE topic_id = %(topic_id)s), e.id)
                 ELSE e.id END
@@ -89,6 +90,10 @@ SUBSCRIPTIONS = _named("SUBSCRIPTIONS", """
     FROM subscriptions s JOIN topics t ON t.id = s.topic_id JOIN consumer_groups g ON g.id = s.group_id
     WHERE %(all)s
        OR (s.topic_id, s.group_id) IN (SELECT * FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[]))""")
+#: Whether a subscription is ordered, and what its exhausted heads do: (ordered, on_exhausted).
+SUBSCRIPTION_ORDERING = _named("SUBSCRIPTION_ORDERING", """
+    SELECT ordered, on_exhausted FROM subscriptions
+    WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s""")
 SUBSCRIBED_GROUPS = _named("SUBSCRIBED_GROUPS", """
     SELECT group_id FROM subscriptions WHERE topic_id = %(topic_id)s""")
 SUBSCRIBED_TOPICS = _named("SUBSCRIBED_TOPICS", """

@@ -1,0 +1,124 @@
+"""Ordered subscriptions (issue 31): a failing message holds back the later messages of its key,
+and nothing else (SQS FIFO message groups, Pub/Sub ordering keys, RocketMQ orderly consumption).
+
+- ``subscriptions.ordered`` and ``on_exhausted`` ('continue': a head that is dead-lettered
+  releases its key; 'halt': the key stays held until its dead letter is redriven).
+- ``deliveries.key``: the message's key, set only on the delivery rows of an ordered subscription
+  (NULL everywhere else, so that the indexes below hold nothing of an unordered one).
+- Two delivery states: BLOCKED (a message the offset passed while its key had an unfinished
+  message: no lease, no delivery yet) and HALTED (the dead-lettered head of a key of a 'halt'
+  subscription: it holds the key; its message is counted as a dead letter, not as unfinished).
+- ``deliveries_key_head``: at most one head per key (a row that is not BLOCKED), enforced by
+  PostgreSQL whatever a statement gets wrong; ``deliveries_key``: a key's rows in id order (the
+  next BLOCKED one, the newest one).
+- ``finish_ordered_heads``: after every DELETE of delivery rows (an ack, a dead-lettering by any
+  path, a topic's or group's deletion), the keys whose head it removed get their next BLOCKED row
+  promoted to READY, or, for a 'halt' subscription whose head went to a dead-letter queue, a HALTED
+  row. A trigger, so that no path that ends a delivery can forget it; it runs after the statement,
+  with a snapshot of its own, so it sees a BLOCKED row a receive committed while the DELETE waited
+  for it (docs/ARCHITECTURE.md, "Ordered subscriptions").
+
+The enum values are committed first (a value added to an enum cannot be used in the transaction
+that adds it); the columns are changes of the catalog only (no default, or a constant one); the
+indexes are built concurrently; the check constraint is added NOT VALID and validated without
+blocking writes.
+
+Revision ID: 0015
+Revises: 0014
+"""
+
+from alembic import op
+
+from redelivery.store.migrations.online import build_index
+
+revision = "0015"
+down_revision = "0014"
+
+FINISH_ORDERED_HEADS = """
+CREATE OR REPLACE FUNCTION redelivery.finish_ordered_heads() RETURNS trigger
+LANGUAGE plpgsql SET search_path = redelivery AS $$
+BEGIN
+  -- Unordered rows have no key: nothing to do (one pass over the statement's deleted rows).
+  IF NOT EXISTS (SELECT 1 FROM finished f WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED') THEN
+    RETURN NULL;
+  END IF;
+  -- A 'halt' subscription's head that went to its dead-letter queue holds its key as HALTED.
+  INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state, delivery_count,
+                          reconsume_times, redrive_count, first_failure_at, last_failure_at, last_error,
+                          attempts, created_at, updated_at)
+  SELECT f.topic_id, f.group_id, f.message_id, f.published_at, f.key, 'HALTED', f.delivery_count,
+         f.reconsume_times, f.redrive_count, f.first_failure_at, f.last_failure_at, f.last_error,
+         f.attempts, f.created_at, now()
+  FROM finished f JOIN subscriptions s ON s.topic_id = f.topic_id AND s.group_id = f.group_id
+  WHERE f.key IS NOT NULL AND f.state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')
+    AND s.on_exhausted = 'halt'
+    AND EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = f.message_id
+                  AND q.group_id = f.group_id AND q.topic_id = f.topic_id)
+    AND NOT EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = f.topic_id AND h.group_id = f.group_id
+                      AND h.key = f.key AND h.state <> 'BLOCKED');
+  -- Every other key whose head is gone: its oldest BLOCKED row becomes READY.
+  UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
+  FROM (SELECT k.topic_id, k.group_id,
+               (SELECT b.message_id FROM deliveries b
+                WHERE b.topic_id = k.topic_id AND b.group_id = k.group_id AND b.key = k.key
+                  AND b.state = 'BLOCKED'
+                ORDER BY b.message_id LIMIT 1) AS message_id
+        FROM (SELECT DISTINCT f.topic_id, f.group_id, f.key FROM finished f
+              WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED') k
+        WHERE NOT EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = k.topic_id
+                            AND h.group_id = k.group_id AND h.key = k.key AND h.state <> 'BLOCKED')) n
+  WHERE d.topic_id = n.topic_id AND d.group_id = n.group_id AND d.message_id = n.message_id;
+  RETURN NULL;
+END $$;
+"""
+
+
+def upgrade() -> None:
+    with op.get_context().autocommit_block():
+        op.execute("ALTER TYPE redelivery.delivery_state ADD VALUE IF NOT EXISTS 'BLOCKED'")
+        op.execute("ALTER TYPE redelivery.delivery_state ADD VALUE IF NOT EXISTS 'HALTED'")
+    op.execute("""
+    SET LOCAL search_path TO redelivery;
+    ALTER TABLE subscriptions ADD COLUMN IF NOT EXISTS ordered boolean NOT NULL DEFAULT false,
+        ADD COLUMN IF NOT EXISTS on_exhausted text NOT NULL DEFAULT 'continue'
+            CHECK (on_exhausted IN ('continue', 'halt'));
+    ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS key text;
+    ALTER TABLE deliveries DROP CONSTRAINT IF EXISTS deliveries_state_check;
+    ALTER TABLE deliveries DROP CONSTRAINT IF EXISTS deliveries_state_key_check;
+    ALTER TABLE deliveries ADD CONSTRAINT deliveries_state_key_check CHECK (
+        state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')
+        OR (state IN ('BLOCKED', 'HALTED') AND key IS NOT NULL)) NOT VALID;
+    """)
+    op.execute(FINISH_ORDERED_HEADS)
+    op.execute("""
+    DROP TRIGGER IF EXISTS deliveries_finish_ordered_heads ON redelivery.deliveries;
+    CREATE TRIGGER deliveries_finish_ordered_heads AFTER DELETE ON redelivery.deliveries
+        REFERENCING OLD TABLE AS finished FOR EACH STATEMENT
+        EXECUTE FUNCTION redelivery.finish_ordered_heads();
+    """)
+    # SHARE UPDATE EXCLUSIVE: receives and answers go on while it reads the table
+    op.execute("ALTER TABLE redelivery.deliveries VALIDATE CONSTRAINT deliveries_state_key_check")
+    build_index("deliveries_key", "deliveries (topic_id, group_id, key, message_id) WHERE key IS NOT NULL")
+    build_index(
+        "deliveries_key_head",
+        "deliveries (topic_id, group_id, key) WHERE key IS NOT NULL AND state <> 'BLOCKED'",
+        unique=True,
+    )
+
+
+def downgrade() -> None:
+    op.execute("""
+    SET LOCAL search_path TO redelivery;
+    DROP TRIGGER IF EXISTS deliveries_finish_ordered_heads ON deliveries;
+    DROP FUNCTION IF EXISTS finish_ordered_heads();
+    DROP INDEX IF EXISTS deliveries_key_head;
+    DROP INDEX IF EXISTS deliveries_key;
+    -- unordered again: a held key's later messages are READY, a halted head is its dead letter only
+    UPDATE deliveries SET state = 'READY', ready_at = now() WHERE state = 'BLOCKED';
+    DELETE FROM deliveries WHERE state = 'HALTED';
+    ALTER TABLE deliveries DROP CONSTRAINT IF EXISTS deliveries_state_key_check;
+    ALTER TABLE deliveries ADD CONSTRAINT deliveries_state_check
+        CHECK (state IN ('READY', 'INFLIGHT', 'WAITING_RETRY'));
+    ALTER TABLE deliveries DROP COLUMN IF EXISTS key;
+    ALTER TABLE subscriptions DROP COLUMN IF EXISTS ordered, DROP COLUMN IF EXISTS on_exhausted;
+    """)

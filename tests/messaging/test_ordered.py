@@ -1,0 +1,216 @@
+"""Ordered subscriptions (issue 31): per (topic, group, key), one message at a time in publish order,
+a failing message holding back the later ones of its key and nothing else. Each test names the
+peer its rule comes from."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import at, snapshot
+from redelivery.messaging.codec import Message
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.tiers.run import run_tier_window
+
+
+@pytest.fixture()
+def ordered(client):
+    """Topic ``orders``, group ``billing`` subscribed ordered (continue), and group ``audit``
+    subscribed unordered to the same topic."""
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.create_group("audit")
+    client.subscribe("billing", "orders", ordered=True)
+    client.subscribe("audit", "orders")
+    return client
+
+
+def publish(client, keys: str, clock: float = 0) -> list[int]:
+    """One message per character of ``keys`` ("-": no key), body = its position."""
+    messages = [Message({"n": i}, key=None if k == "-" else k) for i, k in enumerate(keys)]
+    return client.publish("orders", messages, at=at(clock))
+
+
+def rows(client, group: str = "billing") -> dict[int, str]:
+    return dict(
+        client.conn.execute(
+            "SELECT d.message_id, d.state::text FROM redelivery.deliveries d"
+            " JOIN redelivery.consumer_groups g ON g.id = d.group_id WHERE g.name = %s ORDER BY 1",
+            (group,),
+        ).fetchall()
+    )
+
+
+def received(client, n: int = 50, group: str = "billing", clock: float = 0, lease: float = 30):
+    return client.receive(group, "orders", n, lease, at=at(clock))
+
+
+def test_a_failing_message_holds_back_its_key_and_nothing_else(ordered):
+    """SQS FIFO: "messages that belong to the same message group are processed one by one"; a
+    message of another group is not held back. Pub/Sub ordering keys: the same, per key."""
+    a1, b1, a2, b2, a3 = publish(ordered, "ababa")
+    first = received(ordered)
+    assert [m.message_id for m in first] == [a1, b1]  # one message per key per receive
+    ordered.nack("billing", [m for m in first if m.key == "a"], error="boom", at=at(0))
+    ordered.ack("billing", [m for m in first if m.key == "b"])
+    assert [m.message_id for m in received(ordered)] == [b2]  # b moves on; a waits for its retry
+    assert rows(ordered)[a2] == rows(ordered)[a3] == "BLOCKED"
+    assert rows(ordered)[a1] == "WAITING_RETRY"
+    # the unordered group of the same topic is not held back at all
+    assert [m.message_id for m in received(ordered, group="audit")] == [a1, b1, a2, b2, a3]
+
+
+def test_the_retry_wait_keeps_the_key_blocked_and_the_head_goes_first(ordered):
+    """SQS FIFO: a message's backoff counts as blocked time for its group; its retry is delivered
+    before the later messages of the group."""
+    a1, a2 = publish(ordered, "aa")
+    [head] = received(ordered)
+    ordered.nack("billing", head, error="boom", at=at(0))
+    assert received(ordered, clock=5) == []  # a2 is not handed out while a1 waits
+    run_tier_window(tier="seconds", window_end=at(10), run_key="w", url=ordered.url)
+    [again] = received(ordered, clock=10)
+    assert (again.message_id, again.delivery_count) == (a1, 2)
+    ordered.ack("billing", again)
+    [after] = received(ordered, clock=10)
+    assert after.message_id == a2 and rows(ordered) == {a2: "INFLIGHT"}
+
+
+def test_a_lease_expiry_counts_the_failed_delivery_and_keeps_the_key(ordered):
+    """RocketMQ orderly consumption: a message not acknowledged in time is delivered again before
+    the next of its queue; the expiry is a failed delivery, as for any subscription."""
+    a1, a2 = publish(ordered, "aa")
+    received(ordered, lease=5)
+    run_tier_window(tier="seconds", window_end=at(6), run_key="w", url=ordered.url)
+    assert rows(ordered) == {a1: "WAITING_RETRY", a2: "BLOCKED"}
+    run_tier_window(tier="seconds", window_end=at(20), run_key="w2", url=ordered.url)
+    [again] = received(ordered, clock=20)
+    assert (again.message_id, again.delivery_count, again.reconsume_times) == (a1, 2, 1)
+
+
+def test_keyless_messages_are_unordered(ordered):
+    """Pub/Sub: messages without an ordering key are delivered in any order, as today."""
+    n1, n2, n3 = publish(ordered, "---")
+    got = received(ordered)
+    assert [m.message_id for m in got] == [n1, n2, n3]
+    ordered.nack("billing", got[0], error="boom", at=at(0))
+    ordered.ack("billing", got[1:])
+    assert rows(ordered) == {n1: "WAITING_RETRY"}
+
+
+@pytest.mark.parametrize("how", ["reject", "exhausted"])
+def test_continue_dead_letters_the_head_and_releases_its_key(client, how):
+    """SQS FIFO with a redrive policy and RocketMQ orderly: a message that used up its retries goes
+    to the dead-letter queue and the next message of its group is delivered (on_exhausted:
+    continue, the default)."""
+    client.create_topic("orders")
+    client.create_group("billing", max_reconsume_times=0)
+    client.subscribe("billing", "orders", ordered=True)
+    a1, a2, a3 = publish(client, "aaa")
+    [head] = received(client)
+    if how == "reject":
+        client.reject("billing", head, error="bad")
+    else:
+        client.nack("billing", head, error="boom", at=at(0))
+    assert rows(client) == {a2: "READY", a3: "BLOCKED"}
+    [nxt] = received(client)
+    assert nxt.message_id == a2
+    assert client.stats()["orders"]["billing"] == {
+        "READY": 0, "INFLIGHT": 1, "WAITING_RETRY": 0, "COMMITTED": 0, "DLQ": 1, "BLOCKED": 1,
+    }  # fmt: skip
+
+
+def test_halt_holds_the_key_until_its_dead_letter_is_redriven(client):
+    """on_exhausted: halt, for a pipeline that must never apply an event ahead of a lost one (the
+    operator decides, as Pulsar's and SQS's users do with a dead-letter queue they redrive)."""
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders", ordered=True, on_exhausted="halt")
+    a1, a2, b1 = publish(client, "aab")
+    first = received(client)
+    client.reject("billing", [m for m in first if m.key == "a"], error="bad")
+    client.ack("billing", [m for m in first if m.key == "b"])
+    assert rows(client) == {a1: "HALTED", a2: "BLOCKED"}
+    assert received(client) == []
+    [a3] = publish(client, "a", clock=1)  # a message of the halted key published later waits too
+    assert received(client) == [] and rows(client)[a3] == "BLOCKED"
+    states = client.stats()["orders"]["billing"]
+    assert (states["DLQ"], states["BLOCKED"], states["COMMITTED"]) == (1, 2, 1)  # a1 counted once
+
+    redrive(RedriveRequest(group="billing", dry_run=False), run_key="r", url=client.url, log=lambda *_: 0)
+    assert rows(client) == {a1: "READY", a2: "BLOCKED", a3: "BLOCKED"}
+    for expected in (a1, a2, a3):
+        [m] = received(client)
+        assert m.message_id == expected
+        client.ack("billing", m)
+    assert rows(client) == {} and client.stats()["orders"]["billing"]["COMMITTED"] == 4
+
+
+def test_a_redriven_dead_letter_enters_behind_its_keys_current_head(ordered):
+    """A redrive of an ordered dead letter while its key moved on: it waits behind the key's
+    current head and comes next (its id is older than every later message of the key)."""
+    a1, a2, a3 = publish(ordered, "aaa")
+    [head] = received(ordered)
+    ordered.reject("billing", head, error="bad")
+    [current] = received(ordered)
+    assert current.message_id == a2
+    redrive(RedriveRequest(group="billing", dry_run=False), run_key="r", url=ordered.url, log=lambda *_: 0)
+    assert rows(ordered) == {a1: "BLOCKED", a2: "INFLIGHT", a3: "BLOCKED"}
+    ordered.ack("billing", current)
+    assert [m.message_id for m in received(ordered)] == [a1]
+
+
+def test_a_blocked_key_never_starves_the_others(ordered):
+    """SQS FIFO: a receive scans past a blocked message group for the others (up to 20,000
+    messages); here the offset moves past a blocked key's messages, which wait as BLOCKED rows."""
+    publish(ordered, "h")
+    [hot] = received(ordered)
+    ordered.nack("billing", hot, error="boom", at=at(0))
+    publish(ordered, "h" * 300 + "x", clock=1)
+    # a receive of 10 reads 100 messages past the offset (ordered_scan): all blocked, all passed
+    assert received(ordered, n=10, clock=1) == []
+    assert ordered.stats()["orders"]["billing"]["BLOCKED"] == 100
+    got = received(ordered, n=100, clock=1)  # reads 400: the other 200 blocked ones, then x
+    assert [m.key for m in got] == ["x"]
+    assert ordered.stats()["orders"]["billing"]["BLOCKED"] == 300
+
+
+def test_ordering_is_for_life_and_a_refused_subscribe_changes_nothing(ordered):
+    before = snapshot(ordered.conn)
+    with pytest.raises(ValueError, match="ordered .* already"):
+        ordered.subscribe("billing", "orders")
+    with pytest.raises(ValueError, match="unordered already"):
+        ordered.subscribe("audit", "orders", ordered=True)
+    with pytest.raises(ValueError, match="ordered subscription only"):
+        ordered.subscribe("audit", "orders", on_exhausted="halt")
+    with pytest.raises(ValueError, match="continue' or 'halt"):
+        ordered.subscribe("billing", "orders", ordered=True, on_exhausted="stop")
+    assert snapshot(ordered.conn) == before
+    ordered.subscribe("billing", "orders", ordered=True)  # the same ordering: idempotent
+
+
+def test_one_head_per_key_is_the_databases_rule(ordered):
+    """Whatever a statement gets wrong, PostgreSQL refuses a second unfinished head of a key."""
+    import psycopg
+
+    a1, a2 = publish(ordered, "aa")
+    received(ordered)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        ordered.conn.execute("UPDATE redelivery.deliveries SET state = 'READY' WHERE message_id = %s", (a2,))
+
+
+def test_blocked_keys_and_the_oldest_blocked_age_are_metrics(ordered):
+    """SQS has no such gauge; RocketMQ's consumer lag latency is the model: how long the message
+    held back the longest has waited, and how many keys are held."""
+    from test_metrics import scrape, value
+
+    publish(ordered, "aabbc")
+    first = received(ordered)
+    ordered.nack("billing", [m for m in first if m.key in "ab"], error="boom", at=at(0))
+    ordered.ack("billing", [m for m in first if m.key == "c"])
+    ordered.conn.execute(
+        "UPDATE redelivery.deliveries SET created_at = %s WHERE state = 'BLOCKED'", (at(0),)
+    )  # the offset passed them at 0 s (the database clock is today)
+    samples = scrape(ordered.conn, at(42))
+    assert value(samples, "redelivery_blocked_keys", topic="orders", group="billing") == 2
+    assert value(samples, "redelivery_blocked_oldest_age_seconds", topic="orders", group="billing") == 42
+    assert value(samples, "redelivery_messages", topic="orders", group="billing", state="BLOCKED") == 2
+    assert value(samples, "redelivery_blocked_keys", topic="orders", group="audit") == 0
