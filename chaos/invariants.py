@@ -42,13 +42,21 @@ COMMITTED_ACKED = (
     " (nacked, rejected, its lease run out) ends COMMITTED only by a later delivery, handed and acked"
 )
 RETAINED = "a message retention dropped had ended for every group (handed, or a dead letter)"
+ORDERED_HEADS = (
+    "an ordered subscription's key has one head (its unfinished message that is not BLOCKED) while it has"
+    " messages BLOCKED, the oldest of them unless redriven, and its rows carry their message's key"
+)
+ORDERED = (
+    "an ordered group was handed a message of a key only once every older message of the key had ended:"
+    " committed in publish order, never two in flight"
+)
 FINAL = "after draining, every message ended exactly once per group (COMMITTED or DLQ)"
 
 #: Every invariant, in the order the README lists them.
 INVARIANTS = (
     ONE_PLACE, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
     DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, COMMITTED_HANDED,
-    COMMITTED_ACKED, RETAINED, FINAL,
+    COMMITTED_ACKED, RETAINED, ORDERED_HEADS, ORDERED, FINAL,
 )  # fmt: skip
 
 #: name -> statement returning one row per violation
@@ -63,7 +71,8 @@ CHECKS = {
         WHERE q.message_id > s.consume_offset
         UNION ALL
         SELECT d.message_id, d.group_id, 'a delivery row and a dead letter' FROM deliveries d
-        JOIN dlq_messages q ON q.group_id = d.group_id AND q.message_id = d.message_id""",
+        JOIN dlq_messages q ON q.group_id = d.group_id AND q.message_id = d.message_id
+        WHERE d.state <> 'HALTED'  -- a halted key's head: its dead letter, holding the key""",
     # no foreign key checks this row by row: the statements must (the log is partitioned)
     FOREIGN_DELIVERY: """
         SELECT d.message_id, d.group_id, d.topic_id FROM deliveries d
@@ -115,10 +124,32 @@ CHECKS = {
         WHERE r.moved <> (SELECT count(*) FROM redrive_moves m WHERE m.run_id = r.id)
         UNION ALL
         SELECT x.message_id::text, x.redrive_count, count(m.run_id)
-        FROM (SELECT message_id, group_id, redrive_count FROM deliveries
+        FROM (SELECT message_id, group_id, redrive_count FROM deliveries WHERE state <> 'HALTED'
               UNION ALL SELECT message_id, group_id, redrive_count FROM dlq_messages) x
         LEFT JOIN redrive_moves m ON m.message_id = x.message_id AND m.group_id = x.group_id
         GROUP BY x.message_id, x.group_id, x.redrive_count HAVING count(m.run_id) <> x.redrive_count""",
+    # the statements keep it (finish_ordered_heads, RECEIVE_ORDERED, the redrive) and
+    # deliveries_key_head refuses two heads: a key BLOCKED with no head is stuck for ever; a BLOCKED
+    # message older than its head (not one a redrive brought back behind it) was passed over
+    ORDERED_HEADS: """
+        SELECT d.topic_id, d.group_id, d.key, 'BLOCKED with no head' FROM deliveries d
+        WHERE d.state = 'BLOCKED' AND NOT EXISTS (
+          SELECT 1 FROM deliveries h WHERE h.topic_id = d.topic_id AND h.group_id = d.group_id
+            AND h.key = d.key AND h.state <> 'BLOCKED')
+        UNION ALL
+        SELECT d.topic_id, d.group_id, d.key, 'BLOCKED older than its head' FROM deliveries d
+        JOIN deliveries h ON h.topic_id = d.topic_id AND h.group_id = d.group_id AND h.key = d.key
+         AND h.state <> 'BLOCKED'
+        WHERE d.state = 'BLOCKED' AND d.redrive_count = 0 AND d.message_id < h.message_id
+        UNION ALL
+        SELECT d.topic_id, d.group_id, d.message_id::text, 'a key that is not its message''s'
+        FROM deliveries d JOIN subscriptions s ON s.topic_id = d.topic_id AND s.group_id = d.group_id
+        JOIN messages m ON m.topic_id = d.topic_id AND m.id = d.message_id
+        WHERE d.key IS DISTINCT FROM CASE WHEN s.ordered THEN m.key END
+        UNION ALL
+        SELECT d.topic_id, d.group_id, d.message_id::text, 'HALTED without its dead letter'
+        FROM deliveries d WHERE d.state = 'HALTED' AND NOT EXISTS (
+          SELECT 1 FROM dlq_messages q WHERE q.group_id = d.group_id AND q.message_id = d.message_id)""",
 }
 #: The partitions retention dropped, recorded by a trigger in the transaction that forgets each one
 #: (a partition of the same times may be made again later: a publish at an old time, a redrive
@@ -156,7 +187,8 @@ FAILED_OUTCOME = {"nack": "nack", "reject": "rejected"}
 #: past the offset, or COMMITTED), its delivery count and its history (a row's or a dead letter's).
 _STATES = """
     SELECT m.id, g.name,
-           CASE WHEN d.message_id IS NOT NULL THEN d.state::text WHEN q.message_id IS NOT NULL THEN 'DLQ'
+           CASE WHEN d.message_id IS NOT NULL AND d.state <> 'HALTED' THEN d.state::text
+                WHEN q.message_id IS NOT NULL THEN 'DLQ'
                 WHEN m.id > s.consume_offset THEN 'NEW' ELSE 'COMMITTED' END,
            coalesce(d.delivery_count, q.delivery_count),
            coalesce(ARRAY(SELECT (e->>'delivery') || ':' || (e->>'outcome')
@@ -239,7 +271,8 @@ def counts(conn: psycopg.Connection) -> dict:
 _SUBSCRIPTION_NUMBERS = """
     SELECT s.topic_id, s.group_id, s.consume_offset, s.messages_taken, s.dead_letters_expired,
            s.messages_taken - s.dead_letters_expired
-           - (SELECT count(*) FROM deliveries d WHERE d.topic_id = s.topic_id AND d.group_id = s.group_id)
+           - (SELECT count(*) FROM deliveries d WHERE d.topic_id = s.topic_id AND d.group_id = s.group_id
+                AND d.state <> 'HALTED')
            - (SELECT count(*) FROM dlq_messages q WHERE q.topic_id = s.topic_id AND q.group_id = s.group_id)
     FROM subscriptions s"""
 
@@ -512,6 +545,54 @@ def retained(conn, calls: list[Call], states) -> list:
     return bad
 
 
+#: (message id, group name, key) of every keyed message of the log, for each ordered group of its
+#: topic; and (message id, group name) of the messages a redrive brought back to a group.
+_ORDERED_MESSAGES = """
+    SELECT m.id, g.name, m.key FROM messages m JOIN subscriptions s ON s.topic_id = m.topic_id AND s.ordered
+    JOIN consumer_groups g ON g.id = s.group_id WHERE m.key IS NOT NULL"""
+_REDRIVEN = """
+    SELECT DISTINCT m.message_id, g.name FROM redrive_moves m JOIN consumer_groups g ON g.id = m.group_id"""
+
+
+def ordered(conn, calls: list[Call], states) -> list:
+    """For an ordered group, messages m1 < m2 of one key (ids grow in publish order): once a receive
+    handed m2, m1 had ended, so nothing shows m1 unfinished after it: no receive handing m1 began,
+    and no answer to m1 that applied to every receipt it named began, after that receive ended
+    (real time; a call that may have overlapped proves nothing). The answer covers an ack (m2
+    committed ahead of m1), a nack (m1 still in flight) and a later delivery of m1 (its retry was
+    passed over). A message a redrive brought back re-enters behind its key's current head: left
+    out as m1."""
+    keys = {(m, g): k for m, g, k in conn.execute(_ORDERED_MESSAGES).fetchall()}
+    if not keys:
+        return []
+    redriven = set(conn.execute(_REDRIVEN).fetchall())
+    handed_end: dict[tuple, float] = {}  # (m, group) -> the earliest end of a receive handing it
+    unfinished_at: dict[tuple, float] = {}  # (m, group) -> the latest start of a call showing it unfinished
+    for call, m, g, _ in handed(calls):
+        if (m, g) in keys:
+            handed_end[(m, g)] = min(call.ended, handed_end.get((m, g), call.ended))
+            unfinished_at[(m, g)] = max(call.began, unfinished_at.get((m, g), call.began))
+    for call in events(calls, "answer"):
+        if call.answer["applied"] == len(call.asked["receipts"]):
+            for m, _ in call.asked["receipts"]:
+                key = (m, call.asked["group"])
+                if key in keys:
+                    unfinished_at[key] = max(call.began, unfinished_at.get(key, call.began))
+    by_key = defaultdict(list)
+    for (m, g), k in keys.items():
+        by_key[(g, k)].append(m)
+    bad = []
+    for (g, k), ids in by_key.items():
+        ids.sort()
+        for i, later in enumerate(ids):
+            if (later, g) not in handed_end:
+                continue
+            for older in ids[:i]:
+                if (older, g) not in redriven and unfinished_at.get((older, g), 0) > handed_end[(later, g)]:
+                    bad.append((g, k, older, later))
+    return bad
+
+
 LEDGER_CHECKS = {
     PUBLISHED: published,
     HANDED_ONCE: handed_once,
@@ -522,4 +603,5 @@ LEDGER_CHECKS = {
     COMMITTED_HANDED: committed_handed,
     COMMITTED_ACKED: committed_acked,
     RETAINED: retained,
+    ORDERED: ordered,
 }

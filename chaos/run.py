@@ -39,6 +39,7 @@ from scenarios import (
     LOG_GROUP,
     LOG_GROUPS,
     LOG_TOPIC,
+    ORDERED_GROUP,
     SUBSCRIBED,
     TOPIC,
     KillPoints,
@@ -257,7 +258,7 @@ class Controller(KillPoints):
             client.create_topic(TOPIC)
             for group in GROUPS:
                 client.create_group(group, max_reconsume_times=1 if group == "g2" else None)
-                client.subscribe(group, TOPIC)
+                client.subscribe(group, TOPIC, ordered=group == ORDERED_GROUP)
             client.create_topic(LOG_TOPIC)
             for group in LOG_GROUPS:
                 client.create_group(group)

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the controller's worker handle (chaos/run.py imports this module)
     from run import Worker
 
-TOPIC, GROUPS = "chaos", ("g1", "g2", "capped")
+TOPIC, GROUPS = "chaos", ("g1", "g2", "capped", "ordered")
+#: The group subscribed ordered (issue 31): per key, one message at a time in publish order.
+ORDERED_GROUP = "ordered"
+#: The groups the scenarios consume, answer and redrive.
+CONSUMERS = ("g1", "g2", ORDERED_GROUP)
+#: The suite's messages carry one of a few keys, so that an ordered group's keys have many
+#: messages each, and a failed one holds back the next.
+KEYS = 7
 #: A topic of its own for retention: published at times long past, consumed, then its partitions
 #: dropped; two groups, whose dead letters of one message are redriven at once after it left the log.
 LOG_TOPIC, LOG_GROUP, LOG_AUDIT = "chaos-log", "log-reader", "log-audit"
@@ -48,7 +55,8 @@ class KillPoints:
             batch = f"top-{uuid.uuid4().hex[:8]}"
             from redelivery.client import Message
 
-            self.client.publish(TOPIC, [Message({"n": i}) for i in range(30)], batch_id=batch)
+            messages = [Message({"n": i}, key=f"k{i % KEYS}") for i in range(30)]
+            self.client.publish(TOPIC, messages, batch_id=batch)
 
     def make_due_retries(self, group: str = "g1") -> None:
         due = "SELECT count(*) FROM deliveries WHERE state = 'WAITING_RETRY' AND due_at <= now()"
@@ -101,7 +109,7 @@ class KillPoints:
             worker = self.spawn(
                 "consume",
                 "--group",
-                self.rng.choice(["g1", "g2"]),
+                self.rng.choice(CONSUMERS),
                 "--max",
                 "10",
                 "--lease",
@@ -119,7 +127,7 @@ class KillPoints:
         """A consumer frozen inside its answer (the rows it answers held here), or, with
         ``extend``, inside the lease extension it makes first."""
         self.top_up()
-        group = self.rng.choice(["g1", "g2"])
+        group = self.rng.choice(CONSUMERS)
         with self.gate() as (name, gate_conn):
             worker = self.spawn(
                 "consume",
@@ -175,7 +183,7 @@ class KillPoints:
             held.execute("SELECT pg_advisory_unlock_all()")
 
     def redrive_inside_batch(self) -> None:
-        group = self.rng.choice(["g1", "g2"])
+        group = self.rng.choice(CONSUMERS)
         self.make_dead_letters(group, 5)
         # the batch's last step adds to the group's redriven total: its dead letters are out of the
         # DLQ and back in flight or READY by then, uncommitted (the run's start only needs the row
@@ -185,7 +193,7 @@ class KillPoints:
             self.freeze_and_kill(worker, "redrive: inside a batch", "%REDRIVE_MOVE_BATCH%")
 
     def redrive_between_batches(self) -> None:
-        group = self.rng.choice(["g1", "g2"])
+        group = self.rng.choice(CONSUMERS)
         self.make_dead_letters(group, 7)
         key = f"chaos-{uuid.uuid4().hex[:8]}"
         worker = self.spawn("redrive", "--group", group, "--run-key", key, "--rate", "3")
@@ -240,7 +248,7 @@ class KillPoints:
             worker = self.spawn(
                 "consume",
                 "--group",
-                self.rng.choice(["g1", "g2"]),
+                self.rng.choice(CONSUMERS),
                 "--max",
                 "10",
                 "--lease",
@@ -274,16 +282,16 @@ class KillPoints:
         """A receive stopped where it moves its group's consume offset (the subscription row, held
         here): its READY rows are in flight already, uncommitted; killed there, nothing moved."""
         self.top_up()
-        group = self.rng.choice(["g1", "g2"])
+        group = self.rng.choice(CONSUMERS)
         with self.holding(
             """SELECT 1 FROM subscriptions s JOIN consumer_groups g ON g.id = s.group_id
                JOIN topics t ON t.id = s.topic_id WHERE g.name = %s AND t.name = %s FOR UPDATE""",
             (group, TOPIC),
         ):
             worker = self.spawn("consume", "--group", group, "--max", "10", "--lease", "2")
-            self.freeze_and_kill(
-                worker, "receive: waiting to move its consume offset", "%redelivery:RECEIVE%"
-            )
+            # an ordered group's receive locks the row first, in a statement of its own
+            waiting = "%redelivery:LOCK_ORDERED%" if group == ORDERED_GROUP else "%redelivery:RECEIVE%"
+            self.freeze_and_kill(worker, "receive: waiting to move its consume offset", waiting)
 
     def partition_before_its_record(self) -> None:
         """A partition's table made and attached in one transaction, stopped before its record in
@@ -395,7 +403,7 @@ class KillPoints:
             if killed and self.rng.random() < 0.5:  # the producer tries again with the same batch id
                 publisher = self.spawn(*publish)
         racing = [
-            self.spawn("consume", "--group", self.rng.choice(["g1", "g2"]), "--max", "10", "--lease", "2"),
+            self.spawn("consume", "--group", self.rng.choice(CONSUMERS), "--max", "10", "--lease", "2"),
             self.spawn("retention"),
         ]
         for worker in [publisher, *racing]:

@@ -33,6 +33,7 @@ from ledger import Ledger, LedgeredClient
 from redelivery.client import Client, Message
 
 TOPIC = "chaos"
+KEYS = 7  # scenarios.KEYS: the keys of the suite's messages
 
 
 def outcome(message_id: int, delivery: int) -> str:
@@ -64,7 +65,7 @@ def publish(args) -> None:
 
     client = ledgered_client()
     messages = [
-        Message({"n": args.first + i, "batch": args.batch}, key=f"{args.batch}:{i}")
+        Message({"n": args.first + i, "batch": args.batch}, key=f"k{(args.first + i) % KEYS}")
         for i in range(args.count)
     ]
     at = None

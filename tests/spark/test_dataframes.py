@@ -241,3 +241,26 @@ def test_settle_evaluates_the_outcomes_once(client, topic_group, database_url, a
     )
     assert settle(outcomes.repartition(3), "billing", "orders", url=database_url)["acked"] == 20
     assert len(calls.read_text().split()) == 20
+
+
+def test_an_ordered_lease_holds_a_key_once_and_settle_keeps_its_order(client, database_url, spark):
+    """Issue 31, on Spark: a leased DataFrame holds at most one message of a key (so no key is ever
+    in two partitions, whatever the user repartitions), and settle answers as the API does: a
+    retried head holds back its key's next message, an acked one releases it (SQS FIFO message
+    groups, RocketMQ orderly consumption)."""
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders", ordered=True)
+    ids = client.publish("orders", [Message({"n": i}, key=f"k{i % 3}") for i in range(9)])
+    leased = lease(spark, "billing", "orders", max_messages=100, invisible_duration=60, url=database_url)
+    rows = leased.collect()
+    assert sorted(r["key"] for r in rows) == ["k0", "k1", "k2"]
+    from redelivery.spark.session import functions_for
+
+    F = functions_for(leased)  # noqa: N806
+    outcome = F.when(F.col("key") == "k0", "retry").otherwise("ack").alias("outcome")
+    outcomes = leased.select("message_id", "delivery_count", outcome).repartition(3)
+    assert settle(outcomes, "billing", "orders", url=database_url)["acked"] == 2
+    again = lease(spark, "billing", "orders", max_messages=100, url=database_url).collect()
+    assert sorted((r["key"], r["message_id"]) for r in again) == [("k1", ids[4]), ("k2", ids[5])]
+    assert client.stats()["orders"]["billing"]["BLOCKED"] == 4  # k0's two behind its retry, k1's, k2's last

@@ -26,7 +26,9 @@ class State:
     m[2] rejected, then redriven (run r1: READY, redrive count 1); m[3] acked as a Spark task acks
     (the ledger has the answer's call line only: its outcome unknown); m[4], m[5] in flight. audit:
     m[0] rejected, the rest acked. Batch old (key old:0) published two days before, in a partition
-    of its own, past both groups' offsets."""
+    of its own, past both groups' offsets. Group sequence, subscribed ordered to topic steps: batch
+    o1 of 3 messages of key "o", received (o[0]), acked, received again (o[1] in flight, o[2]
+    BLOCKED)."""
 
     def __init__(self, client, database_url, tmp_path):
         from redelivery.client import Message
@@ -37,7 +39,7 @@ class State:
         self.ledger = ledger_module.Ledger(self.dir, "consumer-1")
         self.lc = lc = ledger_module.LedgeredClient(client, self.ledger)
         client.create_topic(TOPIC)
-        for group in ("billing", "audit", "other"):
+        for group in ("billing", "audit", "other", "sequence"):
             client.create_group(group)
         client.subscribe("billing", TOPIC)
         client.subscribe("audit", TOPIC)
@@ -64,6 +66,12 @@ class State:
             lambda r: {"run_key": r["run_key"], "status": r["status"], "moved": r["moved"]},
         )  # fmt: skip
         self.old = lc.publish(TOPIC, [Message({"old": 1}, key="old:0")], batch_id="old", at=at(-2 * 86400))
+        client.create_topic("steps")
+        client.subscribe("sequence", "steps", ordered=True)
+        steps = [Message({"o": i}, key="o") for i in range(3)]
+        self.ordered = lc.publish("steps", steps, batch_id="o1", at=at(30))
+        lc.answer("ack", "sequence", lc.receive("sequence", "steps", 10, 30, at=at(30)))
+        self.sequence = lc.receive("sequence", "steps", 10, 30, at=at(31))
         self.previous = inv.counts(client.conn)
 
     def spark_answer(self, verb: str, group: str, messages: list) -> None:
@@ -107,7 +115,8 @@ def state(client, database_url, tmp_path):
     inv.install(client.conn)  # the record of dropped partitions, as the crash suite sets it up
     built = State(client, database_url, tmp_path)
     assert built.reported() == set(), "the state must be clean before a violation is planted"
-    assert len(ledger_module.read(built.dir)) == 13
+    assert [m.message_id for m in built.sequence] == [built.ordered[1]]
+    assert len(ledger_module.read(built.dir)) == 17
     yield built
     inv.uninstall(client.conn)
 
@@ -282,6 +291,21 @@ def plant_dropped_unfinished(s):
     s.sql("DELETE FROM log_partitions WHERE partition_name = %s", (name,))
 
 
+def plant_blocked_key_without_its_head(s):
+    """o[2], BLOCKED behind o[1], under another key: a key with no head (stuck), and a row whose
+    key is not its message's."""
+    s.sql("UPDATE deliveries SET key = 'p' WHERE message_id = %s", (s.ordered[2],))
+
+
+def plant_handed_ahead_of_its_key(s):
+    """Another consumer of the ordered group was handed o[2] before o[1] was handed (o[1] not
+    ended): two messages of key "o" in flight, the later first."""
+    [first] = [c for c in ledger_module.read(s.dir) if c.op == "receive" and c.answer["group"] == "sequence"
+               and any(m == s.ordered[1] for m, _ in c.answer["handed"])]  # fmt: skip
+    s.plant_call("receive", {"group": "sequence"}, {"group": "sequence", "handed": [[s.ordered[2], 1]]},
+                 first.began - 0.002, first.began - 0.001)  # fmt: skip
+
+
 PLANTED = [
     (plant_in_two_places, inv.ONE_PLACE),
     (plant_foreign_delivery, inv.FOREIGN_DELIVERY),
@@ -302,6 +326,8 @@ PLANTED = [
     (plant_nacked_then_committed, inv.COMMITTED_ACKED),
     (plant_expired_then_committed, inv.COMMITTED_ACKED),
     (plant_dropped_unfinished, inv.RETAINED),
+    (plant_blocked_key_without_its_head, inv.ORDERED_HEADS),
+    (plant_handed_ahead_of_its_key, inv.ORDERED),
 ]
 
 

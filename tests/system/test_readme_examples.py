@@ -45,6 +45,17 @@ def test_the_client_example(clean_db):
         assert client.publish("orders", again, batch_id="orders-2026-11-22") == [1]  # published once
 
 
+def test_the_ordered_example(clean_db):
+    from redelivery.client import Client, Message
+
+    with Client(clean_db) as client:
+        client.create_topic("orders")
+        block = python_block("### Ordered subscriptions")
+        exec(compile(block, "README.md", "exec"), {"Client": Client, "Message": Message})
+        states = client.stats()["orders"]["shipping"]
+        assert (states["WAITING_RETRY"], states["BLOCKED"], states["INFLIGHT"]) == (1, 1, 0)
+
+
 def test_the_install_lines_install_what_exists():
     """redelivery is not on PyPI: README installs it from the checkout or a wheel built from it."""
     section = README[README.index("### Into an existing Airflow") :].split("\n### ")[0]
