@@ -214,3 +214,42 @@ def test_blocked_keys_and_the_oldest_blocked_age_are_metrics(ordered):
     assert value(samples, "redelivery_blocked_oldest_age_seconds", topic="orders", group="billing") == 42
     assert value(samples, "redelivery_messages", topic="orders", group="billing", state="BLOCKED") == 2
     assert value(samples, "redelivery_blocked_keys", topic="orders", group="audit") == 0
+
+
+def test_the_configs_policy_orders_a_subscription_when_the_call_does_not_say(client):
+    """A policy (Artemis wildcards, most specific wins) may make every subscription of its topics
+    and groups ordered; the call's own ``ordered`` wins; the subscription keeps it for life."""
+    from helpers import configured
+
+    configured(
+        client,
+        {"topic": "orders", "ordered": True, "on_exhausted": "halt"},
+        {"topic": "orders", "group": "audit", "ordered": False},
+    )
+    client.create_topic("orders")
+    for group in ("billing", "audit", "ledger"):
+        client.create_group(group)
+    client.subscribe("billing", "orders")
+    client.subscribe("audit", "orders")
+    client.subscribe("ledger", "orders", ordered=False)
+    with pytest.raises(ValueError, match="policy .* is unordered"):
+        client.subscribe("audit", "orders", on_exhausted="halt")
+    rows = client.conn.execute(
+        "SELECT g.name, s.ordered, s.on_exhausted FROM redelivery.subscriptions s"
+        " JOIN redelivery.consumer_groups g ON g.id = s.group_id ORDER BY 1"
+    ).fetchall()
+    assert rows == [("audit", False, "continue"), ("billing", True, "halt"), ("ledger", False, "continue")]
+
+
+def test_the_cli_subscribes_ordered_and_refuses_a_bad_on_exhausted(clean_db):
+    from helpers import run_cli
+
+    for args in (("create-topic", "orders"), ("create-group", "billing")):
+        assert run_cli(*args, database_url=clean_db).returncode == 0
+    refused = run_cli("subscribe", "billing", "orders", "--on-exhausted", "stop", database_url=clean_db)
+    assert refused.returncode == 2 and "on_exhausted must be 'continue' or 'halt'" in refused.stderr
+    ordered = ("subscribe", "billing", "orders", "--ordered", "--on-exhausted", "halt")
+    done = run_cli(*ordered, database_url=clean_db)
+    assert done.returncode == 0, done.stderr
+    stats = run_cli("stats", "--json", database_url=clean_db).stdout
+    assert '"BLOCKED": 0' in stats

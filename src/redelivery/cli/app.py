@@ -166,20 +166,20 @@ def subscribe(
         typer.Option(help="latest: messages published from now on; earliest: every message the log holds"),
     ] = "latest",
     ordered: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--ordered/--unordered",
             help="deliver each message key's messages one at a time, in publish order, a failed one "
-            "holding back the later ones of its key (for life)",
+            "holding back the later ones of its key (for life). Default: the config's policy",
         ),
-    ] = False,
+    ] = None,
     on_exhausted: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="ordered only: continue (a dead-lettered message releases its key) or halt (its key "
-            "waits until the dead letter is redriven)"
+            "waits until the dead letter is redriven). Default: the config's policy, else continue"
         ),
-    ] = "continue",
+    ] = None,
 ) -> None:
     """Subscribe a consumer group to a topic (an existing subscription keeps its consume offset)."""
     _client().subscribe(group, topic, start=start, ordered=ordered, on_exhausted=on_exhausted)

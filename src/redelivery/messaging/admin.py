@@ -82,8 +82,8 @@ class Administration(Role):
         topic: str,
         start: str = "latest",
         *,
-        ordered: bool = False,
-        on_exhausted: str = "continue",
+        ordered: bool | None = None,
+        on_exhausted: str | None = None,
     ) -> None:
         """Subscribe ``group`` to ``topic`` (idempotent: an existing subscription keeps its
         offset). ``start`` (Kafka's ``auto.offset.reset``): ``"latest"``, messages published from
@@ -93,9 +93,11 @@ class Administration(Role):
         ``ordered``: messages of one key are delivered one at a time in publish order, each after
         the one before it is committed or dead-lettered (SQS FIFO message groups, Pub/Sub ordering
         keys, RocketMQ orderly consumption); keyless messages stay unordered. ``on_exhausted``
-        (ordered only): ``"continue"`` (default), a dead-lettered message releases its key, as SQS
-        FIFO and RocketMQ orderly do; ``"halt"``, its key stays held until its dead letter is
-        redriven. Both are the subscription's for life.
+        (ordered only): ``"continue"``, a dead-lettered message releases its key, as SQS FIFO and
+        RocketMQ orderly do; ``"halt"``, its key stays held until its dead letter is redriven, when
+        it is READY again and goes first. Both are the subscription's for life; ``None`` takes what
+        the config's policy for (topic, group) says (``ordered``, ``on_exhausted``; by default
+        unordered, and continue).
 
         Raises ``UnknownGroupError`` / ``UnknownTopicError``, ``ValueError`` (another ``start`` or
         ``on_exhausted``, ``on_exhausted`` without ``ordered``, or a subscription that exists with
@@ -103,19 +105,27 @@ class Administration(Role):
         name (by its policy) cannot name a table."""
         if start not in ("latest", "earliest"):
             raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
-        if not isinstance(ordered, bool):
+        if ordered is not None and not isinstance(ordered, bool):
             raise ValueError(f"ordered must be true or false, got {ordered!r}")
-        if on_exhausted not in ON_EXHAUSTED:
+        if on_exhausted is not None and on_exhausted not in ON_EXHAUSTED:
             raise ValueError(f"on_exhausted must be 'continue' or 'halt', got {on_exhausted!r}")
-        if on_exhausted != "continue" and not ordered:
+        if on_exhausted not in (None, "continue") and ordered is False:
             raise ValueError("on_exhausted applies to an ordered subscription only (ordered=True)")
         group_id, own_max = self.context.group(group)
         self.context.topic_renamed(topic)  # a rare call: never subscribe a topic id that is gone
         topic_id = self.context.topic_id(topic)
         try:
-            self.config.policy_for(topic, group, own_max)
+            policy = self.config.policy_for(topic, group, own_max)
         except ConfigError as exc:
             raise InvalidNameError(f"cannot subscribe group {group!r} to topic {topic!r}: {exc}") from None
+        ordered = policy.ordered if ordered is None else ordered
+        if on_exhausted is None:
+            on_exhausted = policy.on_exhausted if ordered else "continue"
+        elif on_exhausted != "continue" and not ordered:
+            raise ValueError(
+                f"on_exhausted applies to an ordered subscription only, and the config's policy for "
+                f"topic {topic!r} and group {group!r} is unordered (ordered=True to order it)"
+            )
         subscription = {
             "topic_id": topic_id,
             "group_id": group_id,

@@ -271,6 +271,11 @@ class PolicyConfig(_Strict):
     #: it means its last level (RocketMQ) or is refused.
     explicit_levels: str | None = None
     clamp_explicit_levels: bool | None = None
+    #: Whether a subscription made for a matching (topic, group) is ordered per message key, and
+    #: what a dead-lettered head does to its key (``Administration.subscribe``; read when the
+    #: subscription is made: it keeps its ordering for life).
+    ordered: bool | None = None
+    on_exhausted: Literal["continue", "halt"] | None = None
 
     @field_validator("explicit_levels")
     @classmethod
@@ -352,6 +357,8 @@ class EffectivePolicy:
     matched: tuple[str, ...]
     explicit_levels: str | None = None
     clamp_explicit_levels: bool = False
+    ordered: bool = False
+    on_exhausted: str = "continue"
 
     @property
     def jitter(self) -> float:
@@ -480,4 +487,6 @@ def resolve(
         matched=tuple(f"topic={p.topic} group={p.group}" for p in reversed(found)),
         explicit_levels=merged.get("explicit_levels"),
         clamp_explicit_levels=bool(merged.get("clamp_explicit_levels")),
+        ordered=bool(merged.get("ordered")),
+        on_exhausted=merged.get("on_exhausted") or "continue",
     )
