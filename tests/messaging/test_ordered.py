@@ -253,3 +253,20 @@ def test_the_cli_subscribes_ordered_and_refuses_a_bad_on_exhausted(clean_db):
     assert done.returncode == 0, done.stderr
     stats = run_cli("stats", "--json", database_url=clean_db).stdout
     assert '"BLOCKED": 0' in stats
+
+
+def test_the_page_shows_an_ordered_groups_held_keys(ordered):
+    """The operator page (issue 31): how many keys a group holds back, its BLOCKED messages, and
+    since when the oldest waits."""
+    from redelivery.airflow.ui.page import page_data, render
+
+    publish(ordered, "aabbb")
+    first = received(ordered)
+    ordered.nack("billing", first, error="boom", at=at(0))
+    [group] = [g for g in page_data(ordered.conn)["groups"] if g["name"] == "billing"]
+    keys, blocked, since = group["held"]
+    assert (keys, blocked) == (2, 3) and since is not None
+    html = render(page_data(ordered.conn))
+    assert "Ordered: 2 keys held back behind a failing or dead-lettered message, 3 messages BLOCKED" in html
+    [audit] = [g for g in page_data(ordered.conn)["groups"] if g["name"] == "audit"]
+    assert audit["held"] is None

@@ -118,7 +118,9 @@ def page_data(
     lateness p99 s, last finished at)}, "redrives": LATEST_REDRIVES rows, "waiting_at": {tier:
     (retries waiting at its levels, of them due)}}``; a group is ``{"id", "name", "READY",
     "INFLIGHT", "WAITING_RETRY", "DLQ": counts, "oldest", "newest": dead-lettering times or None,
-    "waiting": {delay level: n}, "queues", "reasons", "errors": [(value, count)], most first}``.
+    "waiting": {delay level: n}, "queues", "reasons", "errors": [(value, count)], most first,
+    "held": (keys an ordered subscription holds back, messages BLOCKED, when the oldest of them was
+    passed by the offset) or None}``.
     Raises psycopg errors."""
     with conn.transaction():
         groups, matched = _groups(conn, name_filter, limit)
@@ -144,12 +146,14 @@ def _groups(conn: psycopg.Connection, name_filter: str, limit: int) -> tuple[lis
     groups = {
         gid: {"id": gid, "name": name, "READY": ready, "INFLIGHT": inflight, "WAITING_RETRY": waiting,
               "DLQ": dead, "oldest": oldest, "newest": newest, "waiting": {}, "queues": [], "reasons": [],
-              "errors": []}
+              "errors": [], "held": None}
         for gid, name, ready, inflight, waiting, dead, oldest, newest, _ in rows
     }  # fmt: skip
     ids = list(groups)
     for gid, level, n in conn.execute(S.PAGE_WAITING_PER_LEVEL, {"ids": ids}):
         groups[gid]["waiting"][level] = n
+    for gid, keys, blocked, since in conn.execute(S.PAGE_BLOCKED, {"ids": ids}):
+        groups[gid]["held"] = (keys, blocked, since)
     with_dead = [gid for gid in ids if groups[gid]["DLQ"]]
     details = (
         ("queues", S.PAGE_DLQ_QUEUES, TOP_QUEUES),
@@ -467,6 +471,13 @@ def group_section(group: dict) -> str:
     ]
     if dead:
         parts.append(f"<p class='muted'>oldest {when(group['oldest'])}, newest {when(group['newest'])}.</p>")
+    if group.get("held"):
+        keys, blocked, since = group["held"]
+        oldest = f", the oldest waiting since {when(since)}" if since else ""
+        parts.append(
+            f"<p class='held'>Ordered: {_plural(keys, 'key', 'keys')} held back behind a failing or "
+            f"dead-lettered message, {_plural(blocked, 'message', 'messages')} BLOCKED{oldest}.</p>"
+        )
     parts.append(
         '<div class="row">'
         + states_chart(name, {state: group[state] for state in STATES})

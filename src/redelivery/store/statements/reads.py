@@ -66,6 +66,14 @@ PAGE_GROUPS = _named("PAGE_GROUPS", """
         FROM counts k JOIN chosen c ON c.id = k.group_id GROUP BY 1, 2)
     SELECT id, name, ready, inflight, waiting, dead, oldest, newest, count(*) OVER ()
     FROM per_group ORDER BY dead DESC, name LIMIT %(limit)s""")
+#: Keys the ordered subscriptions of the groups ``ids`` hold back: (group id, keys with a BLOCKED or
+#: HALTED row, BLOCKED rows, when the oldest BLOCKED row was written: the offset passed it).
+PAGE_BLOCKED = _named("PAGE_BLOCKED", """
+    SELECT group_id, count(DISTINCT (topic_id, key)), count(*) FILTER (WHERE state = 'BLOCKED'),
+           min(created_at) FILTER (WHERE state = 'BLOCKED')
+    FROM deliveries
+    WHERE key IS NOT NULL AND state IN ('BLOCKED', 'HALTED') AND group_id = ANY(%(ids)s::int[])
+    GROUP BY 1""")
 #: Retries waiting (WAITING_RETRY) per delay level of the groups ``ids``: (group id, level, count).
 PAGE_WAITING_PER_LEVEL = _named("PAGE_WAITING_PER_LEVEL", """
     SELECT group_id, delay_level, count(*) FROM deliveries
