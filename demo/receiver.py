@@ -5,6 +5,11 @@ share of requests is answered 429 or 503 (transient: nothing is accepted). Other
 gets ``201`` (accepted) or ``422`` when the flight has no departure time (a cancelled flight, a
 permanent failure). The receiver remembers accepted ids, so the demo can check that no flight was
 accepted twice, and its last answer for every id, so the demo can check each dead letter's error.
+
+``POST /aircraft`` with a JSON array of ``{"id": message id, "tail": tail number, "flight": {...}}``
+(the ordered group's): the same share of requests answered 429/503, every other one taken whole;
+the receiver keeps each tail number's message ids in the order they arrived (``arrivals``), so
+the demo can check that each aircraft's flights arrived in order, each once.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ class FlightReceiver:
         self.duplicates = 0
         self.requests = 0
         self.transient = 0
+        self.arrivals: dict[str | None, list[int]] = {}  # tail number -> message ids, as they arrived
+        self._arrived: set[int] = set()
+        self.aircraft_duplicates = 0
+        self.aircraft_transient = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,14 +50,15 @@ class FlightReceiver:
                 pass
 
             def do_POST(self):
-                if self.path != "/flights":
+                handle = {"/flights": receiver._handle, "/aircraft": receiver._handle_aircraft}.get(self.path)
+                if handle is None:
                     return self._reply(404, {"error": "not found"})
                 try:
                     items = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                     assert isinstance(items, list)
                 except (ValueError, AssertionError):
                     return self._reply(400, {"error": "expected a JSON array"})
-                status, body = receiver._handle(items)
+                status, body = handle(items)
                 self._reply(status, body)
 
             def _reply(self, status, body):
@@ -100,3 +110,16 @@ class FlightReceiver:
                 self.last_answer[item["id"]] = "accepted"
                 results.append({"id": item["id"], "status": 201})
             return 200, {"results": results}
+
+    def _handle_aircraft(self, items: list) -> tuple[int, dict]:
+        with self._lock:
+            if self._random.random() < self.transient_share:
+                self.aircraft_transient += 1
+                status = 429 if self._random.random() < 0.5 else 503
+                return status, {"error": HTTPStatus(status).phrase.lower()}
+            for item in items:
+                if item["id"] in self._arrived:
+                    self.aircraft_duplicates += 1
+                self._arrived.add(item["id"])
+                self.arrivals.setdefault(item.get("tail"), []).append(item["id"])
+            return 200, {"taken": len(items)}

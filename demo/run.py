@@ -11,6 +11,11 @@
 3. Check that every flight ended exactly once per group (committed, or dead-lettered with 16
    reconsume times and the receiver's error for each cancelled flight), print a table per group
    and state, and draw ``demo-output/redelivery-demo.png``.
+
+The same flights go, keyed by aircraft (tail number) and in scheduled-departure order, to topic
+``flights-by-aircraft``, whose group ``flights-aircraft`` is subscribed ordered (``demo.ordered``):
+each aircraft's flights must reach the receiver in that order, each once, while a share of its
+requests fail and wait for their retries.
 """
 
 from __future__ import annotations
@@ -119,18 +124,19 @@ def align_up(moment: datetime, window: int, origin: datetime) -> datetime:
     return origin + timedelta(seconds=k * window)
 
 
-def next_windows(conn, config, origin, topic_id: int) -> dict[str, datetime]:
-    """For each tier with something of the demo's topic due: the end of the first window that
+def next_windows(conn, config, origin, topic_ids: list[int]) -> dict[str, datetime]:
+    """For each tier with something of the demo's topics due: the end of the first window that
     promotes it (other topics in the same database have their own clocks)."""
     due = dict(
         conn.execute(
-            "SELECT delay_level, min(due_at) FROM deliveries WHERE state = 'WAITING_RETRY' AND topic_id = %s "
-            "GROUP BY 1",
-            (topic_id,),
+            "SELECT delay_level, min(due_at) FROM deliveries WHERE state = 'WAITING_RETRY'"
+            " AND topic_id = ANY(%s) GROUP BY 1",
+            (topic_ids,),
         )
     )
     lease = conn.execute(
-        "SELECT min(invisible_until) FROM deliveries WHERE state = 'INFLIGHT' AND topic_id = %s", (topic_id,)
+        "SELECT min(invisible_until) FROM deliveries WHERE state = 'INFLIGHT' AND topic_id = ANY(%s)",
+        (topic_ids,),
     ).fetchone()[0]
     ends = {}
     for tier in config.tiers:
@@ -162,16 +168,20 @@ def deliver_flights(spark, receiver_url: str, tasks: int, clock: datetime, lease
         counts["retried"] += settled["retried"] + settled["dead_lettered"]
 
 
-def consumer_pass(spark, receiver_url: str, consumers: int, clock: datetime) -> None:
-    """Both groups consume what is theirs at ``clock``: the HTTP group as DataFrames (lease,
-    deliver in Spark tasks, settle), the statistics group with a handler per batch in Spark tasks."""
+def consumer_pass(spark, client, receiver_url: str, consumers: int, clock: datetime) -> None:
+    """The groups consume what is theirs at ``clock``: the HTTP group as DataFrames (lease,
+    deliver in Spark tasks, settle), the statistics group with a handler per batch in Spark tasks,
+    the ordered group in this process, one flight per aircraft at a time."""
     from demo.handlers import validate_flight
+    from demo.ordered import ORDERED_GROUP, deliver_in_order
     from redelivery.spark.consuming import consume
 
-    for group in (HTTP_GROUP, STATS_GROUP):
+    for group in (HTTP_GROUP, STATS_GROUP, ORDERED_GROUP):
         started = time.perf_counter()
         if group == HTTP_GROUP:
             counts = deliver_flights(spark, receiver_url, consumers, clock)
+        elif group == ORDERED_GROUP:
+            counts = deliver_in_order(client, receiver_url, clock)
         else:
             with progress(f"{group} consuming"):
                 counts = consume(
@@ -217,6 +227,8 @@ def finish(
 ) -> int:
     """The end of the demo: the table, the storage, the checks, the chart and summary.json; 0 when
     every flight ended exactly once per group, else 1."""
+    from demo import ordered
+    from demo.ordered import ORDERED_TOPIC
     from demo.report import check, storage, summary_table, write_chart
 
     cancelled, clock = len(cancelled_keys), timeline[-1][0]
@@ -243,6 +255,10 @@ def finish(
         stats_group=STATS_GROUP,
         max_reconsume_times=args.max_reconsume_times,
     )
+    ordered_stats = client.stats()[ORDERED_TOPIC]
+    print(summary_table(ordered_stats))
+    print(ordered.report(receiver))
+    failures += ordered.check(client, ordered_stats, receiver, total)
     args.out.mkdir(parents=True, exist_ok=True)
     chart = write_chart(args.out / "redelivery-demo.png", timeline, runs, [HTTP_GROUP, STATS_GROUP])
     (args.out / "summary.json").write_text(
@@ -251,6 +267,7 @@ def finish(
                 "flights": total,
                 "cancelled": cancelled,
                 "stats": stats,
+                "ordered_stats": ordered_stats,
                 "dead_lettered_after_transient_failures_only": stats[HTTP_GROUP]["DLQ"] - cancelled,
                 "tier_runs": len(runs),
                 "simulated_seconds": (clock - timeline[0][0]).total_seconds(),
@@ -277,6 +294,7 @@ def finish(
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # the demo prints its own progress
+    from demo import ordered
     from demo.receiver import FlightReceiver
     from redelivery.airflow.dags.tiers import START, tier_dags
     from redelivery.client import Client
@@ -300,6 +318,7 @@ def main(argv=None) -> int:
     for group in (HTTP_GROUP, STATS_GROUP):
         client.create_group(group, max_reconsume_times=args.max_reconsume_times)
         client.subscribe(group, TOPIC)
+    topic_ids = [topic_id, ordered.subscribe(client)]
     receiver = FlightReceiver(transient_share=args.transient_share).start()
     spark = get_spark("redelivery-demo")
     dags = tier_dags(config)
@@ -319,11 +338,16 @@ def main(argv=None) -> int:
         with progress("publishing"):
             publish_dataframe(df, TOPIC, batch_id=f"demo-{clock.isoformat()}-{scope}", at=clock)
         print(f"  published in {time.perf_counter() - t0:.1f} s")
+        t0 = time.perf_counter()
+        with progress(f"publishing them again to {ordered.ORDERED_TOPIC!r}, keyed by aircraft"):
+            batch = f"demo-aircraft-{clock.isoformat()}-{scope}"
+            publish_dataframe(ordered.by_aircraft(df), ordered.ORDERED_TOPIC, batch_id=batch, at=clock)
+        print(f"  published in {time.perf_counter() - t0:.1f} s")
         timeline, runs = [(clock, client.stats()[TOPIC])], []
         while True:
-            consumer_pass(spark, receiver.url, args.consumers, clock)
+            consumer_pass(spark, client, receiver.url, args.consumers, clock)
             timeline.append((clock, client.stats()[TOPIC]))
-            ends = next_windows(client.conn, config, START, topic_id)
+            ends = next_windows(client.conn, config, START, topic_ids)
             if not ends:
                 break
             clock = min(ends.values())

@@ -128,6 +128,8 @@ def test_demo_end_to_end_small(database_url, tmp_path):
     assert http["DLQ"] == cancelled + summary["dead_lettered_after_transient_failures_only"]
     assert http["COMMITTED"] == 900 - http["DLQ"]
     assert summary["stats"]["flights-stats"]["COMMITTED"] == 900
+    assert summary["ordered_stats"]["flights-aircraft"]["COMMITTED"] == 900  # each aircraft's in order
+    assert "flights-aircraft:" in done.stdout and "each one's flights in publish order" in done.stdout
     assert (tmp_path / "redelivery-demo.png").stat().st_size > 10_000
     sizes, vacuumed = summary["storage_bytes"], summary["storage_bytes_after_vacuum"]
     assert sizes["log"] > 0 and vacuumed["deliveries"] <= sizes["deliveries"] <= sizes["database"]
