@@ -76,8 +76,9 @@ CHECKS = {
     # no foreign key checks this row by row: the statements must (the log is partitioned)
     FOREIGN_DELIVERY: """
         SELECT d.message_id, d.group_id, d.topic_id FROM deliveries d
-        WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = d.topic_id AND m.id = d.message_id
-                                                     AND m.published_at = d.published_at)
+        WHERE (d.state <> 'HALTED'  -- a dead letter's: retention may drop its message, a redrive puts it back
+               AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = d.topic_id AND m.id = d.message_id
+                                                          AND m.published_at = d.published_at))
            OR NOT EXISTS (SELECT 1 FROM subscriptions s
                           WHERE s.topic_id = d.topic_id AND s.group_id = d.group_id)
         UNION ALL

@@ -174,15 +174,24 @@ def _move_batch(
     """Move up to ``size`` selected dead letters in one transaction: (moved, the lane's cap is
     reached). A batch that finds no partition of the log for a message it puts back (made before
     the first batch, then dropped by a retention run during a pause: still empty, nothing held it)
-    rolls back, makes the partitions again and runs again."""
+    rolls back, makes the partitions again and runs again. A batch that would give an ordered
+    subscription's key a second head (a head the batch saw was deleted meanwhile, and the key's
+    next message promoted: ``deliveries_key_head`` refuses it), or a deadlock victim, changed
+    nothing and runs again."""
+
+    def once() -> tuple[int, bool]:
+        return db.retry_lock_conflicts(
+            lambda: _move_batch_once(conn, params, run_id, size, bounds, lane), conflicts=db.HEAD_CONFLICTS
+        )
+
     for _ in range(PARTITION_ATTEMPTS - 1):
         try:
-            return _move_batch_once(conn, params, run_id, size, bounds, lane)
+            return once()
         except psycopg.errors.CheckViolation as error:
             if error.diag.constraint_name:  # a real check, not "no partition ... found for row"
                 raise
             _make_partitions(conn, params, params["partition_span"])
-    return _move_batch_once(conn, params, run_id, size, bounds, lane)
+    return once()
 
 
 def _move_batch_once(

@@ -270,3 +270,53 @@ def test_the_page_shows_an_ordered_groups_held_keys(ordered):
     assert "Ordered: 2 keys held back behind a failing or dead-lettered message, 3 messages BLOCKED" in html
     [audit] = [g for g in page_data(ordered.conn)["groups"] if g["name"] == "audit"]
     assert audit["held"] is None
+
+
+def test_a_key_whose_head_is_leased_again_holds_its_new_messages(ordered):
+    """A retried head promoted READY, and a later message of its key published since: the receive
+    that leases the head again must hold the new message back (the lock of the head's row, which
+    that same statement changes, does not see it: an adversary's review found every receive
+    failing here)."""
+    a1, b1 = publish(ordered, "ab")
+    first = received(ordered)
+    ordered.nack("billing", [m for m in first if m.key == "a"], error="boom", at=at(0))
+    ordered.ack("billing", [m for m in first if m.key == "b"])
+    run_tier_window(tier="seconds", window_end=at(10), run_key="w", url=ordered.url)
+    a2, b2 = publish(ordered, "ab", clock=10)
+    got = received(ordered, clock=10)
+    assert sorted(m.message_id for m in got) == [a1, b2]
+    assert rows(ordered) == {a1: "INFLIGHT", a2: "BLOCKED", b2: "INFLIGHT"}
+    ordered.ack("billing", got)
+    assert [m.message_id for m in received(ordered, clock=10)] == [a2]
+
+
+def test_a_halted_key_is_released_when_retention_deletes_its_dead_letter(client):
+    """on_exhausted halt, and retention.dead_letters deletes the dead letter: the key's next
+    message goes on (it would wait for ever for a redrive that can no longer happen)."""
+    from redelivery.config import RedeliveryConfig
+    from redelivery.store import maintenance
+
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders", ordered=True, on_exhausted="halt")
+    a1, a2 = publish(client, "aa")
+    client.reject("billing", received(client), error="bad")
+    client.conn.execute("UPDATE redelivery.dlq_messages SET dead_lettered_at = now() - interval '31 days'")
+    config = RedeliveryConfig.model_validate({"retention": {"dead_letters": "30d"}})
+    assert maintenance.cleanup(client.conn, config)["dead_letters"] == 1
+    assert rows(client) == {a2: "READY"}
+    states = client.stats()["orders"]["billing"]
+    assert (states["READY"], states["DLQ"], states["BLOCKED"], states["COMMITTED"]) == (1, 0, 0, 0)
+
+
+def test_a_redriven_halted_head_keeps_its_failure(client):
+    """The HALTED row holds what the dead letter holds: redriven, the head comes back with its last
+    error and history, as a dead letter of an unordered subscription does."""
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders", ordered=True, on_exhausted="halt")
+    [a1] = publish(client, "a")
+    client.reject("billing", received(client), error="bad payload")
+    redrive(RedriveRequest(group="billing", dry_run=False), run_key="r", url=client.url, log=lambda *_: 0)
+    [again] = received(client)
+    assert (again.message_id, again.last_error, again.delivery_count) == (a1, "bad payload", 2)

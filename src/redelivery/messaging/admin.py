@@ -145,7 +145,7 @@ class Administration(Role):
             have = _ordering_text(*existing)
             raise ValueError(
                 f"group {group!r} is subscribed to topic {topic!r} {have} already; a subscription keeps "
-                f"its ordering for life (delete the group's subscription to change it)"
+                f"its ordering for life (subscribe another group to have them the other way)"
             )
 
     def delete_topic(self, name: str) -> None:

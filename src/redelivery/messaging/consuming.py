@@ -222,7 +222,10 @@ class Consumer(Role):
                 return cursor.execute(S.RECEIVE_ORDERED, params).fetchall()
 
         ordered = self.context.is_ordered(*key)
-        rows = db.retry_lock_conflicts(lease_ordered if ordered else lease, conflicts=db.HEAD_CONFLICTS)
+        if ordered:
+            rows = db.retry_lock_conflicts(lease_ordered, conflicts=db.HEAD_CONFLICTS)
+        else:
+            rows = db.retry_lock_conflicts(lease)
         if not rows:  # the subscription may have been made again with the other ordering
             self.context.ordered.pop(key, None)
         return rows

@@ -171,8 +171,9 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       FROM removed r JOIN revived_keys k ON k.topic_id = r.topic_id AND k.message_id = r.message_id
       ON CONFLICT (topic_id, group_id, message_id) DO UPDATE SET state = 'READY',
           delivery_count = EXCLUDED.delivery_count, reconsume_times = EXCLUDED.reconsume_times,
-          redrive_count = EXCLUDED.redrive_count, attempts = EXCLUDED.attempts, ready_at = now(),
-          updated_at = now()
+          redrive_count = EXCLUDED.redrive_count, first_failure_at = EXCLUDED.first_failure_at,
+          last_failure_at = EXCLUDED.last_failure_at, last_error = EXCLUDED.last_error,
+          attempts = EXCLUDED.attempts, ready_at = now(), updated_at = now()
       WHERE d.state = 'HALTED'),
     -- to another topic: the dead letter ends, and a HALTED head with it (its key is released:
     -- finish_ordered_heads promotes the next message)

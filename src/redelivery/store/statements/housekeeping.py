@@ -45,7 +45,14 @@ CLEANUP_DEAD_LETTERS = _named("CLEANUP_DEAD_LETTERS", """
         SELECT dlq_id, group_id, message_id FROM dlq_messages
         WHERE dead_lettered_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s) o
       WHERE q.dlq_id = o.dlq_id AND q.group_id = o.group_id AND q.message_id = o.message_id
-      RETURNING q.topic_id, q.group_id),
+      RETURNING q.topic_id, q.group_id, q.message_id),
+    -- the HALTED head of an ordered subscription's key goes with its dead letter: the key is
+    -- released (finish_ordered_heads promotes its next message), or it would be held for ever
+    released AS (
+      DELETE FROM deliveries d
+      WHERE d.state = 'HALTED' AND d.group_id = ANY(ARRAY(SELECT group_id FROM expired))
+        AND d.message_id = ANY(ARRAY(SELECT message_id FROM expired))
+        AND (d.group_id, d.message_id) = ANY(ARRAY(SELECT (e.group_id, e.message_id) FROM expired e))),
     counted AS (
       UPDATE subscriptions s SET dead_letters_expired = s.dead_letters_expired + e.n
       FROM (SELECT topic_id, group_id, count(*) AS n FROM expired GROUP BY 1, 2) e
@@ -88,14 +95,16 @@ LOG_PARTITIONS = _named("LOG_PARTITIONS", """
     ORDER BY l.starts_at NULLS FIRST""")
 #: The subscriptions that still need a partition's messages: (topic, group) of each whose consume
 #: offset is below one of its topic's messages there, or that has a delivery row of a message
-#: there. Reads the partition's table itself, so it holds before and after a detach.
+#: there (a HALTED one aside: its message is a dead letter, whose copy a redrive puts back). Reads
+#: the partition's table itself, so it holds before and after a detach.
 PARTITION_HOLDERS = sql.SQL("""/* redelivery:PARTITION_HOLDERS */
     SELECT t.name, g.name FROM (
       SELECT s.topic_id, s.group_id FROM subscriptions s
       WHERE EXISTS (SELECT 1 FROM {partition} m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset)
       UNION
       SELECT DISTINCT d.topic_id, d.group_id FROM deliveries d
-      WHERE d.published_at >= {starts_at} AND d.published_at < {ends_at}) h
+      WHERE d.published_at >= {starts_at} AND d.published_at < {ends_at}
+        AND d.state <> 'HALTED') h
     JOIN topics t ON t.id = h.topic_id JOIN consumer_groups g ON g.id = h.group_id
     ORDER BY 1, 2""")
 #: A partition's retirement lock (advisory, namespace ``log.RETIRE_LOCK``, keyed by the partition's

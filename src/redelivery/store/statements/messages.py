@@ -187,7 +187,7 @@ _RECEIVE_READY = f"""ready AS (
       WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
         AND d.message_id = ANY(ARRAY(SELECT message_id FROM ready))
       RETURNING d.message_id, d.published_at, d.delivery_count, d.reconsume_times, d.delay_level,
-                d.invisible_until, d.last_error, d.redrive_count),
+                d.invisible_until, d.last_error, d.redrive_count, d.key),
     room AS (SELECT %(max_messages)s - count(*) AS n FROM again)"""
 #: The messages past the offset, oldest first, as many as the batch has room for.
 _RECEIVE_NEW = """new AS (
@@ -272,7 +272,18 @@ RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
       CROSS JOIN LATERAL (
         SELECT 1 FROM deliveries d
         WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.key = f.key
-        ORDER BY d.message_id DESC LIMIT 1 FOR KEY SHARE) newest),
+        ORDER BY d.message_id DESC LIMIT 1 FOR KEY SHARE) newest
+      -- a key whose head this statement leases again: its row, changed by this statement, is
+      -- skipped by the lock above (PostgreSQL locks no row its own statement changed)
+      UNION ALL
+      SELECT a.key FROM again a WHERE a.key IS NOT NULL
+      -- a key with two rows: only its head can have been deleted since (a BLOCKED row is promoted,
+      -- never deleted, and its next receive waits for this one), so one of them is still there
+      UNION ALL
+      SELECT f.key FROM firsts f
+      WHERE (SELECT count(*) FROM (SELECT 1 FROM deliveries d
+                                   WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
+                                     AND d.key = f.key LIMIT 2) two) = 2),
     flagged AS (
       SELECT c.id, c.key, c.published_at,
              c.key IS NULL OR c.id IN (SELECT f.id FROM firsts f WHERE f.key NOT IN (SELECT key FROM held))

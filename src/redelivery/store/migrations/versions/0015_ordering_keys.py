@@ -42,32 +42,44 @@ BEGIN
   IF NOT EXISTS (SELECT 1 FROM finished f WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED') THEN
     RETURN NULL;
   END IF;
-  -- A 'halt' subscription's head that went to its dead-letter queue holds its key as HALTED.
+  -- A 'halt' subscription's head that went to its dead-letter queue holds its key as HALTED, with
+  -- what its dead letter holds (counts, the failure that ended it, its history).
   INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state, delivery_count,
                           reconsume_times, redrive_count, first_failure_at, last_failure_at, last_error,
                           attempts, created_at, updated_at)
-  SELECT f.topic_id, f.group_id, f.message_id, f.published_at, f.key, 'HALTED', f.delivery_count,
-         f.reconsume_times, f.redrive_count, f.first_failure_at, f.last_failure_at, f.last_error,
-         f.attempts, f.created_at, now()
+  SELECT f.topic_id, f.group_id, f.message_id, f.published_at, f.key, 'HALTED', q.delivery_count,
+         q.reconsume_times, q.redrive_count, q.first_failure_at, q.last_failure_at, q.last_error,
+         q.attempts, f.created_at, now()
   FROM finished f JOIN subscriptions s ON s.topic_id = f.topic_id AND s.group_id = f.group_id
+  JOIN dlq_messages q ON q.message_id = f.message_id AND q.group_id = f.group_id AND q.topic_id = f.topic_id
   WHERE f.key IS NOT NULL AND f.state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')
     AND s.on_exhausted = 'halt'
-    AND EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = f.message_id
-                  AND q.group_id = f.group_id AND q.topic_id = f.topic_id)
-    AND NOT EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = f.topic_id AND h.group_id = f.group_id
-                      AND h.key = f.key AND h.state <> 'BLOCKED');
-  -- Every other key whose head is gone: its oldest BLOCKED row becomes READY.
+    AND (SELECT 1 FROM deliveries h WHERE h.topic_id = f.topic_id AND h.group_id = f.group_id
+           AND h.key = f.key AND h.state <> 'BLOCKED' LIMIT 1) IS NULL;
+  -- Every other key whose head is gone: its oldest BLOCKED row becomes READY. Each key is looked
+  -- up by itself (scalar subqueries with LIMIT: index probes whatever the statistics say, never a
+  -- join the planner could make a scan of the table), and the rows are found by their primary key
+  -- (arrays: an index condition), then matched exactly.
+  WITH keys AS MATERIALIZED (
+    SELECT DISTINCT f.topic_id, f.group_id, f.key FROM finished f
+    WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED'),
+  nexts AS MATERIALIZED (
+    SELECT k.topic_id, k.group_id,
+           (SELECT b.message_id FROM deliveries b
+            WHERE b.topic_id = k.topic_id AND b.group_id = k.group_id AND b.key = k.key
+              AND b.state = 'BLOCKED'
+            ORDER BY b.message_id LIMIT 1) AS message_id
+    FROM keys k
+    WHERE (SELECT 1 FROM deliveries h
+           WHERE h.topic_id = k.topic_id AND h.group_id = k.group_id AND h.key = k.key
+             AND h.state <> 'BLOCKED' LIMIT 1) IS NULL)
   UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
-  FROM (SELECT k.topic_id, k.group_id,
-               (SELECT b.message_id FROM deliveries b
-                WHERE b.topic_id = k.topic_id AND b.group_id = k.group_id AND b.key = k.key
-                  AND b.state = 'BLOCKED'
-                ORDER BY b.message_id LIMIT 1) AS message_id
-        FROM (SELECT DISTINCT f.topic_id, f.group_id, f.key FROM finished f
-              WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED') k
-        WHERE NOT EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = k.topic_id
-                            AND h.group_id = k.group_id AND h.key = k.key AND h.state <> 'BLOCKED')) n
-  WHERE d.topic_id = n.topic_id AND d.group_id = n.group_id AND d.message_id = n.message_id;
+  WHERE d.topic_id = ANY(ARRAY(SELECT topic_id FROM nexts WHERE message_id IS NOT NULL))
+    AND d.group_id = ANY(ARRAY(SELECT group_id FROM nexts WHERE message_id IS NOT NULL))
+    AND d.message_id = ANY(ARRAY(SELECT message_id FROM nexts WHERE message_id IS NOT NULL))
+    AND (d.topic_id, d.group_id, d.message_id) = ANY(ARRAY(
+          SELECT (n.topic_id, n.group_id, n.message_id) FROM nexts n WHERE n.message_id IS NOT NULL))
+    AND d.state = 'BLOCKED';
   RETURN NULL;
 END $$;
 """
