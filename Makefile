@@ -15,7 +15,7 @@ export REDELIVERY_HOME ?= $(CURDIR)/.redelivery
 export REDELIVERY_CONFIG ?= $(CURDIR)/config/redelivery.yaml
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test lint bench bench-publish bench-receive bench-drain live-bench chaos clean stop lock
+.PHONY: setup demo test lint bench bench-publish bench-receive bench-drain bench-ordered live-bench chaos clean stop lock
 
 setup: $(VENV)/.installed $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -62,6 +62,10 @@ bench-receive: setup
 # A million messages drained in production conditions, against PGMQ and the plain queue (issue 29).
 bench-drain: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_drain.py $(BENCH_ARGS)
+
+# An ordered subscription against an unordered one, and a blocked hot key's cost (issue 31).
+bench-ordered: setup
+	@$(AIRFLOW_ENV) && $(PY) bench/bench_ordered.py $(BENCH_ARGS)
 
 # Retries' lateness under a real Airflow scheduler, three ways (spark-submit, Connect, auto).
 live-bench: setup

@@ -253,19 +253,25 @@ LOCK_ORDERED_SUBSCRIPTION = _named("LOCK_ORDERED_SUBSCRIPTION", """
 #: finish_ordered_heads promotes once its key's head ends, and the offset moves past all of them, so
 #: a blocked key never holds back the other keys. A key's newest delivery row is locked ``FOR KEY
 #: SHARE``: an answer that deletes it (the key's last row, its head) waits for this receive, and its
-#: trigger then sees the BLOCKED rows written here; a head deleted before drops out of the lock (its
-#: key is free). One message per key per receive: a batch never holds two messages of a key, so no
-#: answer can commit one ahead of another.
+#: trigger then sees the BLOCKED rows written here; a row deleted before drops out of the lock and
+#: the next newest is locked instead (LIMIT counts only the rows locked: PostgreSQL puts it above
+#: the lock), so the key is free only when none is left. One message per key per receive: a batch
+#: never holds two messages of a key, so no answer can commit one ahead of another.
 RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
     WITH {_RECEIVE_READY},
     subscription AS (
       SELECT s.consume_offset FROM subscriptions s
       WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND s.ordered
         AND (SELECT n FROM room) > 0),
+    -- whole rows: the scan reads each message's row for its key anyway (the log's only index is
+    -- its primary key), so the bodies of the ones handed out come with it
     scanned AS (
-      SELECT m.id, m.key, m.published_at FROM messages m
+      SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
+      FROM messages m
       WHERE m.topic_id = %(topic_id)s AND m.id > (SELECT consume_offset FROM subscription)
-      ORDER BY m.id LIMIT %(scan)s),
+      -- the limit a value of a subquery, as RECEIVE's: planned as an index scan in id order that
+      -- stops at it (a constant let the planner read every message past the offset and sort them)
+      ORDER BY m.id LIMIT (SELECT %(scan)s::bigint)),
     firsts AS (SELECT c.key, min(c.id) AS id FROM scanned c WHERE c.key IS NOT NULL GROUP BY c.key),
     held AS (
       SELECT f.key FROM firsts f
@@ -276,16 +282,10 @@ RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
       -- a key whose head this statement leases again: its row, changed by this statement, is
       -- skipped by the lock above (PostgreSQL locks no row its own statement changed)
       UNION ALL
-      SELECT a.key FROM again a WHERE a.key IS NOT NULL
-      -- a key with two rows: only its head can have been deleted since (a BLOCKED row is promoted,
-      -- never deleted, and its next receive waits for this one), so one of them is still there
-      UNION ALL
-      SELECT f.key FROM firsts f
-      WHERE (SELECT count(*) FROM (SELECT 1 FROM deliveries d
-                                   WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
-                                     AND d.key = f.key LIMIT 2) two) = 2),
+      SELECT a.key FROM again a WHERE a.key IS NOT NULL),
     flagged AS (
       SELECT c.id, c.key, c.published_at,
+             c.body, c.content_type, c.properties, c.origin_message_id,
              c.key IS NULL OR c.id IN (SELECT f.id FROM firsts f WHERE f.key NOT IN (SELECT key FROM held))
                AS free
       FROM scanned c),
@@ -296,10 +296,8 @@ RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
                       (SELECT max(id) FROM scanned)) AS id),
     new AS (SELECT f.* FROM flagged f WHERE f.id <= (SELECT id FROM cut)),
     handed AS (
-      SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
-      FROM messages m
-      WHERE m.topic_id = %(topic_id)s AND m.id = ANY(ARRAY(SELECT id FROM new WHERE free))
-        AND (m.id, m.published_at) IN (SELECT id, published_at FROM new WHERE free)),
+      SELECT n.id, n.key, n.body, n.content_type, n.properties, n.published_at, n.origin_message_id
+      FROM new n WHERE n.free),
     taken AS (
       INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state, delivery_count,
                               invisible_until, ready_at)

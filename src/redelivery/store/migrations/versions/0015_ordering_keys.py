@@ -10,7 +10,8 @@ and nothing else (SQS FIFO message groups, Pub/Sub ordering keys, RocketMQ order
   subscription: it holds the key; its message is counted as a dead letter, not as unfinished).
 - ``deliveries_key_head``: at most one head per key (a row that is not BLOCKED), enforced by
   PostgreSQL whatever a statement gets wrong; ``deliveries_key``: a key's rows in id order (the
-  next BLOCKED one, the newest one).
+  next BLOCKED one after its head, the newest one); ``deliveries_key_redriven``: the BLOCKED
+  messages a redrive brought back behind their key's head (nearly always none).
 - ``finish_ordered_heads``: after every DELETE of delivery rows (an ack, a dead-lettering by any
   path, a topic's or group's deletion), the keys whose head it removed get their next BLOCKED row
   promoted to READY, or, for a 'halt' subscription whose head went to a dead-letter queue, a HALTED
@@ -53,26 +54,33 @@ BEGIN
   FROM finished f JOIN subscriptions s ON s.topic_id = f.topic_id AND s.group_id = f.group_id
   JOIN dlq_messages q ON q.message_id = f.message_id AND q.group_id = f.group_id AND q.topic_id = f.topic_id
   WHERE f.key IS NOT NULL AND f.state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')
-    AND s.on_exhausted = 'halt'
-    AND (SELECT 1 FROM deliveries h WHERE h.topic_id = f.topic_id AND h.group_id = f.group_id
-           AND h.key = f.key AND h.state <> 'BLOCKED' LIMIT 1) IS NULL;
-  -- Every other key whose head is gone: its oldest BLOCKED row becomes READY. Each key is looked
-  -- up by itself (scalar subqueries with LIMIT: index probes whatever the statistics say, never a
-  -- join the planner could make a scan of the table), and the rows are found by their primary key
-  -- (arrays: an index condition), then matched exactly.
-  WITH keys AS MATERIALIZED (
-    SELECT DISTINCT f.topic_id, f.group_id, f.key FROM finished f
-    WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED'),
-  nexts AS MATERIALIZED (
-    SELECT k.topic_id, k.group_id,
-           (SELECT b.message_id FROM deliveries b
-            WHERE b.topic_id = k.topic_id AND b.group_id = k.group_id AND b.key = k.key
-              AND b.state = 'BLOCKED'
-            ORDER BY b.message_id LIMIT 1) AS message_id
-    FROM keys k
-    WHERE (SELECT 1 FROM deliveries h
-           WHERE h.topic_id = k.topic_id AND h.group_id = k.group_id AND h.key = k.key
-             AND h.state <> 'BLOCKED' LIMIT 1) IS NULL)
+    AND s.on_exhausted = 'halt';
+  -- Every other head this statement deleted (a key has one: deliveries_key_head, so none is left)
+  -- releases its key: the key's next message becomes READY. That is its oldest BLOCKED message a redrive
+  -- brought back behind the head (older than the head: deliveries_key_redriven, nearly always
+  -- empty), else its first BLOCKED message after the head: every other message of the key the
+  -- offset passed is younger than its head. Both are index probes that start where the answer is,
+  -- never walking the key's finished messages (dead index entries until a vacuum). Then the rows by
+  -- their primary key (arrays: an index condition), matched exactly.
+  WITH nexts AS MATERIALIZED (
+    SELECT h.topic_id, h.group_id,
+           coalesce(
+             (SELECT b.message_id FROM deliveries b
+              WHERE b.topic_id = h.topic_id AND b.group_id = h.group_id AND b.key = h.key
+                AND b.state = 'BLOCKED' AND b.redrive_count > 0
+              ORDER BY b.message_id LIMIT 1),
+             (SELECT b.message_id FROM deliveries b
+              WHERE b.topic_id = h.topic_id AND b.group_id = h.group_id AND b.key = h.key
+                AND b.message_id > h.message_id AND b.state = 'BLOCKED'
+              ORDER BY b.message_id LIMIT 1)) AS message_id
+    FROM finished h
+    WHERE h.key IS NOT NULL AND h.state <> 'BLOCKED'
+      AND NOT CASE WHEN h.state = 'HALTED' THEN false  -- a halted key released
+                   WHEN (SELECT s.on_exhausted FROM subscriptions s
+                         WHERE s.topic_id = h.topic_id AND s.group_id = h.group_id) IS DISTINCT FROM 'halt'
+                   THEN false
+                   ELSE EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = h.message_id
+                                  AND q.group_id = h.group_id AND q.topic_id = h.topic_id) END)
   UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
   WHERE d.topic_id = ANY(ARRAY(SELECT topic_id FROM nexts WHERE message_id IS NOT NULL))
     AND d.group_id = ANY(ARRAY(SELECT group_id FROM nexts WHERE message_id IS NOT NULL))
@@ -112,6 +120,10 @@ def upgrade() -> None:
     op.execute("ALTER TABLE redelivery.deliveries VALIDATE CONSTRAINT deliveries_state_key_check")
     build_index("deliveries_key", "deliveries (topic_id, group_id, key, message_id) WHERE key IS NOT NULL")
     build_index(
+        "deliveries_key_redriven",
+        "deliveries (topic_id, group_id, key, message_id) WHERE state = 'BLOCKED' AND redrive_count > 0",
+    )
+    build_index(
         "deliveries_key_head",
         "deliveries (topic_id, group_id, key) WHERE key IS NOT NULL AND state <> 'BLOCKED'",
         unique=True,
@@ -125,6 +137,7 @@ def downgrade() -> None:
     DROP FUNCTION IF EXISTS finish_ordered_heads();
     DROP INDEX IF EXISTS deliveries_key_head;
     DROP INDEX IF EXISTS deliveries_key;
+    DROP INDEX IF EXISTS deliveries_key_redriven;
     -- unordered again: a held key's later messages are READY, a halted head is its dead letter only
     UPDATE deliveries SET state = 'READY', ready_at = now() WHERE state = 'BLOCKED';
     DELETE FROM deliveries WHERE state = 'HALTED';
