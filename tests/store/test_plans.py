@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(300)
 HOT = {
     "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXTEND_LEASE",
     "EXPIRE_LEASES_RETRY", "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
-    "REDRIVE_MOVE_BATCH",
+    "REDRIVE_MOVE_BATCH", "RECEIVE_ORDERED",
 }  # fmt: skip
 #: The planner settings a statement runs with (what the product sets, read as it runs).
 SETTINGS = ("enable_seqscan", "enable_nestloop", "enable_hashjoin", "enable_mergejoin", "enable_bitmapscan")
@@ -68,12 +68,15 @@ class Captured:
 def work(client, url: str, captured: Captured, monkeypatch) -> None:
     """A pipeline's work in batches of 500: receive, ack, nack, reject, extend, settle; a tier run
     that expires leases, promotes retries (of a capped subscription too) and dead-letters those
-    past a lowered max; a receive of the promoted retries; a redrive."""
+    past a lowered max; a receive of the promoted retries; a receive of an ordered subscription
+    (its keys' first messages handed out, the rest BLOCKED); a redrive."""
     configured(client, {"topic": "orders", "group": "capped", "max_ready_backlog": 100_000})
     client.create_topic("orders")
     for group in ("billing", "capped"):
         client.create_group(group)
         client.subscribe(group, "orders")
+    client.create_group("sequence")
+    client.subscribe("sequence", "orders", ordered=True)
     log.ensure_partition(client.conn, at(0), 3600)
     client.publish("orders", [Message({"n": i}, key=f"k{i % 50}") for i in range(3 * BATCH)], at=at(0))
     captured.install(monkeypatch)
@@ -90,6 +93,7 @@ def work(client, url: str, captured: Captured, monkeypatch) -> None:
     run_tier_window(tier="seconds", window_end=at(600), run_key="plans", url=url, config=client.config)
     client.create_group("billing", max_reconsume_times=None)
     client.receive("capped", "orders", BATCH, 30, at=at(600))
+    client.ack("sequence", client.receive("sequence", "orders", BATCH, 30, at=at(600)))
     redrive(RedriveRequest(group="billing", dry_run=False), run_key="plans", url=url, log=lambda *_: None)
     monkeypatch.undo()
 
