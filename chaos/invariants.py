@@ -43,8 +43,8 @@ COMMITTED_ACKED = (
 )
 RETAINED = "a message retention dropped had ended for every group (handed, or a dead letter)"
 ORDERED_HEADS = (
-    "an ordered subscription's key has one head (its unfinished message that is not BLOCKED) while it has"
-    " messages BLOCKED, the oldest of them unless redriven, and its rows carry their message's key"
+    "an ordered subscription's key has one head (its unfinished message that is not BLOCKED) while"
+    " it has messages BLOCKED, the oldest of them unless redriven, and its rows carry their message's key"
 )
 ORDERED = (
     "an ordered group was handed a message of a key only once every older message of the key had ended:"
@@ -129,9 +129,7 @@ CHECKS = {
               UNION ALL SELECT message_id, group_id, redrive_count FROM dlq_messages) x
         LEFT JOIN redrive_moves m ON m.message_id = x.message_id AND m.group_id = x.group_id
         GROUP BY x.message_id, x.group_id, x.redrive_count HAVING count(m.run_id) <> x.redrive_count""",
-    # the statements keep it (finish_ordered_heads, RECEIVE_ORDERED, the redrive) and
-    # deliveries_key_head refuses two heads: a key BLOCKED with no head is stuck for ever; a BLOCKED
-    # message older than its head (not one a redrive brought back behind it) was passed over
+    # a key BLOCKED with no head is stuck for ever; a BLOCKED one older than its head, passed over
     ORDERED_HEADS: """
         SELECT d.topic_id, d.group_id, d.key, 'BLOCKED with no head' FROM deliveries d
         WHERE d.state = 'BLOCKED' AND NOT EXISTS (
@@ -546,26 +544,22 @@ def retained(conn, calls: list[Call], states) -> list:
     return bad
 
 
-#: (message id, group name, key) of every keyed message of the log, for each ordered group of its
-#: topic; and (message id, group name) of the messages a redrive brought back to a group.
-_ORDERED_MESSAGES = """
-    SELECT m.id, g.name, m.key FROM messages m JOIN subscriptions s ON s.topic_id = m.topic_id AND s.ordered
+#: (message id, group name, key) of every keyed message for each ordered group of its topic; and
+#: (message id, group name) of the messages a redrive brought back to a group.
+_ORDERED_MESSAGES = """SELECT m.id, g.name, m.key FROM messages m
+    JOIN subscriptions s ON s.topic_id = m.topic_id AND s.ordered
     JOIN consumer_groups g ON g.id = s.group_id WHERE m.key IS NOT NULL"""
-_REDRIVEN = """
-    SELECT DISTINCT m.message_id, g.name FROM redrive_moves m JOIN consumer_groups g ON g.id = m.group_id"""
+_REDRIVEN = """SELECT DISTINCT m.message_id, g.name FROM redrive_moves m
+    JOIN consumer_groups g ON g.id = m.group_id"""
 
 
 def ordered(conn, calls: list[Call], states) -> list:
-    """For an ordered group, messages m1 < m2 of one key (ids grow in publish order): once a receive
-    handed m2, m1 had ended, so nothing shows m1 unfinished after it: no receive handing m1 began,
-    and no answer to m1 that applied to every receipt it named began, after that receive ended
-    (real time; a call that may have overlapped proves nothing). The answer covers an ack (m2
-    committed ahead of m1), a nack (m1 still in flight) and a later delivery of m1 (its retry was
-    passed over). A message a redrive brought back re-enters behind its key's current head: left
-    out as m1."""
+    """For an ordered group, messages m1 < m2 of one key (ids grow in publish order): after a receive
+    handing m2 ended, no receive handing m1 and no answer to m1 applied to all its receipts began
+    (real time: a call that may have overlapped proves nothing): neither an ack (m2 committed ahead),
+    a nack (m1 in flight) nor a later delivery of m1 (its retry passed over). A message a redrive
+    brought back re-enters behind its key's current head: left out as m1."""
     keys = {(m, g): k for m, g, k in conn.execute(_ORDERED_MESSAGES).fetchall()}
-    if not keys:
-        return []
     redriven = set(conn.execute(_REDRIVEN).fetchall())
     handed_end: dict[tuple, float] = {}  # (m, group) -> the earliest end of a receive handing it
     unfinished_at: dict[tuple, float] = {}  # (m, group) -> the latest start of a call showing it unfinished
@@ -573,25 +567,21 @@ def ordered(conn, calls: list[Call], states) -> list:
         if (m, g) in keys:
             handed_end[(m, g)] = min(call.ended, handed_end.get((m, g), call.ended))
             unfinished_at[(m, g)] = max(call.began, unfinished_at.get((m, g), call.began))
-    for call in events(calls, "answer"):
-        if call.answer["applied"] == len(call.asked["receipts"]):
-            for m, _ in call.asked["receipts"]:
-                key = (m, call.asked["group"])
-                if key in keys:
-                    unfinished_at[key] = max(call.began, unfinished_at.get(key, call.began))
+    applied_all = [c for c in events(calls, "answer") if c.answer["applied"] == len(c.asked["receipts"])]
+    for call, key in ((c, (m, c.asked["group"])) for c in applied_all for m, _ in c.asked["receipts"]):
+        if key in keys:
+            unfinished_at[key] = max(call.began, unfinished_at.get(key, call.began))
     by_key = defaultdict(list)
-    for (m, g), k in keys.items():
+    for (m, g), k in sorted(keys.items()):
         by_key[(g, k)].append(m)
-    bad = []
-    for (g, k), ids in by_key.items():
-        ids.sort()
-        for i, later in enumerate(ids):
-            if (later, g) not in handed_end:
-                continue
-            for older in ids[:i]:
-                if (older, g) not in redriven and unfinished_at.get((older, g), 0) > handed_end[(later, g)]:
-                    bad.append((g, k, older, later))
-    return bad
+    return [
+        (g, k, older, later)
+        for (g, k), ids in by_key.items()
+        for i, later in enumerate(ids)
+        if (later, g) in handed_end
+        for older in ids[:i]
+        if (older, g) not in redriven and unfinished_at.get((older, g), 0) > handed_end[(later, g)]
+    ]
 
 
 LEDGER_CHECKS = {

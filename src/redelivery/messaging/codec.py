@@ -344,3 +344,20 @@ def retry_properties(
         "RETRY_TOPIC": retry_topic,
         "RECONSUMETIMES": str(reconsume_times),
     }
+
+
+def received_properties(
+    properties: str, reconsume_times: int, origin_message_id: int, topic: str, retry_topic: str
+) -> dict:
+    """A leased row's properties (jsonb as text) with Pulsar's retry properties, REAL_TOPIC...
+    (TDMQ Pulsar, "Message retry and dead-letter mechanism")."""
+    loaded = json.loads(properties) if properties != "{}" else {}  # most messages carry none
+    if reconsume_times <= 0:
+        return loaded
+    return retry_properties(
+        loaded,
+        topic=topic,
+        origin_message_id=origin_message_id,
+        retry_topic=retry_topic,
+        reconsume_times=reconsume_times,
+    )

@@ -4,7 +4,6 @@ to a receipt: ``ack``, ``nack`` / ``reconsume_later``, ``reject``, ``settle``.""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -17,7 +16,7 @@ from redelivery.messaging.codec import (
     Receipt,
     ReceivedMessage,
     decode,
-    retry_properties,
+    received_properties,
 )
 from redelivery.messaging.context import Role
 from redelivery.messaging.receipts import (
@@ -32,6 +31,7 @@ from redelivery.messaging.receipts import (
     receipts_of,
     retry_mode,
 )
+from redelivery.rules.ordering import ordered_scan
 from redelivery.rules.policies import MAX_INT
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
@@ -51,35 +51,6 @@ RECEIVE_COLUMNS = (
     "reconsume_times", "delay_level", "invisible_until", "origin_message_id", "last_error",
     "redrive_count",
 )  # fmt: skip
-
-
-def _retry_properties(
-    properties: str, reconsume_times: int, origin_message_id: int, topic: str, retry_topic: str
-) -> dict:
-    """A leased row's properties (jsonb as text) with Pulsar's retry properties, REAL_TOPIC...
-    (TDMQ Pulsar, "Message retry and dead-letter mechanism")."""
-    loaded = json.loads(properties) if properties != "{}" else {}  # most messages carry none
-    if reconsume_times <= 0:
-        return loaded
-    return retry_properties(
-        loaded,
-        topic=topic,
-        origin_message_id=origin_message_id,
-        retry_topic=retry_topic,
-        reconsume_times=reconsume_times,
-    )
-
-
-#: How far past its offset an ordered subscription's receive looks for messages of free keys: the
-#: most SQS FIFO scans past blocked message groups (Amazon SQS Developer Guide, "FIFO queue
-#: message grouping": 20,000 messages).
-MAX_ORDERED_SCAN = 20_000
-
-
-def ordered_scan(max_messages: int) -> int:
-    """Messages an ordered receive of ``max_messages`` reads past the offset: four times the batch
-    (at least 100), so that a batch fills past keys blocked in it, at most ``MAX_ORDERED_SCAN``."""
-    return min(MAX_ORDERED_SCAN, max(100, 4 * max_messages))
 
 
 class Consumer(Role):
@@ -163,7 +134,7 @@ class Consumer(Role):
         for (message_id, key, body, content_type, properties, published_at, delivery_count,
              reconsume_times, _, _, origin_message_id, last_error, redrive_count) in rows:  # fmt: skip
             binary = content_type == BINARY
-            properties = _retry_properties(
+            properties = received_properties(
                 properties, reconsume_times, origin_message_id, topic, policy.retry_name
             )
             leased.append({
@@ -202,13 +173,10 @@ class Consumer(Role):
         reported the statement's transaction ended), so the delivery counts are persisted before a
         caller sees a message, and the subscription row is locked only while it runs, not while
         the rows travel and are decoded. Results in PostgreSQL's binary format: bodies arrive as
-        their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again.
-
-        An ordered subscription's receive is a transaction of two statements: its subscription row
-        locked (LOCK_ORDERED_SUBSCRIPTION), then RECEIVE_ORDERED, which then sees every delivery
-        row committed before; committed before the rows are returned. A receive that would give a
-        key a second head (a redrive of the key committed meanwhile: ``deliveries_key_head``
-        refuses it) changed nothing and runs again."""
+        their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again. An
+        ordered subscription's: its row locked, then RECEIVE_ORDERED (which so sees every delivery
+        row committed before), one transaction committed before the rows return; one that would
+        give a key a second head (``deliveries_key_head`` refuses it) changed nothing, runs again."""
         key = (params["topic_id"], params["group_id"])
 
         def lease() -> list[tuple]:
@@ -222,10 +190,8 @@ class Consumer(Role):
                 return cursor.execute(S.RECEIVE_ORDERED, params).fetchall()
 
         ordered = self.context.is_ordered(*key)
-        if ordered:
-            rows = db.retry_lock_conflicts(lease_ordered, conflicts=db.HEAD_CONFLICTS)
-        else:
-            rows = db.retry_lock_conflicts(lease)
+        conflicts = db.HEAD_CONFLICTS if ordered else db.LOCK_CONFLICTS
+        rows = db.retry_lock_conflicts(lease_ordered if ordered else lease, conflicts=conflicts)
         if not rows:  # the subscription may have been made again with the other ordering
             self.context.ordered.pop(key, None)
         return rows
@@ -244,7 +210,9 @@ class Consumer(Role):
                 error = f"body is not decodable as {content_type}: {type(exc).__name__}: {exc}"
                 bad.append((message_id, delivery_count, error[:1000]))
                 continue
-            properties = _retry_properties(properties, reconsume_times, origin_message_id, topic, retry_topic)
+            properties = received_properties(
+                properties, reconsume_times, origin_message_id, topic, retry_topic
+            )
             out.append(ReceivedMessage.of({
                 "message_id": message_id, "group": group, "topic": topic, "key": key, "body": value,
                 "content_type": content_type, "properties": properties, "published_at": published_at,

@@ -312,7 +312,9 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
         "reasons": ["REJECTED"],
         "error_contains": "schema",
     }
-    assert dlq_state(charted) == {"READY": 5, "INFLIGHT": 7, "WAITING_RETRY": 10, "COMMITTED": 3, "DLQ": 10}
+    assert dlq_state(charted) == {
+        "READY": 5, "INFLIGHT": 7, "WAITING_RETRY": 10, "COMMITTED": 3, "DLQ": 10, "BLOCKED": 0,
+    }  # fmt: skip
     audit = charted.conn.execute(
         "SELECT run_key, triggered_by, dry_run, status, matched, moved FROM redrive_runs"
     ).fetchall()
