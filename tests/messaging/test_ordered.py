@@ -176,7 +176,9 @@ def test_a_blocked_key_never_starves_the_others(ordered):
 def test_ordering_is_for_life_and_a_refused_subscribe_changes_nothing(ordered):
     before = snapshot(ordered.conn)
     with pytest.raises(ValueError, match="ordered .* already"):
-        ordered.subscribe("billing", "orders")
+        ordered.subscribe("billing", "orders", ordered=False)
+    with pytest.raises(ValueError, match="ordered .* already"):
+        ordered.subscribe("billing", "orders", ordered=True, on_exhausted="halt")
     with pytest.raises(ValueError, match="unordered already"):
         ordered.subscribe("audit", "orders", ordered=True)
     with pytest.raises(ValueError, match="ordered subscription only"):
@@ -185,6 +187,9 @@ def test_ordering_is_for_life_and_a_refused_subscribe_changes_nothing(ordered):
         ordered.subscribe("billing", "orders", ordered=True, on_exhausted="stop")
     assert snapshot(ordered.conn) == before
     ordered.subscribe("billing", "orders", ordered=True)  # the same ordering: idempotent
+    ordered.subscribe("billing", "orders")  # not said: the subscription keeps its own
+    ordered.subscribe("audit", "orders")
+    assert snapshot(ordered.conn) == before
 
 
 def test_one_head_per_key_is_the_databases_rule(ordered):

@@ -96,8 +96,8 @@ class Administration(Role):
         (ordered only): ``"continue"``, a dead-lettered message releases its key, as SQS FIFO and
         RocketMQ orderly do; ``"halt"``, its key stays held until its dead letter is redriven, when
         it is READY again and goes first. Both are the subscription's for life; ``None`` takes what
-        the config's policy for (topic, group) says (``ordered``, ``on_exhausted``; by default
-        unordered, and continue).
+        the config's policy for (topic, group) says for a new subscription (``ordered``,
+        ``on_exhausted``; by default unordered, and continue), and keeps an existing one's.
 
         Raises ``UnknownGroupError`` / ``UnknownTopicError``, ``ValueError`` (another ``start`` or
         ``on_exhausted``, ``on_exhausted`` without ``ordered``, or a subscription that exists with
@@ -105,6 +105,7 @@ class Administration(Role):
         name (by its policy) cannot name a table."""
         if start not in ("latest", "earliest"):
             raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
+        asked = (ordered, on_exhausted)
         if ordered is not None and not isinstance(ordered, bool):
             raise ValueError(f"ordered must be true or false, got {ordered!r}")
         if on_exhausted is not None and on_exhausted not in ON_EXHAUSTED:
@@ -141,7 +142,7 @@ class Administration(Role):
             self.conn.execute(S.SUBSCRIBE, subscription)
             existing = tuple(self.conn.execute(S.SUBSCRIPTION_ORDERING, subscription).fetchone())
         self.context.forget_topic(topic_id)
-        if existing != (ordered, on_exhausted):
+        if any(want is not None and want != have for want, have in zip(asked, existing, strict=True)):
             have = _ordering_text(*existing)
             raise ValueError(
                 f"group {group!r} is subscribed to topic {topic!r} {have} already; a subscription keeps "

@@ -77,8 +77,8 @@ class ClientContext:
 
     def is_ordered(self, topic_id: int, group_id: int) -> bool:
         """Whether subscription (topic, group) is ordered (False for none: the receive then finds
-        nothing), cached; ``forget_ordering`` drops it (an empty receive, in case the subscription
-        was made again with the other ordering)."""
+        nothing), cached (an empty receive drops it, in case the subscription was made again with
+        the other ordering)."""
         key = (topic_id, group_id)
         if key not in self.ordered:
             row = self.conn.execute(S.SUBSCRIPTION_ORDERING, {"topic_id": topic_id, "group_id": group_id})

@@ -107,8 +107,8 @@ DLQ_COUNT_FROM_TOPIC = _named("DLQ_COUNT_FROM_TOPIC", f"""
     SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER} AND q.topic_id = %(dest)s::int""")
 #: One batch of a redrive, in one transaction: up to ``batch_size`` selected dead letters (in the id
 #: range [low, high) when given; never one this run moved already) leave their DLQ table. To their
-#: own topic: each becomes a READY delivery row again (of an ordered subscription: BLOCKED behind
-#: its key's current head, when its key has one) (the delivery count and history kept: the
+#: own topic: each becomes a READY delivery row again, or, of an ordered subscription, BLOCKED behind
+#: its key's current head when its key has one (the delivery count and history kept: the
 #: count never decreases, old receipts stay stale; ``reset`` restores the retry budget, reconsume
 #: times 0; the redrive count goes up), and a message retention dropped from the log goes back into
 #: it from the dead letter's copy, with its id and publish time (its partition made before:
@@ -207,13 +207,13 @@ DEAD_LETTER_LOG_GAPS = _named("DEAD_LETTER_LOG_GAPS", f"""
       SELECT 1 FROM log_partitions l
       WHERE coalesce(l.starts_at, '-infinity') <= q.published_at AND l.ends_at > q.published_at)
     ORDER BY 1""")
-#: A redrive batch holds the topics it revives dead letters of FOR KEY SHARE (``topic_ids``, in
-#: id order): no topic is deleted under it.
 #: A redrive batch of a group locks its ordered subscriptions' rows first (in topic order), as their
 #: receives do (LOCK_ORDERED_SUBSCRIPTION): the batch's statement then sees every delivery row they
 #: committed.
 LOCK_ORDERED_SUBSCRIPTIONS = _named("LOCK_ORDERED_SUBSCRIPTIONS", """
     SELECT 1 FROM subscriptions WHERE group_id = %(group_id)s AND ordered ORDER BY topic_id FOR UPDATE""")
+#: A redrive batch holds the topics it revives dead letters of FOR KEY SHARE (``topic_ids``, in
+#: id order): no topic is deleted under it.
 LOCK_TOPICS_SHARED = _named("LOCK_TOPICS_SHARED", """
     SELECT id FROM topics WHERE id = ANY(%(topic_ids)s::int[]) ORDER BY id FOR KEY SHARE""")
 #: Close a redrive run: ``status`` and, when given, ``matched``, ``held_by_backlog_cap`` and ``sample``.
