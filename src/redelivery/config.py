@@ -29,15 +29,25 @@ from redelivery.rules.levels import ROCKETMQ_RETRY_LEVELS, LevelTable, parse_dur
 from redelivery.rules.policies import EffectivePolicy, PolicyConfig, resolve
 from redelivery.settings import get_settings
 
+#: A tier's DAG run spans one hour of windows by default (``TierConfig.run_span``).
+DEFAULT_RUN_SPAN_SECONDS = 3600
+#: The longest span a DAG run may cover: one day.
+MAX_RUN_SPAN_SECONDS = 86400
+
 
 class TierConfig(BaseModel):
-    """One tier: ``name`` (DAG id suffix), the delay ``levels`` it promotes, its ``window``."""
+    """One tier: ``name`` (DAG id suffix), the delay ``levels`` it promotes, its ``window`` (what is
+    due by a window's end is promoted at that end), and ``run_span``: how much time one scheduled
+    DAG run of the tier covers, applying its windows in turn (the design card's "batched as
+    windows"). ``run_span`` is a whole multiple of ``window``, at most a day; unset: 1 h (or the
+    window, when longer); equal to ``window``: one DAG run per window."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[a-z0-9_]{1,40}$")
     levels: list[int] = Field(min_length=1)
     window: str
+    run_span: str | None = None
 
     @field_validator("window")
     @classmethod
@@ -45,9 +55,33 @@ class TierConfig(BaseModel):
         parse_duration(value)
         return value
 
+    @model_validator(mode="after")
+    def _span_holds_whole_windows(self) -> TierConfig:
+        if self.run_span is not None:
+            span = parse_duration(self.run_span, MAX_RUN_SPAN_SECONDS)
+            if span % self.window_seconds:
+                raise ValueError(
+                    f"tier {self.name!r}: run_span {self.run_span!r} is not a whole number of its "
+                    f"{self.window!r} windows"
+                )
+        return self
+
     @property
     def window_seconds(self) -> int:
         return parse_duration(self.window)
+
+    @property
+    def run_span_seconds(self) -> int:
+        """The span of a scheduled DAG run in seconds: ``run_span``, else the smallest multiple of
+        the window of at least an hour."""
+        if self.run_span is not None:
+            return parse_duration(self.run_span, MAX_RUN_SPAN_SECONDS)
+        return -(-DEFAULT_RUN_SPAN_SECONDS // self.window_seconds) * self.window_seconds
+
+    @property
+    def windows_per_run(self) -> int:
+        """How many windows a scheduled DAG run applies (1: a DAG run per window)."""
+        return self.run_span_seconds // self.window_seconds
 
 
 class ProducerConfig(BaseModel):
@@ -84,7 +118,12 @@ class RetentionConfig(BaseModel):
     publishes once within this time), tier run records, redrive runs with their per-message audit,
     rows staged by publishes that never finished, and settle markers (``settle_parts``: each part
     a Spark settle answered, so that a task Spark runs again within this time changes nothing
-    twice; a repeat after it only meets stale receipts, counted as such)."""
+    twice; a repeat after it only meets stale receipts, counted as such).
+
+    ``airflow_runs``: what the system's own DAGs (the tiers' and ``redelivery_maintenance``) leave
+    in Airflow: their finished DAG runs older than this, with the task instances, XComs and task
+    logs of those runs, are deleted by ``redelivery_maintenance`` through Airflow's REST API (never
+    another DAG's; ``redelivery.airflow.retention``); ``None`` keeps them."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -96,10 +135,11 @@ class RetentionConfig(BaseModel):
     redrive_runs: str = "90d"
     publish_staging: str = "1d"
     settle_markers: str = "7d"
+    airflow_runs: str | None = "7d"
 
     @field_validator(
         "messages", "dead_letters", "publish_batches", "tier_runs", "redrive_runs", "publish_staging",
-        "settle_markers",
+        "settle_markers", "airflow_runs",
     )  # fmt: skip
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
@@ -119,7 +159,7 @@ class RetentionConfig(BaseModel):
         return value
 
     def seconds(self, name: str) -> int | None:
-        """The setting ``name`` in seconds (None: ``dead_letters`` kept)."""
+        """The setting ``name`` in seconds (None: kept, for ``dead_letters`` and ``airflow_runs``)."""
         value = getattr(self, name)
         return None if value is None else parse_duration(value, MAX_RETENTION_SECONDS)
 

@@ -33,15 +33,38 @@ def test_dags_import_without_errors(dagbag):
     ],
 )
 def test_tier_dag_settings(dagbag, dag_id, window):
-    from airflow.sdk import DeltaDataIntervalTimetable
+    """Issue 38: a DAG run an hour (24 a day per tier, not one per window) whose task applies the
+    hour's windows of ``window`` seconds, and is stopped 10 minutes after its span at the latest."""
+    from airflow.sdk import DeltaTriggerTimetable
 
     dag = dagbag.get_dag(dag_id)
-    assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
-    assert dag.timetable.delta == timedelta(seconds=window)  # real [start, end) windows
+    assert isinstance(dag.timetable, DeltaTriggerTimetable)
+    assert dag.timetable.delta == timedelta(hours=1) and dag.timetable.interval == timedelta()
     assert dag.catchup is False and dag.max_active_runs == 1
-    assert {"redelivery", "tier"} <= set(dag.tags) and dag.doc_md
+    assert (
+        {"redelivery", "tier"} <= set(dag.tags)
+        and dag.doc_md
+        and "60 windows of 1m" in dagbag.get_dag("redelivery_tier_minutes").doc_md
+    )
     assert set(dag.params.keys()) == {"window_end", "levels", "dry_run"}
-    assert [t.task_id for t in dag.tasks] == ["apply_window"]
+    [task] = dag.tasks
+    assert task.task_id == "apply_window" and task.outlets == []
+    assert task.execution_timeout == timedelta(minutes=70)
+
+
+def test_a_tier_of_one_window_per_run_keeps_a_dag_run_per_window():
+    """``run_span`` equal to ``window``: the design before issue 38, a DAG run per window whose
+    data interval is the window."""
+    from airflow.sdk import DeltaDataIntervalTimetable
+
+    from redelivery.airflow.dags.tiers import tier_dag
+    from redelivery.config import RedeliveryConfig, TierConfig, default_tiers
+
+    one = TierConfig(name="seconds", levels=[1, 2], window="10s", run_span="10s")
+    config = RedeliveryConfig(tiers=[one, *default_tiers()[1:]])
+    dag = tier_dag(one, config)
+    assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
+    assert dag.timetable.delta == timedelta(seconds=10) and dag.tasks[0].execution_timeout is None
 
 
 @pytest.fixture()

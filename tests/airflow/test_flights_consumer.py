@@ -1,5 +1,5 @@
-"""Assets and the event-driven consumer: the asset of a subscription, the events a tier run emits
-for its promotions, the HTTP delivery against the demo's real receiver, and the flights consumer
+"""Assets and the event-driven consumer: the asset of a subscription (its events come from the
+watcher, never from a tier run), the HTTP delivery against the demo's real receiver, and the flights consumer
 DAG started by its asset watcher under a real Airflow (scheduler, triggerer, LocalExecutor)."""
 
 from __future__ import annotations
@@ -91,29 +91,17 @@ def asset_events_of(run) -> list[tuple[str, dict]]:
     return sorted((uri, extra) for uri, extra in rows)
 
 
-def test_a_tier_run_emits_an_event_per_subscription_with_promotions(client, topic_group, dagbag):
-    client.create_topic("payments")
-    client.subscribe("billing", "payments")
-    client.create_group("audit")
-    client.subscribe("audit", "orders")
+def test_a_tier_run_emits_no_asset_event(client, topic_group, dagbag):
+    """Issue 37.5: the watcher announces promotions; a tier run's own event started a second
+    consumer run for the same messages (and, for an asset no DAG uses, Airflow's warning)."""
     client.publish("orders", [{"n": i} for i in range(3)], at=at(0))
-    client.publish("payments", [{"n": i} for i in range(2)], at=at(0))
-    for topic, n in (("orders", 3), ("payments", 2)):
-        client.nack("billing", client.receive("billing", topic, n, 30, at=at(0)), error="x", at=at(0))
-    # audit's copies stay READY: not promoted, no event for (orders, audit)
-
+    client.nack("billing", client.receive("billing", "orders", 3, 30, at=at(0)), error="x", at=at(0))
     dag = dagbag.get_dag("redelivery_tier_seconds")
-    dry = dag.test(logical_date=at(60), run_conf={"window_end": at(20).isoformat(), "dry_run": True})
-    assert str(dry.state).endswith("success") and asset_events_of(dry) == []  # a dry run emits nothing
+    assert dag.get_task("apply_window").outlets == []
     run = dag.test(logical_date=at(70), run_conf={"window_end": at(20).isoformat(), "dry_run": False})
     assert str(run.state).endswith("success")
-    summary = return_value(run, "apply_window")
-    assert summary["by_group"]["billing"]["promoted_by_topic"] == {"orders": 3, "payments": 2}
-    window_end = at(20).isoformat()
-    assert asset_events_of(run) == [
-        ("redelivery://orders/billing", {"promoted": 3, "tier": "seconds", "window_end": window_end}),
-        ("redelivery://payments/billing", {"promoted": 2, "tier": "seconds", "window_end": window_end}),
-    ]
+    assert return_value(run, "apply_window")["by_group"]["billing"]["promoted_by_topic"] == {"orders": 3}
+    assert asset_events_of(run) == []
 
 
 # ---- the HTTP delivery -----------------------------------------------------------------------------
@@ -318,29 +306,27 @@ def test_new_messages_start_the_consumer_dag_once_each(scheduled, flights_group)
     assert len(asset_events(base, known_events)) == 2
 
 
-def test_a_tier_runs_promotions_start_the_consumer_through_the_alias(scheduled, flights_group):
-    """The tier DAG's event (alias ``redelivery_promotions``) reaches the DAG scheduled on the asset."""
+def test_a_tier_runs_promotion_starts_the_consumer_once(scheduled, flights_group):
+    """Issue 37.5: messages a (batched) tier run promotes start one consumer run, through the
+    watcher; the tier DAG emits no event of its own."""
     from datetime import UTC, timedelta
 
     client, base, airflow = flights_group, scheduled.url, scheduled
     known = frozenset(r["dag_run_id"] for r in consumer_runs(base))  # another test's runs
-    airflow.unpause(DAG_ID)  # the consumer DAG (and its watcher) runs whatever ran before
+    known_events = frozenset(e["id"] for e in asset_events(base))
+    paused = requests.patch(f"{base}/api/v2/dags/{DAG_ID}", json={"is_paused": True}, timeout=30)
+    paused.raise_for_status()  # no watcher while the messages are published and failed
     client.publish("flights", real_flights(departed=2, cancelled=0))
     received = client.receive("flights-http", "flights", 2, 60)
     client.nack("flights-http", received, error="x", at=datetime.now(UTC) - timedelta(seconds=60))  # due
-    airflow.unpause("redelivery_tier_seconds")
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            runs = consumer_runs(base, known)
-            done = [r for r in runs if r["state"] in ("success", "failed")]
-            sources = {e["source_dag_id"] for r in done for e in upstream_events(base, r["dag_run_id"])}
-            if "redelivery_tier_seconds" in sources:
-                break
-            time.sleep(1)
-        else:
-            raise AssertionError(f"no consumer run started by the tier DAG's event: {consumer_runs(base)}")
-    finally:
-        requests.patch(f"{base}/api/v2/dags/redelivery_tier_seconds", json={"is_paused": True}, timeout=30)
+    airflow.unpause(DAG_ID)
+    airflow.unpause("redelivery_tier_seconds")  # unpaused at creation already: its batch is running
+    [run] = wait_for_runs(base, 1, client, known)
+    assert run["state"] == "success"
+    [event] = upstream_events(base, run["dag_run_id"])
+    assert event["source_dag_id"] is None and event["extra"]["payload"]["ready"] == 2  # the watcher's
+    wait_for_polls(client, 2)  # two more polls with nothing new: no second run for the promotion
+    assert len(consumer_runs(base, known)) == 1
+    assert [e for e in asset_events(base, known_events) if e["source_dag_id"]] == []
     state = client.stats()["flights"]["flights-http"]
-    assert (state["COMMITTED"], state["WAITING_RETRY"], state["READY"]) == (2, 0, 0)  # the receiver took them
+    assert (state["COMMITTED"], state["WAITING_RETRY"], state["READY"]) == (2, 0, 0)

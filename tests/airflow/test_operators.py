@@ -27,14 +27,17 @@ def test_a_tier_run_is_its_data_interval_or_its_params():
         "data_interval_end": T0,
         "ti": TaskInstance(),
     }
-    assert tier_request("seconds", context) == TierRunRequest(
+    assert tier_request("seconds", context, 10) == TierRunRequest(
         tier="seconds",
         window_start=T0 - timedelta(seconds=10),
         window_end=T0,
         run_key="redelivery_tier_seconds/scheduled__2026-03-01/2",
     )
+    # a manual run of a batched tier: its trigger timetable's data interval is empty
+    empty = {**context, "data_interval_start": T0, "data_interval_end": T0}
+    assert tier_request("seconds", empty, 10).window_start == T0 - timedelta(seconds=10)
     context["params"] = {"window_end": "2026-03-01T11:00:00+00:00", "levels": [2], "dry_run": True}
-    request = tier_request("seconds", context)
+    request = tier_request("seconds", context, 10)
     assert (request.window_start, request.window_end) == (None, T0 - timedelta(hours=1))
     assert (request.levels, request.dry_run) == ([2], True)
     # what the spark-submit entry point reads back is the same request

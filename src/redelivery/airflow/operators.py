@@ -1,33 +1,42 @@
 """The two operators of the system DAGs. Each stores its arguments, checks its run's conf, builds
 its request from the run, hands it to ``EngineHook`` (which chooses once where it runs: in the
 task, on Spark Connect or by spark-submit, ``airflow.engine``) and returns the hook's result (XCom).
+A scheduled tier run that spans several windows (``TierConfig.run_span``) applies them in turn
+(``redelivery.tiers.batch``) and returns nothing: its windows are in ``tier_runs`` and its log.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
-from redelivery.airflow.assets import emit_promotions, promotions_alias
 from redelivery.airflow.engine import EngineHook
 from redelivery.airflow.env import SPARK_CONN_ID
 from redelivery.airflow.params import check_run_conf
+from redelivery.config import TierConfig
 from redelivery.redrive import RedriveRequest
+from redelivery.tiers.batch import BatchReport, apply_windows, window_ends
 from redelivery.tiers.run import TierRunRequest
 
 
-def tier_request(tier: str, context) -> TierRunRequest:
+def tier_request(tier: str, context, window_seconds: int) -> TierRunRequest:
     """The window a tier DAG run applies: ``params.window_end`` if given (then no window start),
-    else the run's data interval; ``params.levels`` (empty: all the tier's); ``params.dry_run``;
-    run key ``<dag id>/<run id>/<try number>`` (a retried task records a run of its own)."""
+    else the run's data interval (an empty one, a trigger timetable's, ends a window of
+    ``window_seconds``); ``params.levels`` (empty: all the tier's); ``params.dry_run``; run key
+    ``<dag id>/<run id>/<try number>`` (a retried task records a run of its own)."""
     params = context["params"]
     ti = context["ti"]
+    start, end = context["data_interval_start"], context["data_interval_end"]
+    if start == end:
+        start = end - timedelta(seconds=window_seconds)
     return TierRunRequest(
         tier=tier,
-        window_end=params.get("window_end") or context["data_interval_end"],
-        window_start=None if params.get("window_end") else context["data_interval_start"],
+        window_end=params.get("window_end") or end,
+        window_start=None if params.get("window_end") else start,
         levels=params.get("levels") or [],
         dry_run=bool(params.get("dry_run")),
         run_key=f"{ti.dag_id}/{ti.run_id}/{ti.try_number}",
@@ -43,40 +52,101 @@ def redrive_request(params: dict) -> RedriveRequest:
     return RedriveRequest(**{**values, **lists})
 
 
-class TierWindowOperator(BaseOperator):
-    """Apply one tier window (``tier_request``: the run's data interval, or its Params) and return
-    the summary (``redelivery.tiers.run.run_tier``) with ``engine`` saying where it ran.
-    ``conn_id``: the Spark connection for large windows.
+def batched(tier: TierConfig, context) -> bool:
+    """Whether this run applies a batch of windows: a scheduled run of a tier whose ``run_span``
+    holds more than one window. A manual run (and ``dag.test``) applies one window."""
+    return tier.windows_per_run > 1 and str(context["dag_run"].run_type).endswith("scheduled")
 
-    Its outlet is the alias ``redelivery_promotions``: a run that promoted messages emits one
-    asset event per subscription, on ``redelivery://<topic>/<group>`` (``airflow.assets``), extra
-    ``{"promoted": n, "tier", "window_end"}``; a dry run emits nothing. A subscription whose policy
-    cannot be resolved fails the task (after every other one moved)."""
+
+def batch_windows(tier: TierConfig, context) -> list:
+    """The ends of the windows a batched run applies: those of ``(run_after, run_after +
+    run_span]`` (``tiers.batch.window_ends``), the next run's starting where this one's end."""
+    run_after = context["dag_run"].run_after
+    return window_ends(tier.window_seconds, run_after, run_after + timedelta(seconds=tier.run_span_seconds))
+
+
+class TierWindowOperator(BaseOperator):
+    """Apply tier ``tier``'s windows; ``conn_id``: the Spark connection for large windows.
+
+    A scheduled run of a tier whose ``run_span`` holds several windows applies each window at its
+    end, in turn, for the run's span (``batch_windows``; ``redelivery.tiers.batch``), records each
+    in ``tier_runs`` under ``<dag id>/<run id>/<try>/<window end>``, logs the windows that moved
+    something (the quiet ones a line per 10 minutes), and returns nothing (no XCom). A window that
+    fails is logged and covered by the next; the task fails at the end of its span, without a
+    retry, when a window failed or a subscription's policy could not be resolved (every other one
+    moved). A retried try applies what is left of the span, the windows it missed at once.
+
+    Any other run (manual, or a tier of one window per run) applies one window (``tier_request``:
+    the run's data interval, or its Params) and returns its summary (``run_tier``) with ``engine``
+    saying where it ran. A subscription whose policy cannot be resolved fails the task (after every
+    other one moved).
+
+    :param tier: a tier of the config file.
+    :param conn_id: the Spark connection a window of at least ``spark_threshold`` messages runs on.
+    """
 
     def __init__(self, *, tier: str, conn_id: str = SPARK_CONN_ID, **kwargs):
-        kwargs.setdefault("outlets", [promotions_alias()])
         super().__init__(**kwargs)
         self.tier, self.conn_id = tier, conn_id
         self._engine: EngineHook | None = None
+        self._stop = threading.Event()
 
-    def execute(self, context) -> dict:
+    def execute(self, context) -> dict | None:
         check_run_conf(context)  # a conf key no Param declares: fail before the first move
-        request = tier_request(self.tier, context)
         self._engine = EngineHook(self.conn_id)
-        summary = self._engine.run_tier(request)
+        tier = self._engine.config.tier(self.tier)
+        if batched(tier, context):
+            return self._apply_batch(tier, context)
+        summary = self._engine.run_tier(tier_request(self.tier, context, tier.window_seconds))
         self.log.info("tier %s window ending %s: %s", self.tier, summary["window_end"], json.dumps(summary))
-        for topic, group, n in emit_promotions(context, summary):
-            self.log.info("asset event for %s/%s: %s promoted", topic, group, n)
         if summary.get("unresolved_subscriptions"):  # every other subscription moved; this one needs a fix
             problems = "; ".join(
                 f"{p['topic']}/{p['group']}: {p['error']}" for p in summary["unresolved_subscriptions"]
             )
-            raise RuntimeError(f"subscriptions left alone, their policy cannot be resolved: {problems}")
+            # a configuration to fix: a retry would fail the same way
+            raise AirflowFailException(
+                f"subscriptions left alone, their policy cannot be resolved: {problems}"
+            )
         return summary
 
+    def _apply_batch(self, tier: TierConfig, context) -> None:
+        ends, ti = batch_windows(tier, context), context["ti"]
+        key = f"{ti.dag_id}/{ti.run_id}/{ti.try_number}"
+
+        def apply(start, end) -> dict:
+            request = TierRunRequest(
+                tier=self.tier, window_start=start, window_end=end, run_key=f"{key}/{end.isoformat()}"
+            )
+            return self._engine.run_tier(request)
+
+        self.log.info(
+            "tier %s: %d windows of %s s ending %s to %s",
+            self.tier, len(ends), tier.window_seconds, ends[0].isoformat(), ends[-1].isoformat(),
+        )  # fmt: skip
+        report = apply_windows(ends, tier.window_seconds, apply, wait=self._stop.wait, log=self.log.info)
+        self.log.info("tier %s batch: %s", self.tier, json.dumps(report.as_dict()))
+        if self._stop.is_set():
+            raise RuntimeError(f"stopped by Airflow after {report.windows} of {len(ends)} windows")
+        if report.failed or report.unresolved:
+            raise AirflowFailException(batch_failure(report, len(ends)))
+
     def on_kill(self) -> None:
+        self._stop.set()
         if self._engine is not None:
             self._engine.on_kill()
+
+
+def batch_failure(report: BatchReport, windows: int) -> str:
+    """The one line a batched run fails with: its failed windows (the first three) and the
+    subscriptions whose policy could not be resolved."""
+    parts = []
+    if report.failed:
+        named = "; ".join(f"{end.isoformat()}: {error}" for end, error in report.failed[:3])
+        parts.append(f"{len(report.failed)} of {windows} windows failed, each covered by the next ({named})")
+    if report.unresolved:
+        named = "; ".join(f"{sub}: {error}" for sub, error in sorted(report.unresolved.items()))
+        parts.append(f"subscriptions left alone, their policy cannot be resolved: {named}")
+    return "; ".join(parts)
 
 
 class RedriveOperator(BaseOperator):

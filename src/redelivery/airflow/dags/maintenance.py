@@ -1,17 +1,22 @@
 """The ``redelivery_maintenance`` DAG: every hour, keep the log's partitions made ahead, drop those
 past their retention that no group needs, and delete records older than their retention
-(``redelivery.store.maintenance``)."""
+(``redelivery.store.maintenance``); and delete what redelivery's own DAGs left in Airflow past
+``retention.airflow_runs`` (``redelivery.airflow.retention``)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
-from airflow.sdk import DAG, get_current_context, task
+from airflow.sdk import DAG, conf, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from redelivery.airflow.dags.tiers import system_dag
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.airflow.params import check_run_conf
+from redelivery.airflow.retention import api_access, apply_airflow_retention
 from redelivery.config import cached_config
+from redelivery.errors import ConfigError
 from redelivery.store.maintenance import cleanup
 
 DOC = """
@@ -25,6 +30,15 @@ forever, each kind older than its `retention` setting in the config file: dead l
 retention), rows staged by publishes that never finished, tier run records, settle markers
 (`settle_markers`: the parts a Spark settle answered), and redrive runs with their per-message
 audit.
+
+### Airflow retention
+
+Deletes the finished runs of the tier DAGs and of this DAG that ended more than
+`retention.airflow_runs` ago (7 days by default; `null` keeps them) through Airflow's REST API, with
+their task instances and XComs, and their task-log folders on this worker's disk. Never another
+DAG's. The API is reached with the connection `redelivery_airflow_api` (a user allowed to delete
+those runs), or the worker's own API server without credentials. A refusal fails this task alone,
+without a retry, naming the connection.
 """
 
 
@@ -39,13 +53,30 @@ def maintenance_dag() -> DAG:
     ) as dag:
 
         @task(task_id="cleanup")
-        def run_cleanup() -> dict:
+        def run_cleanup() -> None:
             check_run_conf(get_current_context())
             with RedeliveryHook().get_conn() as conn:
                 conn.autocommit = True
                 deleted = cleanup(conn, cached_config())
             print(f"retention: {deleted}")
-            return deleted
+
+        @task(task_id="airflow_retention")
+        def run_airflow_retention() -> None:
+            check_run_conf(get_current_context())
+            config = cached_config()
+            if config.retention.airflow_runs is None:
+                print("retention.airflow_runs is null: Airflow runs are kept")
+                return
+            try:
+                apply_airflow_retention(
+                    config,
+                    api_access(),
+                    Path(conf.get("logging", "base_log_folder")),
+                    conf.get("logging", "log_filename_template"),
+                )
+            except ConfigError as exc:  # access to give, not a moment to wait out: no retry
+                raise AirflowFailException(str(exc)) from None
 
         run_cleanup()
+        run_airflow_retention()
     return dag

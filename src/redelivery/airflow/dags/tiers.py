@@ -1,17 +1,20 @@
 """DAG factory: one DAG per tier of the config file, ``redelivery_tier_<name>``.
 
-Each DAG runs every tier window (``DeltaDataIntervalTimetable``: the run's data interval is the
-window [start, end), Airflow 3 would otherwise give a zero-length interval), one active run at a
-time, no catch-up (a late window's run promotes everything due by its end, so skipped windows lose
-nothing). Manual runs take Params: window end (default: the run's data interval end, i.e. now),
-a subset of the tier's levels, dry run.
+A tier whose ``run_span`` holds several windows (the default: an hour of them) runs once per span
+(``DeltaTriggerTimetable``: the run starts at the beginning of its span) and its task applies each
+window at its end (``TierWindowOperator``, ``redelivery.tiers.batch``): 24 DAG runs a day per tier
+instead of one per window. A tier of one window per run (``run_span`` equal to ``window``) runs
+every window (``DeltaDataIntervalTimetable``: the run's data interval is the window [start, end)).
+Either way one active run at a time and no catch-up (a late window promotes everything due by its
+end, so skipped windows lose nothing). Manual runs apply one window and take Params: window end
+(default: the run's data interval end, i.e. now), a subset of the tier's levels, dry run.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, DeltaDataIntervalTimetable
+from airflow.sdk import DAG, DeltaDataIntervalTimetable, DeltaTriggerTimetable
 
 from redelivery.airflow.operators import TierWindowOperator
 from redelivery.airflow.params import params_of
@@ -43,6 +46,19 @@ def dag_id(tier: TierConfig) -> str:
     return f"redelivery_tier_{tier.name}"
 
 
+#: How long a batched tier run may outlive its span (a hung statement, a slow Spark window) before
+#: Airflow stops it and its retry applies the windows left.
+BATCH_OVERRUN = timedelta(minutes=10)
+
+
+def tier_schedule(tier: TierConfig):
+    """A DAG run per ``run_span`` starting at its beginning, or, for a tier of one window per run,
+    a DAG run per window whose data interval is the window."""
+    if tier.windows_per_run == 1:
+        return DeltaDataIntervalTimetable(timedelta(seconds=tier.window_seconds))
+    return DeltaTriggerTimetable(timedelta(seconds=tier.run_span_seconds))
+
+
 def tier_params(tier: TierConfig) -> dict:
     """A tier DAG's Params: ``TierRunRequest``'s fields a person sets (its one declaration); the
     window end empty for the run's data interval end, the levels narrowed to the tier's own."""
@@ -62,28 +78,39 @@ def tier_params(tier: TierConfig) -> dict:
 def tier_dag(tier: TierConfig, config: RedeliveryConfig) -> DAG:
     table = config.level_table
     levels_text = ", ".join(f"{lvl} ({format_duration(table.delay(lvl))})" for lvl in tier.levels)
+    every = format_duration(tier.run_span_seconds)
+    when = (
+        f"Every {tier.window} this DAG applies the window ending at the run's `data_interval_end`."
+        if tier.windows_per_run == 1
+        else f"A run starts every {every} and its task applies its {tier.windows_per_run} windows of "
+        f"{tier.window}, each at its end (it holds a worker slot for the {every}). Its log has a line "
+        "per window that moved something (quiet ones a line per 10 minutes); a failed window is "
+        "covered by the next, and the run fails at its end, naming it."
+    )
     doc = f"""
 ### Tier `{tier.name}`: delay levels {levels_text}
 
-Every {tier.window} this DAG applies the window ending at the run's
-`data_interval_end`. It promotes every WAITING_RETRY message of these levels due by then to READY,
+{when} A window promotes every WAITING_RETRY message of these levels due by its end to READY,
 turns INFLIGHT messages whose lease (invisible duration) ended into retries or dead letters, and
 dead-letters messages whose reconsume times are used up. Re-running a window moves nothing twice.
-The task's return value (XCom) and the `tier_runs` table hold the summary: counts per group and
+The `tier_runs` table (the Dead letters page) holds each window's summary: counts per group and
 level, and lateness from due time to window end (p50, p99, max). A window of fewer than
 `spark_threshold` messages moves in the task; a larger one runs on Spark (`redelivery_spark`).
+A manual run applies one window and returns its summary (XCom).
 """
     with system_dag(
         dag_id(tier),
         tag="tier",
         retry_delay=timedelta(seconds=5),
-        schedule=DeltaDataIntervalTimetable(timedelta(seconds=tier.window_seconds)),
+        schedule=tier_schedule(tier),
         # the system's heartbeat: paused, no retry ever comes back and no lease expiry is handled
         is_paused_upon_creation=False,
         doc_md=doc,
         params=tier_params(tier),
     ) as dag:
-        TierWindowOperator(task_id="apply_window", tier=tier.name)
+        span = timedelta(seconds=tier.run_span_seconds)
+        timeout = None if tier.windows_per_run == 1 else span + BATCH_OVERRUN
+        TierWindowOperator(task_id="apply_window", tier=tier.name, execution_timeout=timeout)
     return dag
 
 
