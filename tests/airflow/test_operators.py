@@ -155,6 +155,8 @@ def test_airflow_env_sizes_the_executor_for_the_machine(monkeypatch):
     assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "8"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "64"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # the tiers' four slots and four more
+    assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "8"
     monkeypatch.setenv("AIRFLOW__CORE__PARALLELISM", "3")  # a deployment's own setting wins
     assert airflow_environ()["AIRFLOW__CORE__PARALLELISM"] == "3"
 

@@ -55,7 +55,8 @@ def redrive_request(params: dict) -> RedriveRequest:
 def batched(tier: TierConfig, context) -> bool:
     """Whether this run applies a batch of windows: a scheduled run of a tier whose ``run_span``
     holds more than one window. A manual run (and ``dag.test``) applies one window."""
-    return tier.windows_per_run > 1 and str(context["dag_run"].run_type).endswith("scheduled")
+    run_type = context["dag_run"].run_type
+    return tier.windows_per_run > 1 and getattr(run_type, "value", run_type) == "scheduled"
 
 
 def batch_windows(tier: TierConfig, context) -> list:

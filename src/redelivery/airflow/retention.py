@@ -167,34 +167,39 @@ def apply_airflow_retention(
 def _delete_runs(access: ApiAccess, dag_ids: list[str], cutoff: datetime) -> dict[str, int]:
     import airflow_client.client as airflow_api
     from airflow_client.client.exceptions import ApiException, NotFoundException
+    from urllib3.exceptions import HTTPError
 
     configuration = airflow_api.Configuration(host=access.base_url, access_token=access.token)
     deleted: dict[str, int] = {}
     with airflow_api.ApiClient(configuration) as client:
         runs = airflow_api.DagRunApi(client)
-        for dag_id in dag_ids:
-            try:
-                expired = expired_runs(runs, dag_id, cutoff)
-            except NotFoundException:  # a tier the DAG processor has not seen yet: nothing to delete
-                continue
-            except ApiException as exc:
-                raise ConfigError(_refusal(exc, access)) from exc
-            for run_id in expired:
+        try:
+            airflow_api.VersionApi(client).get_version(_request_timeout=API_TIMEOUT)  # is it Airflow's API?
+            for dag_id in dag_ids:
                 try:
-                    runs.delete_dag_run(dag_id, run_id, _request_timeout=API_TIMEOUT)
-                except NotFoundException:  # deleted meanwhile (another maintenance run)
+                    expired = expired_runs(runs, dag_id, cutoff)
+                except NotFoundException:  # a tier the DAG processor has not seen yet: nothing to delete
                     continue
-                except ApiException as exc:
-                    raise ConfigError(_refusal(exc, access)) from exc
-            deleted[dag_id] = len(expired)
+                for run_id in expired:
+                    try:
+                        runs.delete_dag_run(dag_id, run_id, _request_timeout=API_TIMEOUT)
+                    except NotFoundException:  # deleted meanwhile (another maintenance run)
+                        continue
+                deleted[dag_id] = len(expired)
+        except ApiException as exc:
+            raise ConfigError(_refusal(f"answered {exc.status} {exc.reason}", access)) from exc
+        except HTTPError as exc:
+            raise ConfigError(_refusal(f"cannot be reached ({type(exc).__name__})", access)) from exc
+        except ValueError as exc:  # an answer that is not the API's (a page of the UI)
+            raise ConfigError(_refusal("does not answer as Airflow's API", access)) from exc
     return deleted
 
 
-def _refusal(exc, access: ApiAccess) -> str:
+def _refusal(what: str, access: ApiAccess) -> str:
     return (
-        f"Airflow's REST API at {access.base_url} answered {exc.status} {exc.reason} "
-        f"({access.source}): define the connection {API_CONN_ID!r} with a user allowed to delete the "
-        "runs of redelivery's DAGs, or set retention.airflow_runs: null to keep them"
+        f"Airflow's REST API at {access.base_url} {what} ({access.source}): define the connection "
+        f"{API_CONN_ID!r} with a user allowed to delete the runs of redelivery's DAGs, or set "
+        "retention.airflow_runs: null to keep them"
     )
 
 
