@@ -15,7 +15,7 @@ export REDELIVERY_HOME ?= $(CURDIR)/.redelivery
 export REDELIVERY_CONFIG ?= $(CURDIR)/config/redelivery.yaml
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test lint bench bench-publish bench-receive bench-drain bench-ordered live-bench chaos clean stop lock
+.PHONY: setup demo test lint bench bench-publish bench-receive bench-drain bench-ordered bench-airflow soak-airflow live-bench chaos clean stop lock
 
 setup: $(VENV)/.installed $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -66,6 +66,14 @@ bench-drain: setup
 # An ordered subscription against an unordered one, and a blocked hot key's cost (issue 31).
 bench-ordered: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_ordered.py $(BENCH_ARGS)
+
+# What the tiers cost a real Airflow per day: a DAG run per window against batched runs (issue 38).
+bench-airflow: setup
+	@$(AIRFLOW_ENV) && $(PY) bench/bench_airflow.py $(BENCH_ARGS)
+
+# The Airflow side in compressed time: runs, task instances and task logs flat past their retention.
+soak-airflow: setup
+	@$(AIRFLOW_ENV) && $(PY) bench/soak_airflow.py $(BENCH_ARGS)
 
 # Retries' lateness under a real Airflow scheduler, three ways (spark-submit, Connect, auto).
 live-bench: setup

@@ -75,6 +75,8 @@ KINDS = (
     "backdated publish: waiting for retention to be done with its partition",
     "topic delete: waiting for the receives of its subscriptions",
     "redrive: paced, of dead letters whose messages left the log",
+    "tier batch: inside a later window's transaction",
+    "tier batch: asleep between two windows",
 )
 
 
@@ -380,6 +382,8 @@ class Controller(KillPoints):
         "consumer_inside_answer:extend": 4,
         "tier_inside_range": 12,
         "tier_before_its_record": 8,
+        "tier_batch_inside_window": 4,
+        "tier_batch_between_windows": 3,
         "redrive_inside_batch": 8,
         "redrive_between_batches": 5,
         "publish_inside_transaction": 10,

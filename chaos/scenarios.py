@@ -13,6 +13,8 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from batch_kills import BatchKillPoints
+
 if TYPE_CHECKING:  # the controller's worker handle (chaos/run.py imports this module)
     from run import Worker
 
@@ -39,7 +41,7 @@ SUBSCRIBED = (
 BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
 
 
-class KillPoints:
+class KillPoints(BatchKillPoints):
     """The scenarios of the crash suite and the work they need around them."""
 
     # ---- keeping work around ------------------------------------------------------------------

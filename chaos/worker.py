@@ -5,6 +5,7 @@ through the public API exactly as a pipeline would, and killed by the controller
     python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
                                    [--extend]
     python chaos/worker.py tier --run-key K
+    python chaos/worker.py tier-batch --run-key K --windows N   (a batched DAG run: N windows of 1 s)
     python chaos/worker.py redrive --group G --run-key K [--rate R]
     python chaos/worker.py partition --hours-ahead H   (make the log's partition of that time)
     python chaos/worker.py retention                   (drop the log's partitions past retention)
@@ -155,6 +156,32 @@ def tier(args) -> None:
         f"TIER {json.dumps({'promoted': summary['promoted'], 'dead_lettered': summary['dead_lettered']})}",
         flush=True,
     )
+
+
+def tier_batch(args) -> None:
+    """A tier DAG run's batch (``redelivery.tiers.batch``, as ``TierWindowOperator`` runs it): the
+    next ``--windows`` windows of the fast tier's 1 s, each applied at its end; each window is a
+    tier call of the ledger under ``<run key>/<window end>``."""
+    import threading
+    from datetime import timedelta
+
+    from redelivery.tiers.batch import apply_windows, window_ends
+    from redelivery.tiers.run import TierRunRequest, run_tier
+
+    with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
+        now = conn.execute("SELECT now()").fetchone()[0]
+    ledger = own_ledger()
+
+    def apply(start, end) -> dict:
+        key = f"{args.run_key}/{end.isoformat()}"
+        request = TierRunRequest(tier="fast", window_start=start, window_end=end, run_key=key)
+        return ledger.record("tier", {"run_key": key}, lambda: run_tier(request), tier_answer(key))
+
+    ends = window_ends(1, now, now + timedelta(seconds=args.windows))
+    report = apply_windows(ends, 1, apply, wait=threading.Event().wait, log=lambda line: None)
+    if report.failed:  # a window that raised: the worker's error, as a single run's would be
+        raise RuntimeError(f"tier batch windows failed: {report.failed}")
+    print(f"TIER-BATCH {json.dumps({'windows': report.windows, 'promoted': report.promoted})}", flush=True)
 
 
 def tier_answer(run_key: str):
@@ -329,6 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     p = roles.add_parser("tier")
     p.add_argument("--run-key", required=True)
     p.add_argument("--partitions", type=int, default=2)
+    p = roles.add_parser("tier-batch")
+    p.add_argument("--run-key", required=True)
+    p.add_argument("--windows", type=int, default=4)
     p = roles.add_parser("redrive")
     p.add_argument("--group", required=True)
     p.add_argument("--run-key", required=True)
@@ -341,8 +371,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group", required=True)
     roles.add_parser("spark")
     args = parser.parse_args(argv)
-    roles_run = {"publish": publish, "consume": consume, "tier": tier, "redrive": redrive,
-                 "partition": partition, "retention": retention, "recreate": recreate,
+    roles_run = {"publish": publish, "consume": consume, "tier": tier, "tier-batch": tier_batch,
+                 "redrive": redrive, "partition": partition, "retention": retention, "recreate": recreate,
                  "spark": spark}  # fmt: skip
     roles_run[args.role](args)
 

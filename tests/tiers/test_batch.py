@@ -61,11 +61,28 @@ def test_each_window_is_applied_at_its_end_in_turn():
     ]
     assert clock.waits == [9.0, 10.0, 10.0, 10.0]
     assert (report.applied, report.windows, report.promoted, report.failed) == (4, 4, 2, [])
-    # one line for the window that moved something, the quiet ones together
+    # the windows summed: a line a minute of windows that moved something (here the batch's end)
+    assert lines == [f"4 windows from {s(0).isoformat()} to {s(40).isoformat()}: 2 promoted (slowest 0.01 s)"]
+
+
+def test_the_log_sums_windows_a_line_a_minute_when_busy_and_ten_when_quiet():
+    clock, lines = SimulatedClock(s(0)), []
+    moving = {"promoted": 1, "dead_lettered": 1, "duration_seconds": 0.02}
+    report = apply_windows(
+        window_ends(10, s(0), s(1200)),
+        10,
+        lambda start, end: moving if end <= s(120) else {"duration_seconds": 0.01},
+        wait=clock.wait,
+        clock=clock,
+        log=lines.append,
+    )
+    assert report.windows == 120 and report.promoted == 12
+    busy = "6 promoted, 6 dead-lettered (slowest 0.02 s)"
     assert lines == [
-        f"1 windows from {s(0).isoformat()} to {s(10).isoformat()}: nothing due",
-        f"window ending {s(20).isoformat()}: 2 promoted in 0.01 s",
-        f"2 windows from {s(20).isoformat()} to {s(40).isoformat()}: nothing due",
+        f"6 windows from {s(0).isoformat()} to {s(60).isoformat()}: {busy}",
+        f"6 windows from {s(60).isoformat()} to {s(120).isoformat()}: {busy}",
+        f"60 windows from {s(120).isoformat()} to {s(720).isoformat()}: nothing due (slowest 0.01 s)",
+        f"48 windows from {s(720).isoformat()} to {s(1200).isoformat()}: nothing due (slowest 0.01 s)",
     ]
 
 

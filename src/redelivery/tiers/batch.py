@@ -27,7 +27,9 @@ from redelivery.errors import InvalidWindowError
 #: After a window the database refused as ending after its clock (this machine's clock runs ahead
 #: of the database's), wait this long in seconds before applying it again.
 CLOCK_SKEW_RETRY_SECONDS = 0.25
-#: Windows that moved nothing are logged together, one line per this many seconds of windows.
+#: Windows are logged together: a line per this many seconds of windows when they moved something,
+LOG_SECONDS = 60
+#: and a line per this many when none did.
 QUIET_LOG_SECONDS = 600
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -91,12 +93,14 @@ def apply_windows(
     so a late start or a slow window catches up at once. ``wait(seconds)`` sleeps and returns True
     to stop (the task is being killed): the batch then ends before its next window.
 
-    A window whose ``apply`` raises is logged (one line) and recorded in the report's ``failed``;
+    ``log`` gets a line per minute of windows that moved something (their moves summed), per 10
+    minutes of quiet ones, and one at once for windows applied late as one or a failure. A window
+    whose ``apply`` raises is logged (one line) and recorded in the report's ``failed``;
     the batch goes on, and the next window promotes what it would have. ``InvalidWindowError``
     (the database's clock is behind this machine's) is not a failure: the same window is applied
     again ``CLOCK_SKEW_RETRY_SECONDS`` later. Returns the ``BatchReport``; raises nothing that
     ``apply`` raises."""
-    report, quiet = BatchReport(), _QuietWindows(log)
+    report, lines = BatchReport(), _WindowLog(log)
     i, skewed = 0, None
     while i < len(ends):
         now = clock()
@@ -117,46 +121,63 @@ def apply_windows(
             continue
         except Exception as exc:  # the next window covers it: one line, and on
             report.failed.append((end, f"{type(exc).__name__}: {exc}"))
+            lines.flush()
             log(f"window ending {end.isoformat()} failed (the next one covers it): {report.failed[-1][1]}")
         else:
             report.add(summary, j - i + 1)
-            quiet.add(start, end, summary, j - i + 1)
+            lines.add(start, end, summary, j - i + 1)
         i = j + 1
-    quiet.flush()
+    lines.flush()
     return report
 
 
-class _QuietWindows:
-    """One log line per window that moved something; the others together, a line per
-    ``QUIET_LOG_SECONDS`` of windows (a run of the 10 s tier logs 6 lines an hour when idle)."""
+class _WindowLog:
+    """The batch's log: windows summed into one line per ``LOG_SECONDS`` of windows when they moved
+    something, per ``QUIET_LOG_SECONDS`` when none did (an idle run of the 10 s tier logs 6 lines
+    an hour; a busy one 60), and a line at once for windows applied late as one. Every window's
+    own summary is its record in ``tier_runs``; a line of Airflow's task log costs about 450 bytes
+    with Airflow's own fields."""
+
+    MOVES = (
+        ("promoted", "promoted"),
+        ("retried_after_lease_expiry", "lease expiries retried"),
+        ("dead_lettered", "dead-lettered"),
+    )
 
     def __init__(self, log: Callable[[str], object]):
-        self.log, self.first, self.last, self.count = log, None, None, 0
+        self.log = log
+        self._reset()
+
+    def _reset(self) -> None:
+        self.first, self.last, self.count, self.slowest = None, None, 0, 0.0
+        self.moved = {key: 0 for key, _ in self.MOVES}
 
     def add(self, start: datetime, end: datetime, summary: dict, windows: int) -> None:
-        moved = [
-            f"{summary.get(key, 0)} {label}"
-            for key, label in (
-                ("promoted", "promoted"),
-                ("retried_after_lease_expiry", "lease expiries retried"),
-                ("dead_lettered", "dead-lettered"),
-            )
-            if summary.get(key)
-        ]
-        if moved or windows > 1:
+        if windows > 1:  # said at once: the windows before it were late
             self.flush()
-            span = f"windows {start.isoformat()} to {end.isoformat()} ({windows}, applied late as one)"
-            what = f"window ending {end.isoformat()}" if windows == 1 else span
-            self.log(f"{what}: {', '.join(moved) or 'nothing due'} in {summary.get('duration_seconds', 0)} s")
+            self.log(
+                f"windows {start.isoformat()} to {end.isoformat()} ({windows}) applied late, as one: "
+                f"{self._moves(summary)} in {summary.get('duration_seconds', 0)} s"
+            )
             return
         self.first = self.first or start
         self.last, self.count = end, self.count + 1
-        if (self.last - self.first).total_seconds() >= QUIET_LOG_SECONDS:
+        self.slowest = max(self.slowest, summary.get("duration_seconds", 0))
+        for key in self.moved:
+            self.moved[key] += summary.get(key, 0)
+        every = LOG_SECONDS if any(self.moved.values()) else QUIET_LOG_SECONDS
+        if (self.last - self.first).total_seconds() >= every:
             self.flush()
+
+    def _moves(self, counts: dict) -> str:
+        return ", ".join(f"{counts.get(key, 0)} {label}" for key, label in self.MOVES if counts.get(key)) or (
+            "nothing due"
+        )
 
     def flush(self) -> None:
         if self.count:
             self.log(
-                f"{self.count} windows from {self.first.isoformat()} to {self.last.isoformat()}: nothing due"
+                f"{self.count} windows from {self.first.isoformat()} to {self.last.isoformat()}: "
+                f"{self._moves(self.moved)} (slowest {self.slowest} s)"
             )
-        self.first, self.last, self.count = None, None, 0
+        self._reset()
