@@ -3,7 +3,7 @@ scheduled DAG run applies its span's windows in turn, each recorded once, the ru
 a gap; and ``redelivery_maintenance`` deletes its own and the tiers' finished runs past
 ``retention.airflow_runs`` through Airflow's REST API, with their task logs, never another DAG's.
 
-The config compresses time: the seconds tier has windows of 2 s and runs of 12 s, the Airflow
+The config compresses time: the seconds tier has windows of 2 s and runs of 20 s, the Airflow
 retention is 20 s."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from helpers import REPO_ROOT
 pytestmark = pytest.mark.airflow
 
 TIER = "redelivery_tier_seconds"
-WINDOW, SPAN = 2, 12
+WINDOW, SPAN = 2, 20
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +174,60 @@ def test_an_api_it_cannot_use_names_the_connection_and_deletes_nothing(airflow):
         with pytest.raises(ConfigError, match="define the connection 'redelivery_airflow_api'"):
             apply_airflow_retention(config, access, logs, template)
     assert runs_of(airflow, "redelivery_maintenance") == before
+
+
+def test_pausing_the_tier_stops_its_running_batch_within_a_window(airflow, client):
+    """A paused tier stopped at once when a DAG run was a window; a batch asks before each window."""
+
+    def running_with_time_left():
+        """The tier's run whose task runs now, with 8 s of its span left."""
+        now = datetime.now(UTC)
+        return [
+            r
+            for r in runs_of(airflow, TIER)
+            if r["state"] == "running"
+            and datetime.fromisoformat(r["run_after"]) + timedelta(seconds=SPAN - 8) > now
+            and airflow.session()
+            .get(
+                f"{airflow.url}/api/v2/dags/{TIER}/dagRuns/{r['dag_run_id']}/taskInstances/apply_window",
+                timeout=30,
+            )
+            .json()["state"]
+            == "running"
+        ]
+
+    deadline = time.monotonic() + 120
+    while not (running := running_with_time_left()):
+        assert time.monotonic() < deadline, runs_of(airflow, TIER)
+        time.sleep(0.2)
+    session = airflow.session()
+    session.patch(
+        f"{airflow.url}/api/v2/dags/{TIER}", json={"is_paused": True}, timeout=30
+    ).raise_for_status()
+    paused_at = client.conn.execute("SELECT now()").fetchone()[0]
+    try:
+        # the task's own end (a paused DAG's run is marked finished by the scheduler only later)
+        run, task = running[0], f"{airflow.url}/api/v2/dags/{TIER}/dagRuns/{running[0]['dag_run_id']}"
+        while (ti := session.get(f"{task}/taskInstances/apply_window", timeout=30).json())[
+            "state"
+        ] == "running":
+            assert time.monotonic() < deadline + 60, ti
+            time.sleep(0.5)
+        assert ti["state"] == "success"
+        span_end = datetime.fromisoformat(run["run_after"]) + timedelta(seconds=SPAN)
+        assert datetime.fromisoformat(ti["end_date"]) < span_end  # it stopped before its span ended
+        log = (
+            Path(airflow.home)
+            / "logs"
+            / f"dag_id={TIER}"
+            / f"run_id={run['dag_run_id']}"
+            / "task_id=apply_window"
+        )
+        assert "the DAG is paused: the batch stops" in (log / "attempt=1.log").read_text()
+        later = client.conn.execute(
+            "SELECT count(*) FROM tier_runs WHERE tier = 'seconds' AND started_at > %s",
+            (paused_at + timedelta(seconds=WINDOW + 1),),
+        ).fetchone()[0]
+        assert later == 0
+    finally:
+        airflow.unpause(TIER)

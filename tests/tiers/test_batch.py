@@ -155,6 +155,21 @@ def test_a_stop_ends_the_batch_before_its_next_window():
     assert applied == [s(10), s(20)] and report.windows == 2
 
 
+def test_a_paused_dag_stops_the_batch_before_its_next_window():
+    clock, applied, lines = SimulatedClock(s(0)), [], []
+    report = apply_windows(
+        window_ends(10, s(0), s(60)),
+        10,
+        lambda a, b: applied.append(b) or {},
+        wait=clock.wait,
+        clock=clock,
+        log=lines.append,
+        paused=lambda: len(applied) == 2,  # an operator pauses the tier after its second window
+    )
+    assert applied == [s(10), s(20)] and report.paused and report.windows == 2
+    assert lines[-1] == f"the DAG is paused: the batch stops before the window ending {s(30).isoformat()}"
+
+
 def test_unresolved_subscriptions_are_collected_once():
     clock = SimulatedClock(s(0))
     problem = {"unresolved_subscriptions": [{"topic": "t", "group": "g", "error": "no DLQ name"}]}

@@ -75,7 +75,9 @@ class TierWindowOperator(BaseOperator):
     something (the quiet ones a line per 10 minutes), and returns nothing (no XCom). A window that
     fails is logged and covered by the next; the task fails at the end of its span, without a
     retry, when a window failed or a subscription's policy could not be resolved (every other one
-    moved). A retried try applies what is left of the span, the windows it missed at once.
+    moved). A retried try applies what is left of the span, the windows it missed at once. Pausing
+    the DAG stops the batch before its next window (the run ends; the next, once unpaused,
+    promotes all that came due meanwhile).
 
     Any other run (manual, or a tier of one window per run) applies one window (``tier_request``:
     the run's data interval, or its Params) and returns its summary (``run_tier``) with ``engine``
@@ -124,7 +126,9 @@ class TierWindowOperator(BaseOperator):
             "tier %s: %d windows of %s s ending %s to %s",
             self.tier, len(ends), tier.window_seconds, ends[0].isoformat(), ends[-1].isoformat(),
         )  # fmt: skip
-        report = apply_windows(ends, tier.window_seconds, apply, wait=self._stop.wait, log=self.log.info)
+        report = apply_windows(
+            ends, tier.window_seconds, apply, wait=self._stop.wait, log=self.log.info, paused=dag_paused(ti)
+        )
         self.log.info("tier %s batch: %s", self.tier, json.dumps(report.as_dict()))
         if self._stop.is_set():
             raise RuntimeError(f"stopped by Airflow after {report.windows} of {len(ends)} windows")
@@ -135,6 +139,15 @@ class TierWindowOperator(BaseOperator):
         self._stop.set()
         if self._engine is not None:
             self._engine.on_kill()
+
+
+def dag_paused(ti):
+    """Whether the task's DAG is paused now, asked through the task SDK (the execution API, no
+    credentials; Airflow 3.2 and later, else never paused): a paused tier stops within a window,
+    as it did when a DAG run was a window."""
+    if not hasattr(ti, "get_dag"):
+        return lambda: False
+    return lambda: bool(ti.get_dag(ti.dag_id).is_paused)
 
 
 def batch_failure(report: BatchReport, windows: int) -> str:

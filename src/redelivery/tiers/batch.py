@@ -48,7 +48,8 @@ class BatchReport:
     ``windows`` (windows covered), the moves summed over them, ``failed`` (``[(window end,
     error)]``: windows whose application raised; a later one covered what they would have moved)
     and ``unresolved`` (``{"topic/group": error}``: subscriptions whose policy could not be
-    resolved, left alone by every window)."""
+    resolved, left alone by every window), ``paused`` (the batch stopped because its DAG was
+    paused)."""
 
     applied: int = 0
     windows: int = 0
@@ -57,6 +58,7 @@ class BatchReport:
     dead_lettered: int = 0
     failed: list[tuple[datetime, str]] = field(default_factory=list)
     unresolved: dict[str, str] = field(default_factory=dict)
+    paused: bool = False
 
     def add(self, summary: dict, windows: int) -> None:
         self.applied += 1
@@ -75,6 +77,7 @@ class BatchReport:
             "dead_lettered": self.dead_lettered,
             "failed": [(end.isoformat(), error) for end, error in self.failed],
             "unresolved": dict(self.unresolved),
+            "paused": self.paused,
         }
 
 
@@ -86,12 +89,15 @@ def apply_windows(
     wait: Callable[[float], bool],
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     log: Callable[[str], object] = print,
+    paused: Callable[[], bool] = lambda: False,
 ) -> BatchReport:
     """Apply the windows ending at ``ends`` (``window_ends``), each at its end by ``clock``:
     ``apply(start, end)`` returns the window's summary (``run_tier``'s). Windows whose end has
     passed when one is due are applied as one (from the first one's start to the last one's end),
     so a late start or a slow window catches up at once. ``wait(seconds)`` sleeps and returns True
-    to stop (the task is being killed): the batch then ends before its next window.
+    to stop (the task is being killed): the batch then ends before its next window. ``paused()``,
+    asked before each window, True (an operator paused the tier's DAG): the batch ends there, its
+    report's ``paused`` set; the next run, once unpaused, promotes all that came due meanwhile.
 
     ``log`` gets a line per minute of windows that moved something (their moves summed), per 10
     minutes of quiet ones, and one at once for windows applied late as one or a failure. A window
@@ -108,6 +114,11 @@ def apply_windows(
             if wait((ends[i] - now).total_seconds()):
                 break
             continue
+        if paused():
+            report.paused = True
+            lines.flush()
+            log(f"the DAG is paused: the batch stops before the window ending {ends[i].isoformat()}")
+            break
         j = max(k for k in range(i, len(ends)) if ends[k] <= now)
         start, end = ends[i] - timedelta(seconds=window_seconds), ends[j]
         try:
