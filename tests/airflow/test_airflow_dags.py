@@ -65,6 +65,7 @@ def test_a_tier_of_one_window_per_run_keeps_a_dag_run_per_window():
     dag = tier_dag(one, config)
     assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
     assert dag.timetable.delta == timedelta(seconds=10) and dag.tasks[0].execution_timeout is None
+    assert dag.max_active_runs == 1
 
 
 @pytest.fixture()

@@ -144,10 +144,18 @@ class TierWindowOperator(BaseOperator):
 def dag_paused(ti):
     """Whether the task's DAG is paused now, asked through the task SDK (the execution API, no
     credentials; Airflow 3.2 and later, else never paused): a paused tier stops within a window,
-    as it did when a DAG run was a window."""
+    as it did when a DAG run was a window. An answer that does not come counts as not paused: a
+    hiccup of the API server must not stop the retries."""
     if not hasattr(ti, "get_dag"):
         return lambda: False
-    return lambda: bool(ti.get_dag(ti.dag_id).is_paused)
+
+    def paused() -> bool:
+        try:
+            return bool(ti.get_dag(ti.dag_id).is_paused)
+        except Exception:  # the next window asks again
+            return False
+
+    return paused
 
 
 def batch_failure(report: BatchReport, windows: int) -> str:

@@ -5,9 +5,11 @@ A tier whose ``run_span`` holds several windows (the default: an hour of them) r
 window at its end (``TierWindowOperator``, ``redelivery.tiers.batch``): 24 DAG runs a day per tier
 instead of one per window. A tier of one window per run (``run_span`` equal to ``window``) runs
 every window (``DeltaDataIntervalTimetable``: the run's data interval is the window [start, end)).
-Either way one active run at a time and no catch-up (a late window promotes everything due by its
-end, so skipped windows lose nothing). Manual runs apply one window and take Params: window end
-(default: the run's data interval end, i.e. now), a subset of the tier's levels, dry run.
+No catch-up (a late window promotes everything due by its end, so skipped windows lose nothing);
+one active run at a time, or two for a batched tier, so that a manual run (one window) need not
+wait for the hour's batch (overlapping windows move nothing twice). Manual runs apply one window
+and take Params: window end (default: the run's data interval end, i.e. now), a subset of the
+tier's levels, dry run.
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ from redelivery.tiers.run import TierRunRequest
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def system_dag(dag_id: str, *, schedule, tag: str, retry_delay: timedelta, **specific) -> DAG:
+def system_dag(
+    dag_id: str, *, schedule, tag: str, retry_delay: timedelta, max_active_runs: int = 1, **specific
+) -> DAG:
     """A DAG of this system on ``schedule`` (every factory of this folder makes its DAGs here):
-    from ``START``, no catch-up, one active run at a time, tagged ``redelivery`` and ``tag``, each
-    task retried twice ``retry_delay`` apart. ``specific``: the DAG's own other arguments (doc_md,
-    params, is_paused_upon_creation)."""
+    from ``START``, no catch-up, ``max_active_runs`` active runs at a time (one by default),
+    tagged ``redelivery`` and ``tag``, each task retried twice ``retry_delay`` apart.
+    ``specific``: the DAG's own other arguments (doc_md, params, is_paused_upon_creation)."""
     return DAG(
         dag_id=dag_id,
         schedule=schedule,
         start_date=START,
         catchup=False,
-        max_active_runs=1,
+        max_active_runs=max_active_runs,
         tags=["redelivery", tag],
         default_args={"retries": 2, "retry_delay": retry_delay},
         **specific,
@@ -103,6 +107,9 @@ A manual run applies one window and returns its summary (XCom).
         tag="tier",
         retry_delay=timedelta(seconds=5),
         schedule=tier_schedule(tier),
+        # a batch holds its run for an hour: a manual run (one window) must not wait for it to end;
+        # overlapping windows move nothing twice
+        max_active_runs=1 if tier.windows_per_run == 1 else 2,
         # the system's heartbeat: paused, no retry ever comes back and no lease expiry is handled
         is_paused_upon_creation=False,
         doc_md=doc,
