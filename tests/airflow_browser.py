@@ -92,18 +92,26 @@ def pause_tier_dags(base: str) -> None:
 
 
 def settle_tier_runs(base: str, timeout: float = 180) -> None:
-    """Until no run of a tier DAG is running (a queued one of a paused DAG never starts)."""
+    """Until no tier task is running or queued (a paused tier's batch stops within 10 s, issue 38;
+    Airflow marks the run of a paused DAG finished only once it is unpaused, so the task's state
+    tells, not the run's; a queued task of a paused DAG never starts)."""
     deadline, quiet = time.monotonic() + timeout, 0
     while quiet < 2:
-        running = [
-            r
+        busy = [
+            ti
             for d in tier_dag_ids()
             for r in api.get(
                 f"{base}/api/v2/dags/{d}/dagRuns", params={"state": "running"}, timeout=30
             ).json()["dag_runs"]
+            for ti in [
+                api.get(
+                    f"{base}/api/v2/dags/{d}/dagRuns/{r['dag_run_id']}/taskInstances/apply_window", timeout=30
+                ).json()
+            ]
+            if ti.get("state") in ("running", "queued")
         ]
-        quiet = 0 if running else quiet + 1
-        assert time.monotonic() < deadline, f"tier runs still running: {running}"
+        quiet = 0 if busy else quiet + 1
+        assert time.monotonic() < deadline, f"tier tasks still running: {busy}"
         time.sleep(2)
 
 

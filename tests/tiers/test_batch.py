@@ -121,6 +121,24 @@ def test_a_failed_window_is_covered_by_the_next_and_reported():
     )
 
 
+def test_the_same_error_window_after_window_is_said_once_and_the_recovery_too():
+    clock, lines = SimulatedClock(s(0)), []
+
+    def apply(start, end):
+        if s(20) <= end <= s(50):
+            raise OSError("connection refused")
+        return {}
+
+    report = apply_windows(
+        window_ends(10, s(0), s(60)), 10, apply, wait=clock.wait, clock=clock, log=lines.append
+    )
+    assert len(report.failed) == 4 and report.applied == 2
+    assert [line for line in lines if "failed" in line] == [
+        f"window ending {s(20).isoformat()} failed (the next one covers it): OSError: connection refused",
+        f"window ending {s(60).isoformat()} applied after 4 failed windows",
+    ]
+
+
 def test_a_database_clock_behind_waits_and_applies_the_same_window():
     clock, attempts = SimulatedClock(s(0)), []
 
@@ -168,6 +186,27 @@ def test_a_paused_dag_stops_the_batch_before_its_next_window():
     )
     assert applied == [s(10), s(20)] and report.paused and report.windows == 2
     assert lines[-1] == f"the DAG is paused: the batch stops before the window ending {s(30).isoformat()}"
+
+
+def test_a_long_window_asks_whether_it_was_paused_while_it_waits():
+    """A tier of 5-minute windows paused mid-wait ends its task within 10 s, not at the window."""
+    clock, asked = SimulatedClock(s(0)), []
+
+    def paused():
+        asked.append(clock())
+        return clock() >= s(125)  # paused 2 minutes into its first window
+
+    report = apply_windows(
+        window_ends(300, s(0), s(600)),
+        300,
+        lambda a, b: {},
+        wait=clock.wait,
+        clock=clock,
+        log=print,
+        paused=paused,
+    )
+    assert report.paused and report.windows == 0
+    assert asked == [s(k) for k in range(0, 140, 10)] and clock() == s(130)
 
 
 def test_unresolved_subscriptions_are_collected_once():

@@ -27,6 +27,8 @@ from redelivery.errors import InvalidWindowError
 #: After a window the database refused as ending after its clock (this machine's clock runs ahead
 #: of the database's), wait this long in seconds before applying it again.
 CLOCK_SKEW_RETRY_SECONDS = 0.25
+#: While it waits for a window's end, the batch asks whether its DAG was paused this often (s).
+PAUSE_POLL_SECONDS = 10
 #: Windows are logged together: a line per this many seconds of windows when they moved something,
 LOG_SECONDS = 60
 #: and a line per this many when none did.
@@ -96,29 +98,36 @@ def apply_windows(
     passed when one is due are applied as one (from the first one's start to the last one's end),
     so a late start or a slow window catches up at once. ``wait(seconds)`` sleeps and returns True
     to stop (the task is being killed): the batch then ends before its next window. ``paused()``,
-    asked before each window, True (an operator paused the tier's DAG): the batch ends there, its
-    report's ``paused`` set; the next run, once unpaused, promotes all that came due meanwhile.
+    asked before each window and every ``PAUSE_POLL_SECONDS`` while it waits, True (an operator
+    paused the tier's DAG): the batch ends there, its report's ``paused`` set; the next run, once
+    unpaused, promotes all that came due meanwhile.
 
     ``log`` gets a line per minute of windows that moved something (their moves summed), per 10
     minutes of quiet ones, and one at once for windows applied late as one or a failure. A window
-    whose ``apply`` raises is logged (one line) and recorded in the report's ``failed``;
-    the batch goes on, and the next window promotes what it would have. ``InvalidWindowError``
+    whose ``apply`` raises is logged (one line; the same error again, window after window, only
+    once, and the window that succeeds after them) and recorded in the report's ``failed``; the
+    batch goes on, and the next window promotes what it would have (a store back, a connection
+    defined meanwhile, is used at once). ``InvalidWindowError``
     (the database's clock is behind this machine's) is not a failure: the same window is applied
     again ``CLOCK_SKEW_RETRY_SECONDS`` later. Returns the ``BatchReport``; raises nothing that
     ``apply`` raises."""
     report, lines = BatchReport(), _WindowLog(log)
-    i, skewed = 0, None
+    i, skewed, failing, failures = 0, None, None, 0
+    asked = None  # when ``paused`` was last asked (this clock)
     while i < len(ends):
         now = clock()
-        if ends[i] > now:
-            if wait((ends[i] - now).total_seconds()):
+        due = ends[i] <= now
+        if due or asked is None or (now - asked).total_seconds() >= PAUSE_POLL_SECONDS:
+            asked = now
+            if paused():
+                report.paused = True
+                lines.flush()
+                log(f"the DAG is paused: the batch stops before the window ending {ends[i].isoformat()}")
+                break
+        if not due:
+            if wait(min((ends[i] - now).total_seconds(), PAUSE_POLL_SECONDS)):
                 break
             continue
-        if paused():
-            report.paused = True
-            lines.flush()
-            log(f"the DAG is paused: the batch stops before the window ending {ends[i].isoformat()}")
-            break
         j = max(k for k in range(i, len(ends)) if ends[k] <= now)
         start, end = ends[i] - timedelta(seconds=window_seconds), ends[j]
         try:
@@ -131,10 +140,16 @@ def apply_windows(
                 break
             continue
         except Exception as exc:  # the next window covers it: one line, and on
-            report.failed.append((end, f"{type(exc).__name__}: {exc}"))
+            error = f"{type(exc).__name__}: {exc}"
+            report.failed.append((end, error))
             lines.flush()
-            log(f"window ending {end.isoformat()} failed (the next one covers it): {report.failed[-1][1]}")
+            if error != failing:  # the same error window after window (a store down): said once
+                log(f"window ending {end.isoformat()} failed (the next one covers it): {error}")
+            failing, failures = error, failures + 1
         else:
+            if failing is not None:
+                log(f"window ending {end.isoformat()} applied after {failures} failed windows")
+            failing, failures = None, 0
             report.add(summary, j - i + 1)
             lines.add(start, end, summary, j - i + 1)
         i = j + 1
