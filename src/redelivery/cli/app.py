@@ -20,8 +20,10 @@ from redelivery.cli.common import (
     _emit,
     _migrated,
     app,
+    command_group,
     db_app,
     policy_app,
+    renamed_option,
     tier_app,
     with_fields,
 )
@@ -78,7 +80,7 @@ def spark_cds(force: Annotated[bool, typer.Option(help="rebuild even if it exist
     typer.echo(f"class-data sharing archive: {build_cds_archive(force)}")
 
 
-spark_app = typer.Typer(help="The project's warm Spark Connect server.", no_args_is_help=True)
+spark_app = command_group("The project's warm Spark Connect server.")
 app.add_typer(spark_app, name="spark-connect")
 
 
@@ -436,9 +438,10 @@ def main() -> None:
         status = app(standalone_mode=False)  # Click's own exit (--help, Ctrl-C) comes back as a status
     except typer.TyperException as exc:  # Typer's (vendored) Click errors: UsageError (exit code 2),
         # its BadParameter, MissingParameter, NoSuchOption..., and ClickException
-        if type(exc).__name__ == "NoArgsIsHelpError":  # `redelivery dlq`: its help, printed already
-            raise SystemExit(exc.exit_code) from None  # (Typer checks it by name too: not exported)
-        typer.echo(f"error: {one_line(exc)}", err=True)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `redelivery dlq`: its help (Typer checks it
+            exc.show()  # by name too: not exported)
+            raise SystemExit(exc.exit_code) from None
+        typer.echo(f"error: {renamed_option(exc) or one_line(exc)}", err=True)
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         typer.echo("Aborted!", err=True)
