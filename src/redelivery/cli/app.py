@@ -382,16 +382,17 @@ def tier_run(
 ) -> None:
     """Run one tier window outside Airflow (window end: now if not given; a time without a zone
     is UTC) and print its summary as JSON."""
+    from pydantic import TypeAdapter, ValidationError
+
     from redelivery.config import cached_config
+    from redelivery.fields import Time
     from redelivery.store.db import migrate
     from redelivery.tiers.run import run_tier, tier_levels
 
-    try:
-        end = (
-            datetime.fromisoformat(fields.pop("window_end")) if "window_end" in fields else datetime.now(UTC)
-        )
-    except ValueError as exc:
-        raise RedeliveryError(f"window_end: {exc}") from None
+    try:  # the field's own type: ISO 8601, never a number (``fields.Time``)
+        end = TypeAdapter(Time).validate_python(fields.pop("window_end", None) or datetime.now(UTC))
+    except ValidationError as exc:
+        raise RedeliveryError(f"window_end: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     end = end if end.tzinfo else end.replace(tzinfo=UTC)
     run_key = f"cli/{tier}/{datetime.now(UTC).isoformat()}"
     request = TierRunRequest(tier=tier, window_end=end, run_key=run_key, **fields)
@@ -419,7 +420,10 @@ def one_line(exc: Exception) -> str:
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
     if isinstance(exc, typer.TyperException):
         return " ".join(exc.format_message().split())
     return " ".join(str(exc).split())
