@@ -24,7 +24,7 @@ import requests
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, hung_store
 
 pytestmark = pytest.mark.airflow
 
@@ -63,6 +63,13 @@ def unmigrated(database_url):
 
 
 @pytest.fixture(scope="module")
+def hung():
+    """A state store that accepts connections and never answers (issue 37.2)."""
+    with hung_store() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def airflow(database_url, tmp_path_factory):
     """The running Airflow (``LocalAirflow``); ``.state_home`` is its processes' REDELIVERY_HOME."""
     from harness.local_airflow import LocalAirflow, free_port
@@ -79,6 +86,7 @@ def airflow(database_url, tmp_path_factory):
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "REDELIVERY_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
     }
     metadata = f"airflow_store_{urlsplit(database_url).path.lstrip('/')}"[:63]
     home = tmp_path_factory.mktemp("airflow-home")
@@ -178,7 +186,12 @@ BROKEN = {
     ),
     "wrong password": ("wrong", "authentication failed for user '{user}' at {host}:{port}: "),
     "never migrated": ("unmigrated", r"has no redelivery schema \(it was never migrated\)"),
+    # issue 37.2: the page and the metrics waited 130 s for a store that never answers
+    "hung": ("hung", r"cannot reach the state store: 127\.0\.0\.1:\d+ did not answer within 2 s"),
 }
+#: Seconds the Airflow's processes wait for a connection (REDELIVERY_CONNECT_TIMEOUT), and how long
+#: an answer of the page may take beyond it.
+CONNECT_TIMEOUT, GRACE = 2, 8
 
 
 def up(metrics: str) -> float:
@@ -187,20 +200,24 @@ def up(metrics: str) -> float:
 
 
 @pytest.mark.parametrize("broken", list(BROKEN))
-def test_the_page_and_the_metrics_say_what_is_wrong(airflow, database_url, unmigrated, broken):
+def test_the_page_and_the_metrics_say_what_is_wrong(airflow, database_url, unmigrated, hung, broken):
     target, said = BROKEN[broken]
-    url = {"wrong": wrong_password(database_url), "unmigrated": unmigrated}.get(target, target)
+    url = {"wrong": wrong_password(database_url), "unmigrated": unmigrated, "hung": hung}.get(target, target)
     if target == "wrong":
         said = re.escape(said.format(**conninfo_to_dict(database_url)))
     set_connection(airflow.url, url)
     for path in ("/redelivery/dlq", "/redelivery/dlq/messages?group=billing", "/redelivery/dlq.json"):
+        started = time.monotonic()
         page = requests.get(airflow.url + path, timeout=30)
+        assert time.monotonic() - started < CONNECT_TIMEOUT + GRACE, path
         assert page.status_code == 503, (path, page.status_code, page.text[:500])
         text = unescape(page.text)
         assert re.search(said, text), (path, text[:2000])
         assert "the Airflow connection 'redelivery_db'" in text and "Internal Server Error" not in text
         assert "not-the-password" not in text
+    started = time.monotonic()
     metrics = requests.get(f"{airflow.url}/redelivery/metrics", timeout=30)
+    assert time.monotonic() - started < CONNECT_TIMEOUT + GRACE
     assert metrics.status_code == 200 and up(metrics.text) == 0
     assert "redelivery_messages" not in metrics.text and "not-the-password" not in metrics.text
 

@@ -23,7 +23,7 @@ from redelivery.airflow.assets import asset_uri
 from redelivery.airflow.env import DB_CONN_ID
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.store import statements as S
-from redelivery.store.db import session_options
+from redelivery.store.db import connect_timeouts, session_options
 
 #: Seconds between polls (default), and the bounds accepted.
 DEFAULT_POLL_SECONDS = 5.0
@@ -313,11 +313,12 @@ class ReadyMessagesProducer(SharedStreamProducer):
 
 
 async def connect(url: str, **kwargs) -> psycopg.AsyncConnection:
-    """An autocommit connection to the state store, named in ``pg_stat_activity``."""
+    """An autocommit connection to the state store, named in ``pg_stat_activity``, within
+    ``REDELIVERY_CONNECT_TIMEOUT`` seconds unless the URL or ``kwargs`` say (``connect_timeouts``)."""
     return await psycopg.AsyncConnection.connect(
         url,
         autocommit=True,
         application_name="redelivery-asset-watcher",
         options=session_options(url),
-        **kwargs,
+        **{**connect_timeouts(url), **kwargs},
     )

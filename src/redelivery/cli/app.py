@@ -19,6 +19,7 @@ from redelivery.cli.common import (
     _client,
     _emit,
     _migrated,
+    _reading,
     app,
     command_group,
     db_app,
@@ -248,7 +249,7 @@ def publish(
 @app.command("stats")
 def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Counts per topic, group and state."""
-    data = _client().stats()
+    data = _client(reading=True).stats()
     lines = [
         f"{'topic':<20} {'group':<24} "
         + " ".join(f"{s:>13}" for s in ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"))
@@ -272,7 +273,6 @@ def metrics_command(
     """The Prometheus metrics of the state store (text exposition format), read now."""
     from redelivery.config import cached_config
     from redelivery.metrics import render, unavailable, write_textfile, write_unavailable_textfile
-    from redelivery.store.db import connect
 
     retention = cached_config().retention.seconds("messages")
     if textfile is not None and textfile.suffix != ".prom":
@@ -280,17 +280,15 @@ def metrics_command(
             f"--textfile {str(textfile)!r} must end in .prom (node-exporter reads only those)"
         )
     try:
-        _migrated()
-        conn = connect()
+        with _reading() as conn:
+            if textfile is None:
+                sys.stdout.write(render(conn, retention_seconds=retention).decode())
+                return
+            _write(lambda path: write_textfile(conn, path, retention), textfile)
     except Exception as exc:
-        if textfile is not None and unavailable(exc) is not None:  # node-exporter sees it down
-            _write(write_unavailable_textfile, textfile)
+        if textfile is not None and unavailable(getattr(exc, "orig", None) or exc) is not None:
+            _write(write_unavailable_textfile, textfile)  # node-exporter sees it down
         raise
-    with conn:
-        if textfile is None:
-            sys.stdout.write(render(conn, retention_seconds=retention).decode())
-            return
-        _write(lambda path: write_textfile(conn, path, retention), textfile)
 
 
 def _write(write, textfile: Path) -> None:
@@ -328,13 +326,11 @@ def policy_show(
     from redelivery.config import cached_config
     from redelivery.rules.names import check_name
     from redelivery.store import statements as S
-    from redelivery.store.db import connect
 
     check_name("topic", topic)
     check_name("group", group)
     config = cached_config()
-    _migrated()
-    with connect() as conn:
+    with _reading() as conn:
         row = conn.execute(S.GROUP_BY_NAME, {"name": group}).fetchone()
         own_max = row[1] if row else None
     policy = config.policy_for(topic, group, own_max)
@@ -466,13 +462,15 @@ def unreachable(exc: BaseException) -> str | None:
     """The one line of a state store that cannot be reached or refuses the login (psycopg's
     ``OperationalError``, or SQLAlchemy's around it while migrating: ``redelivery.metrics.
     unavailable``) and where to fix it; None for any other error."""
-    from redelivery.metrics import unavailable
+    from redelivery.metrics import STATEMENT_TIMED_OUT, unavailable
     from redelivery.settings import get_settings
     from redelivery.store import embedded
 
     problem = unavailable(getattr(exc, "orig", None) or exc)
     if problem is None:
         return None
+    if problem.startswith(STATEMENT_TIMED_OUT):  # a read: the time-out is the fix's place
+        return f"{problem} (REDELIVERY_READ_TIMEOUT={get_settings().read_timeout:g} s)"
     if get_settings().database_url:
         return f"{problem} (check REDELIVERY_DATABASE_URL)"
     return f"{problem} (the embedded PostgreSQL: its password is in {embedded.password_file()})"

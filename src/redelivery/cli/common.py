@@ -38,11 +38,23 @@ def _migrated() -> None:
     migrate()
 
 
-def _client():
+def _client(reading: bool = False):
+    """A ``Client`` of the state store, migrated first; ``reading``: a read-only command's, whose
+    statements are cancelled after ``REDELIVERY_READ_TIMEOUT`` seconds (``db.read_url``)."""
     from redelivery.client import Client
+    from redelivery.store.db import database_url, read_url
 
     _migrated()
-    return Client()
+    return Client(read_url(database_url()) if reading else None)
+
+
+def _reading():
+    """A connection of a read-only command (``db.read_url``: ``REDELIVERY_READ_TIMEOUT``), after
+    the migrations."""
+    from redelivery.store.db import connect, database_url, read_url
+
+    _migrated()
+    return connect(read_url(database_url()))
 
 
 def _emit(data, as_json: bool, text: str | None = None) -> None:

@@ -53,9 +53,10 @@ from redelivery.airflow.ui.page import (
 from redelivery.config import cached_config
 from redelivery.dead_letters import MAX_MESSAGE_ID, browse, export, message, summary
 from redelivery.errors import UnknownGroupError, UnknownTopicError
-from redelivery.metrics import CONTENT_TYPE, render_unavailable, unavailable
+from redelivery.metrics import CONTENT_TYPE, STATEMENT_TIMED_OUT, render_unavailable, unavailable
 from redelivery.metrics import render as render_metrics
-from redelivery.store.db import check_schema
+from redelivery.settings import get_settings
+from redelivery.store.db import check_schema, connect, read_url
 
 #: Airflow's audit-log event of a refused read, per route (a refused POST is ``trigger_dag_run``).
 READ_EVENTS = {
@@ -186,8 +187,12 @@ class StoreUnavailable(Exception):
         self.problem, self.fix = problem, fix
 
 
-def _where_to_fix(hook: RedeliveryHook) -> str:
-    """The line saying where the state store the page uses is defined."""
+def _where_to_fix(hook: RedeliveryHook, problem: str = "") -> str:
+    """The line saying where the state store the page uses is defined (or, for a read its
+    statement time-out cancelled, where that is set)."""
+    if problem.startswith(STATEMENT_TIMED_OUT):
+        now = get_settings().read_timeout
+        return f"Where to fix it: REDELIVERY_READ_TIMEOUT in the api-server's environment (now {now:g} s)."
     if hook.source == "REDELIVERY_DATABASE_URL":
         return "Where to fix it: REDELIVERY_DATABASE_URL in the api-server's environment (it wins)."
     env = f"AIRFLOW_CONN_{hook.redelivery_conn_id.upper()}"
@@ -198,8 +203,8 @@ def _conn() -> psycopg.Connection:
     """The state store for one request, its schema checked (``check_schema``), in one read-only
     snapshot (the charts, the counts and the tables agree). Raises ``StoreUnavailable``."""
     hook = RedeliveryHook()
-    try:
-        conn = hook.get_conn()
+    try:  # its statements cancelled after REDELIVERY_READ_TIMEOUT: a read-only surface
+        conn = connect(read_url(hook.get_database_url()))
         try:
             check_schema(conn)
             conn.rollback()
@@ -210,9 +215,20 @@ def _conn() -> psycopg.Connection:
         problem = unavailable(exc)
         if problem is None:
             raise
-        raise StoreUnavailable(problem, _where_to_fix(hook)) from exc
+        raise StoreUnavailable(problem, _where_to_fix(hook, problem)) from exc
     conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
     return conn
+
+
+@app.exception_handler(psycopg.OperationalError)
+async def store_stopped_answering(request: Request, exc: psycopg.OperationalError) -> Response:
+    """A read cut short after it began (its statement time-out, the server gone): answered as
+    ``store_unavailable``; any other error of the database is raised again (500)."""
+    problem = unavailable(exc)
+    if problem is None:
+        raise exc
+    hook = RedeliveryHook()
+    return await store_unavailable(request, StoreUnavailable(problem, _where_to_fix(hook, problem)))
 
 
 @app.exception_handler(StoreUnavailable)
@@ -478,9 +494,13 @@ def metrics(session: SessionDep) -> Response:
             render_unavailable(f"{exc.problem} {exc.fix}", tier_paused=paused), media_type=CONTENT_TYPE
         )
     with conn:
-        return Response(
-            render_metrics(conn, tier_paused=paused, retention_seconds=retention), media_type=CONTENT_TYPE
-        )
+        try:
+            text = render_metrics(conn, tier_paused=paused, retention_seconds=retention)
+        except psycopg.OperationalError as exc:  # a read cut short: its statement time-out
+            if unavailable(exc) is None:
+                raise
+            text = render_unavailable(unavailable(exc), tier_paused=paused)
+        return Response(text, media_type=CONTENT_TYPE)
 
 
 # ---- the dead letters themselves (HTML: redelivery.airflow.ui.dead_letter_pages) ------------------
