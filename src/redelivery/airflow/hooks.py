@@ -17,9 +17,8 @@ import json
 
 import psycopg
 from airflow.sdk import BaseHook
-from psycopg.conninfo import make_conninfo
 
-from redelivery.airflow.env import DB_CONN_ID
+from redelivery.airflow.env import DB_CONN_ID, connection_url
 from redelivery.errors import DatabaseUnavailableError
 from redelivery.settings import get_settings
 from redelivery.store import db
@@ -27,10 +26,6 @@ from redelivery.store import db
 #: The connection's shape, as the missing-connection error shows it.
 EXAMPLE = {"conn_type": "redelivery", "host": "<host>", "port": 5432, "login": "<user>",
            "password": "<password>", "schema": "redelivery"}  # fmt: skip
-
-
-def _libpq_keywords() -> set[str]:
-    return {option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()}
 
 
 def missing_connection(conn_id: str) -> str:
@@ -115,14 +110,6 @@ def airflow_database_url() -> str:
 
 
 def _conninfo(conn) -> str:
-    """A libpq connection string for an Airflow connection of type redelivery or postgres."""
-    keywords = _libpq_keywords()
-    extra = {k: str(v) for k, v in (conn.extra_dejson or {}).items() if k in keywords}
-    return make_conninfo(
-        host=conn.host,
-        port=conn.port or 5432,
-        user=conn.login,
-        password=conn.password or None,
-        dbname=conn.schema or "redelivery",
-        **extra,
-    )
+    """A libpq connection string for an Airflow connection of type redelivery or postgres
+    (``airflow.env.connection_url`` of its fields)."""
+    return connection_url(conn.host, conn.port, conn.login, conn.password, conn.schema, conn.extra_dejson)

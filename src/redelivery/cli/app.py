@@ -1,7 +1,8 @@
-"""The ``redelivery`` command (Typer). Uses the embedded PostgreSQL unless REDELIVERY_DATABASE_URL
-is set, and starts it when it is not running. Bad input prints ``error: ...`` and exits with status
-2; a state store that cannot be reached or refuses the login prints ``redelivery: ...`` (one line)
-and exits with status 1."""
+"""The ``redelivery`` command (Typer). Its state store: REDELIVERY_DATABASE_URL, else the host's
+Airflow connection ``redelivery_db``, else the embedded PostgreSQL, started when it is not running
+(``redelivery.cli.store``; ``--verbose`` says which). Bad input prints ``error: ...`` and exits
+with status 2; a state store that cannot be had, reached, or refuses the login prints
+``redelivery: ...`` (one line) and exits with status 1."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from typing import Annotated
 
 import typer
 
-from redelivery.cli import dead_letters  # noqa: F401  (registers the dlq and redrive commands)
+from redelivery.cli import (
+    dead_letters,  # noqa: F401  (registers the dlq and redrive commands)
+    store,  # registers --verbose; finds the state store (``store.use``)
+)
 from redelivery.cli.common import (
     JsonOpt,
     _client,
@@ -28,25 +32,31 @@ from redelivery.cli.common import (
     tier_app,
     with_fields,
 )
-from redelivery.errors import RedeliveryError
+from redelivery.errors import DatabaseUnavailableError, RedeliveryError
 from redelivery.tiers.run import TierRunRequest
 
 
 @db_app.command("upgrade")
 def db_upgrade() -> None:
-    """Start the embedded PostgreSQL if needed and apply the schema migrations."""
+    """Apply the schema migrations to the state store (the embedded PostgreSQL, started if needed,
+    where no store is configured)."""
     from redelivery.store.db import database_url, migrate
 
     migrate()
-    typer.echo(f"schema up to date at {_redact(database_url())}")
+    typer.echo(f"schema up to date at {store.masked(database_url())}")
 
 
 @db_app.command("url")
-def db_url() -> None:
-    """Print the application database URL (starting the embedded PostgreSQL if needed)."""
-    from redelivery.store.db import database_url
+def db_url(
+    password: Annotated[bool, typer.Option("--password", help="with its password (for psql)")] = False,
+) -> None:
+    """Print the state store's URL, its password masked (redelivery --verbose db url: which store
+    and why). Starts nothing."""
+    from redelivery.store import embedded
 
-    typer.echo(database_url())
+    found = store.find(start=False)
+    store.tell(found)
+    typer.echo((found.url or embedded.url()) if password else found.shown)
 
 
 @db_app.command("stop")
@@ -55,12 +65,6 @@ def db_stop() -> None:
     from redelivery.store import embedded
 
     embedded.stop()
-
-
-def _redact(url: str) -> str:
-    import re
-
-    return re.sub(r"://([^:/@]+):[^@]+@", r"://\1:***@", url)
 
 
 @app.command("airflow-env")
@@ -434,6 +438,7 @@ def main() -> None:
     failed for user ...`` (``unreachable``) and exits with status 1. Click runs without its
     standalone mode so that its errors reach this one place instead of printing Typer's usage box;
     ``--help`` and a command group given no command still print their help."""
+    store.use()
     try:
         status = app(standalone_mode=False)  # Click's own exit (--help, Ctrl-C) comes back as a status
     except typer.TyperException as exc:  # Typer's (vendored) Click errors: UsageError (exit code 2),
@@ -445,6 +450,9 @@ def main() -> None:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         typer.echo("Aborted!", err=True)
+        raise SystemExit(1) from None
+    except DatabaseUnavailableError as exc:  # no state store to be had: its own line
+        typer.echo(f"redelivery: {' '.join(str(exc).split())}", err=True)
         raise SystemExit(1) from None
     except (RedeliveryError, ValueError) as exc:  # bad input: every one of them is raised before any change
         typer.echo(f"error: {one_line(exc)}", err=True)
@@ -471,6 +479,9 @@ def unreachable(exc: BaseException) -> str | None:
         return None
     if problem.startswith(STATEMENT_TIMED_OUT):  # a read: the time-out is the fix's place
         return f"{problem} (REDELIVERY_READ_TIMEOUT={get_settings().read_timeout:g} s)"
+    found = store.found()
+    if found is not None:
+        return f"{problem} ({found.fix()})"
     if get_settings().database_url:
         return f"{problem} (check REDELIVERY_DATABASE_URL)"
     return f"{problem} (the embedded PostgreSQL: its password is in {embedded.password_file()})"

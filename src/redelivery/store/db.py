@@ -40,7 +40,9 @@ AIRFLOW_TASK_VARIABLE = "AIRFLOW_CTX_DAG_ID"
 def inside_airflow(resolve: Callable[[], str] | None) -> None:
     """From now on, in this process, ``database_url()`` without ``REDELIVERY_DATABASE_URL`` is
     ``resolve()`` (a URL, or an error naming what to define), never the embedded PostgreSQL;
-    None undoes it. The provider's plugin calls it when Airflow loads it (see ``database_url``)."""
+    None undoes it. The provider's plugin calls it when Airflow loads it (see ``database_url``);
+    the ``redelivery`` command too, with its own search (``redelivery.cli.store``: the Airflow
+    connection of the host, else the embedded server)."""
     global _airflow_database_url
     _airflow_database_url = resolve
 
