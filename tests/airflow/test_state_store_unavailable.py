@@ -32,11 +32,12 @@ DAG_ID = "redelivery_client_in_a_task"
 CONN = "redelivery_db"
 #: A DAG of a user: a task that makes ``Client()`` with no URL, as README's example does.
 DAG_FILE = f'''
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
-with DAG("{DAG_ID}", schedule=None, start_date=datetime(2026, 1, 1), is_paused_upon_creation=False):
+with DAG("{DAG_ID}", schedule=None, start_date=datetime(2026, 1, 1), is_paused_upon_creation=False,
+         default_args={{"retries": 2, "retry_delay": timedelta(seconds=1)}}):
 
     @task
     def publish_one():
@@ -134,7 +135,14 @@ def set_connection(base: str, url: str | None) -> None:
 
 
 def run_task(base: str) -> tuple[str, str]:
-    """Trigger the DAG and wait for its run to end: (state, the task's log as text)."""
+    """Trigger the DAG and wait for its run to end: (state, the task's first try's log as text)."""
+    state, log, _ = run_task_tries(base)
+    return state, log
+
+
+def run_task_tries(base: str) -> tuple[str, str, int]:
+    """Trigger the DAG and wait for its run to end: (state, the task's first try's log as text,
+    how many tries it took)."""
     answer = requests.post(f"{base}/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None}, timeout=30)
     assert answer.status_code == 200, answer.text
     run_id = answer.json()["dag_run_id"]
@@ -145,12 +153,9 @@ def run_task(base: str) -> tuple[str, str]:
             break
         assert time.monotonic() < deadline, f"run {run_id} still {state}"
         time.sleep(1)
-    log = requests.get(
-        f"{base}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/publish_one/logs/1",
-        headers={"Accept": "application/json"},
-        timeout=30,
-    )
-    return state, json.dumps(log.json())
+    task = f"{base}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/publish_one"
+    log = requests.get(f"{task}/logs/1", headers={"Accept": "application/json"}, timeout=30)
+    return state, json.dumps(log.json()), requests.get(task, timeout=30).json()["try_number"]
 
 
 def test_a_client_in_a_task_without_the_connection_fails_naming_it(airflow, database_url):
@@ -192,6 +197,33 @@ BROKEN = {
 #: Seconds the Airflow's processes wait for a connection (REDELIVERY_CONNECT_TIMEOUT), and how long
 #: an answer of the page may take beyond it.
 CONNECT_TIMEOUT, GRACE = 2, 8
+
+
+#: What a Client() in a task logs for a store that cannot serve it (issue 37.4: raw psycopg errors,
+#: and 3 tries of a configuration error), and how many tries it takes: a store that cannot be
+#: reached may come back (Airflow's retries), the others are configuration errors.
+TASK_ERRORS = {
+    "missing": ("the Airflow connection 'redelivery_db' is not defined", 1),
+    "unreachable": ("check its host and port, and that the server runs in the Airflow connection "
+                    "'redelivery_db'", 3),
+    "wrong password": ("check its login and password in the Airflow connection 'redelivery_db'", 1),
+    "never migrated": ("has no redelivery schema (it was never migrated): run `redelivery db upgrade`", 1),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("broken", list(TASK_ERRORS))
+def test_a_task_says_what_is_wrong_in_one_line_and_retries_only_an_outage(
+    airflow, database_url, unmigrated, broken
+):
+    url = {"wrong": wrong_password(database_url), "unmigrated": unmigrated}.get(
+        BROKEN[broken][0], BROKEN[broken][0]
+    )
+    set_connection(airflow.url, url)
+    state, log, tries = run_task_tries(airflow.url)
+    said, expected_tries = TASK_ERRORS[broken]
+    assert state == "failed" and tries == expected_tries, (state, tries, log[-3000:])
+    assert said in log and "AIRFLOW_CONN_REDELIVERY_DB" in log, log[-3000:]
+    assert "not-the-password" not in log and not (airflow.state_home / "pgdata").exists()
 
 
 def up(metrics: str) -> float:

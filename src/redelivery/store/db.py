@@ -177,8 +177,8 @@ def check_schema(conn: psycopg.Connection) -> None:
     topic's ids to grow in commit order. Two queries."""
     where = f"database {conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"
     how = (
-        "run `redelivery db upgrade` with REDELIVERY_DATABASE_URL set to it "
-        "(or redelivery.store.db.migrate(url))"
+        "run `redelivery db upgrade` where this store is configured (REDELIVERY_DATABASE_URL, or on "
+        "an Airflow host the connection 'redelivery_db'; or redelivery.store.db.migrate(url))"
     )
     try:
         row = conn.execute(S.SCHEMA_REVISION).fetchone()
