@@ -88,6 +88,7 @@ def airflow(database_url, tmp_path_factory):
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "REDELIVERY_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
+        "REDELIVERY_READ_TIMEOUT": str(READ_TIMEOUT),
     }
     metadata = f"airflow_store_{urlsplit(database_url).path.lstrip('/')}"[:63]
     home = tmp_path_factory.mktemp("airflow-home")
@@ -197,6 +198,8 @@ BROKEN = {
 #: Seconds the Airflow's processes wait for a connection (REDELIVERY_CONNECT_TIMEOUT), and how long
 #: an answer of the page may take beyond it.
 CONNECT_TIMEOUT, GRACE = 2, 8
+#: Seconds a read of the page or the metrics may take (REDELIVERY_READ_TIMEOUT).
+READ_TIMEOUT = 3
 
 
 #: What a Client() in a task logs for a store that cannot serve it (issue 37.4: raw psycopg errors,
@@ -259,3 +262,24 @@ def test_once_the_connection_is_right_the_page_and_the_metrics_work(airflow, cli
     assert requests.get(f"{airflow.url}/redelivery/dlq", timeout=30).status_code == 200
     metrics = requests.get(f"{airflow.url}/redelivery/metrics", timeout=30)
     assert metrics.status_code == 200 and up(metrics.text) == 1
+
+
+def test_a_read_that_outlasts_the_read_timeout_is_a_503_and_redelivery_up_0(airflow, client):
+    """Issue 37.2: a read of the page or the metrics waited as long as a lock was held (a
+    migration, a long transaction); now its statement is cancelled after REDELIVERY_READ_TIMEOUT."""
+    set_connection(airflow.url, client.url)
+    with psycopg.connect(client.url) as holder:
+        holder.execute("LOCK redelivery.subscriptions, redelivery.consumer_groups IN ACCESS EXCLUSIVE MODE")
+        for path in ("/redelivery/dlq", "/redelivery/dlq.json"):
+            started = time.monotonic()
+            page = requests.get(airflow.url + path, timeout=30)
+            assert time.monotonic() - started < READ_TIMEOUT + GRACE, path
+            text = unescape(page.text)
+            assert page.status_code == 503 and "did not answer within its statement time-out" in text, text
+            assert f"REDELIVERY_READ_TIMEOUT ({READ_TIMEOUT} s)" in text, text
+        started = time.monotonic()
+        metrics = requests.get(f"{airflow.url}/redelivery/metrics", timeout=30)
+        assert time.monotonic() - started < READ_TIMEOUT + GRACE
+        assert metrics.status_code == 200 and up(metrics.text) == 0, metrics.text
+        holder.rollback()
+    assert requests.get(f"{airflow.url}/redelivery/dlq", timeout=30).status_code == 200

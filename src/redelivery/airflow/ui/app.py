@@ -187,12 +187,8 @@ class StoreUnavailable(Exception):
         self.problem, self.fix = problem, fix
 
 
-def _where_to_fix(hook: RedeliveryHook, problem: str = "") -> str:
-    """The line saying where the state store the page uses is defined (or, for a read its
-    statement time-out cancelled, where that is set)."""
-    if problem.startswith(STATEMENT_TIMED_OUT):
-        now = get_settings().read_timeout
-        return f"Where to fix it: REDELIVERY_READ_TIMEOUT in the api-server's environment (now {now:g} s)."
+def _where_to_fix(hook: RedeliveryHook) -> str:
+    """The line saying where the state store the page uses is defined."""
     if hook.source == "REDELIVERY_DATABASE_URL":
         return "Where to fix it: REDELIVERY_DATABASE_URL in the api-server's environment (it wins)."
     env = f"AIRFLOW_CONN_{hook.redelivery_conn_id.upper()}"
@@ -215,20 +211,20 @@ def _conn() -> psycopg.Connection:
         problem = unavailable(exc)
         if problem is None:
             raise
-        raise StoreUnavailable(problem, _where_to_fix(hook, problem)) from exc
+        raise StoreUnavailable(problem, _where_to_fix(hook)) from exc
     conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
     return conn
 
 
 @app.exception_handler(psycopg.OperationalError)
-async def store_stopped_answering(request: Request, exc: psycopg.OperationalError) -> Response:
-    """A read cut short after it began (its statement time-out, the server gone): answered as
-    ``store_unavailable``; any other error of the database is raised again (500)."""
-    problem = unavailable(exc)
-    if problem is None:
-        raise exc
-    hook = RedeliveryHook()
-    return await store_unavailable(request, StoreUnavailable(problem, _where_to_fix(hook, problem)))
+async def read_cut_short(request: Request, exc: psycopg.OperationalError) -> Response:
+    """A read cut short (REDELIVERY_READ_TIMEOUT, the server gone): ``store_unavailable``'s 503."""
+    if (problem := unavailable(exc)) is None:
+        raise exc  # another error of the database: 500
+    seconds = get_settings().read_timeout
+    timed_out = f"Where to fix it: REDELIVERY_READ_TIMEOUT ({seconds:g} s) in Airflow's environment."
+    fix = timed_out if problem.startswith(STATEMENT_TIMED_OUT) else _where_to_fix(RedeliveryHook())
+    return await store_unavailable(request, StoreUnavailable(problem, fix))
 
 
 @app.exception_handler(StoreUnavailable)
@@ -496,7 +492,7 @@ def metrics(session: SessionDep) -> Response:
     with conn:
         try:
             text = render_metrics(conn, tier_paused=paused, retention_seconds=retention)
-        except psycopg.OperationalError as exc:  # a read cut short: its statement time-out
+        except psycopg.OperationalError as exc:  # a read cut short: REDELIVERY_READ_TIMEOUT
             if unavailable(exc) is None:
                 raise
             text = render_unavailable(unavailable(exc), tier_paused=paused)
