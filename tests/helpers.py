@@ -207,6 +207,33 @@ def run_cli(
     )
 
 
+@contextlib.contextmanager
+def hung_store():
+    """A state store that hangs (issue 37.2): a TCP listener on 127.0.0.1 that accepts every
+    connection and never answers (not even PostgreSQL's SSL request). Yields its libpq URL; every
+    connection it took is closed at the end."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                taken.append(listener.accept()[0])
+            except OSError:  # closed: the end
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"postgresql://u:p@127.0.0.1:{listener.getsockname()[1]}/redelivery"
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
+        listener.close()
+        for conn in taken:
+            conn.close()
+
+
 def page_state(client, url) -> None:
     """The state the operator page's tests chart (topic orders with group billing exists).
     payments -> audit: 4 messages nacked at 1 s (due 11 s) promoted by the seconds tier's window

@@ -24,6 +24,7 @@ from pydantic import (
 
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import ConfigError
+from redelivery.fields import Time
 from redelivery.messaging.codec import BINARY, JSON, decode, retry_properties
 from redelivery.rules.names import NAME_REGEX, check_name
 from redelivery.store import statements as S
@@ -71,10 +72,11 @@ Text = Annotated[str | None, BeforeValidator(_blank_is_none)]
 
 
 class DlqFilter(BaseModel):
-    """Which dead letters of ``group``: all given conditions must hold. Times are timezone-aware
-    (UTC assumed when naive), ``dead_lettered_from`` inclusive and ``dead_lettered_to`` exclusive;
-    ``error_contains`` matches the last error, case-insensitively, as text (never a pattern);
-    ``key`` the message key exactly. The one declaration of these fields: the CLI's options, the
+    """Which dead letters of ``group``: all given conditions must hold. Times are ISO 8601 text or
+    ``datetime`` (never a number: ``fields.Time``), UTC when they have no zone,
+    ``dead_lettered_from`` inclusive and ``dead_lettered_to`` exclusive; ``error_contains``
+    matches the last error, case-insensitively, as text (never a pattern); ``key`` the message key
+    exactly. The one declaration of these fields: the CLI's options, the
     ``dlq_redrive`` Params, the operator page's form and address and the SQL parameters of
     ``statements.DLQ_FILTER`` are derived from it (``redelivery.fields``).
     Invalid values raise pydantic's ``ValidationError`` (a ``ValueError``) naming the field."""
@@ -85,12 +87,12 @@ class DlqFilter(BaseModel):
     topic: TopicName = Field(
         default=None, title="Topic", description="Only dead letters from this topic. Empty: every topic."
     )
-    dead_lettered_from: datetime | None = Field(
+    dead_lettered_from: Time | None = Field(
         default=None,
         title="Dead-lettered from",
         description="ISO 8601 time, inclusive. Empty: no lower bound.",
     )
-    dead_lettered_to: datetime | None = Field(
+    dead_lettered_to: Time | None = Field(
         default=None,
         title="Dead-lettered before",
         description="ISO 8601 time, exclusive. Empty: no upper bound.",

@@ -12,17 +12,50 @@ from the API's (a redrive's rate limit: 500 messages per second for a person, no
 
 Two rules every form applies: a blank text is no value (a form cannot send None), and an array
 takes its values repeated or separated by commas or spaces.
+
+A time field is declared ``Time`` or ``AwareTime`` (a zone required): ISO 8601 text or a
+``datetime``, never a number, so that a time means one thing on every surface (pydantic's lax
+``datetime`` reads ``20261120`` as Unix seconds, 1970-08-23; the Params' RFC 3339 refuses it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import AwareDatetime, BaseModel, BeforeValidator
 
 #: A field without a default: the form must be given it.
 REQUIRED = object()
+
+
+def iso_8601_only(value: Any) -> Any:
+    """A time field's first check: ``value`` as given when it is not a number, for pydantic to
+    read as ISO 8601 text (or a ``datetime``); raises ``ValueError`` for a number, or a text of
+    one (``20261120``, ``1763596800``), which pydantic would read as Unix seconds."""
+    if isinstance(value, bytes | bytearray):
+        value = value.decode(errors="replace")
+    number = isinstance(value, int | float | Decimal)
+    if isinstance(value, str):
+        try:
+            float(value)
+            number = True
+        except ValueError:
+            pass
+    if number:
+        raise ValueError(
+            f"an ISO 8601 time is needed, e.g. 2026-11-20T00:00:00Z: a number ({str(value).strip()}) "
+            "is never read as a date or as Unix seconds"
+        )
+    return value
+
+
+#: A time: ISO 8601 text or a ``datetime`` (``iso_8601_only``); without a zone, as the model says.
+Time = Annotated[datetime, BeforeValidator(iso_8601_only)]
+#: A time with its zone: ISO 8601 text with an offset or ``Z``, or an aware ``datetime``.
+AwareTime = Annotated[AwareDatetime, BeforeValidator(iso_8601_only)]
 
 
 @dataclass(frozen=True)
@@ -122,4 +155,4 @@ def split_many(values: list[str]) -> list[str]:
     return [part for value in values for part in value.replace(",", " ").split()]
 
 
-__all__ = ["FormField", "REQUIRED", "form_fields", "split_many"]
+__all__ = ["AwareTime", "FormField", "REQUIRED", "Time", "form_fields", "iso_8601_only", "split_many"]

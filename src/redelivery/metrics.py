@@ -101,6 +101,9 @@ _LIBPQ_PREFIX = re.compile(r"^(connection failed: )?(connection to server (at|on
 #: SQLSTATEs of a server that cannot serve a session: connection exceptions (class 08), shut down
 #: or starting (57P01-57P03), too many connections (53300).
 _NO_SESSION = ("57P01", "57P02", "57P03", "53300")
+#: ``unavailable``'s line for a read cancelled by its statement time-out (a read-only surface's:
+#: ``REDELIVERY_READ_TIMEOUT``); psycopg keeps no host, port or time-out with it.
+STATEMENT_TIMED_OUT = "the state store did not answer within its statement time-out"
 
 
 def unavailable(exc: BaseException) -> str | None:
@@ -112,6 +115,8 @@ def unavailable(exc: BaseException) -> str | None:
     - ``authentication failed for user '<user>' at <host>:<port>: <the server's reason>``
       (SQLSTATE 28P01 / 28000, or libpq's words for them at connect time);
     - ``database '<name>' does not exist at <host>:<port>``;
+    - ``the state store did not answer within its statement time-out: ...`` (``STATEMENT_TIMED_OUT``:
+      a read cancelled by PostgreSQL's ``statement_timeout``, SQLSTATE 57014);
     - ``SchemaNotMigratedError`` (never migrated, an older revision), ``DatabaseUnavailableError``
       (no connection defined, the embedded server cannot start): their own text.
 
@@ -128,6 +133,8 @@ def unavailable(exc: BaseException) -> str | None:
         return f"authentication failed for user {user!r}{where}: {reason}"
     if state == "3D000" or (state is None and _NO_DATABASE.search(text)):
         return f"database {dbname!r} does not exist{where}"
+    if state == "57014" and "statement timeout" in text:  # query_canceled by statement_timeout
+        return f"{STATEMENT_TIMED_OUT}: {reason}"
     if state is None or state.startswith("08") or state in _NO_SESSION:
         return f"cannot reach the state store{where}: {reason}"
     return None

@@ -12,6 +12,14 @@ REDELIVERY_CONFIG        YAML file with tiers and policies. Default: none, the d
                          ``redelivery.config.RedeliveryConfig``; the checkout's Makefile sets
                          ``./config/redelivery.yaml``.
 REDELIVERY_PG_PORT       TCP port of the embedded PostgreSQL on 127.0.0.1. Default 54329.
+REDELIVERY_CONNECT_TIMEOUT Seconds a connection to the state store may take (libpq's
+                         ``connect_timeout``, at least 2) before it fails "cannot reach the state
+                         store". Default 10; 0: libpq's none (psycopg waits 130 s). A URL's or a
+                         connection's own ``connect_timeout`` (or ``PGCONNECT_TIMEOUT``) wins.
+REDELIVERY_READ_TIMEOUT  Seconds a statement of a read-only surface (``stats``, the operator page,
+                         ``/redelivery/metrics`` and ``redelivery metrics``, the CLI's reads) may run
+                         (PostgreSQL's ``statement_timeout``) before it is cancelled and the
+                         surface says the state store did not answer. Default 30; 0: none.
 REDELIVERY_SPARK         Where Spark jobs run when a caller asks for a session: ``connect`` (default:
                          the project's own Spark Connect server, started on first use),
                          ``sc://host:port/;token=...`` (any Spark Connect server), or a master
@@ -55,6 +63,8 @@ class Settings(BaseSettings):
     home: Path = Path("~/.redelivery").expanduser()
     config: Path | None = None
     pg_port: int = 54329
+    connect_timeout: int = Field(10, ge=0)
+    read_timeout: float = Field(30.0, ge=0)
     spark: str = "connect"
     spark_connect_port: int = 15002
     spark_connect_bind: str = "127.0.0.1"

@@ -167,3 +167,77 @@ def test_the_provider_links_to_nothing_that_does_not_exist():
     jsonschema.validate(info, json.loads(schema.read_text()))
     assert "http" not in json.dumps(info)
     assert "### Into an existing Airflow" in (REPO_ROOT / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def never_migrated(database_url):
+    """A database on the test's server that was never migrated (libpq URL)."""
+    import psycopg
+    from psycopg import sql
+
+    name = (database_url.rsplit("/", 1)[1] + "_never_migrated")[:63]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield database_url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _wrong_password(url: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(url)
+    return f"postgresql://{info['user']}:not-the-password@{info['host']}:{info['port']}/{info['dbname']}"
+
+
+#: The connection the form tests, and (whether the test passes, what its message says).
+FORM = {
+    "migrated": (None, True, "migrated to"),
+    "never migrated": ("never_migrated", False, "redelivery db upgrade"),
+    "wrong password": ("wrong", False, "authentication failed for user"),
+    "unreachable": ("postgresql://u:p@127.0.0.1:9/redelivery", False, "cannot reach the state store"),
+}
+
+
+@pytest.mark.parametrize("store", list(FORM))
+def test_the_connection_forms_test_button_says_whether_the_store_serves(
+    database_url, never_migrated, monkeypatch, store
+):
+    """Issue 37.4: the Test button of Admin > Connections failed, the hook had no test_connection.
+    Airflow's REST test puts the form's connection in a variable of a transient id and asks the
+    hook of its type; the same here."""
+    from airflow.models.connection import Connection
+    from psycopg.conninfo import conninfo_to_dict
+
+    target, passes, said = FORM[store]
+    url = {None: database_url, "never_migrated": never_migrated, "wrong": _wrong_password(database_url)}.get(
+        target, target
+    )
+    info = conninfo_to_dict(url)
+    conn = Connection(
+        conn_id="redelivery_form_test", conn_type="redelivery", host=info["host"], port=int(info["port"]),
+        login=info["user"], password=info.get("password"), schema=info["dbname"],
+    )  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_FORM_TEST", conn.get_uri())
+    status, message = conn.test_connection()
+    assert status is passes and said in message and "\n" not in message, message
+    assert "not-the-password" not in message
+
+
+def test_a_tier_task_on_a_never_migrated_store_fails_once_naming_the_fix(
+    dagbag, no_state_store, never_migrated, monkeypatch, capfd
+):
+    """Issue 37.4: a tier task retried a configuration error 3 times, its log a raw psycopg error
+    (relation "deliveries" does not exist). Now one try, one line naming the connection and the
+    command that fixes it."""
+    monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_DB", connection_of(never_migrated))
+    run = dagbag.get_dag("redelivery_tier_seconds").test(logical_date=at(10))
+    assert str(run.state).endswith("failed")
+    [ti] = run.get_task_instances()
+    assert ti.try_number == 1, ti.try_number  # no retry of what a retry cannot mend
+    text = "".join(capfd.readouterr())  # the task's log, as dag.test writes it
+    [line] = [ln for ln in text.splitlines() if "has no redelivery schema" in ln]
+    assert "AirflowFailException" in line and "redelivery db upgrade" in line, line
+    assert "the Airflow connection 'redelivery_db'" in line and "does not exist" not in text, line
+    assert not no_state_store.exists()

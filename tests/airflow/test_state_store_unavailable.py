@@ -24,7 +24,7 @@ import requests
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, hung_store
 
 pytestmark = pytest.mark.airflow
 
@@ -32,11 +32,12 @@ DAG_ID = "redelivery_client_in_a_task"
 CONN = "redelivery_db"
 #: A DAG of a user: a task that makes ``Client()`` with no URL, as README's example does.
 DAG_FILE = f'''
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
-with DAG("{DAG_ID}", schedule=None, start_date=datetime(2026, 1, 1), is_paused_upon_creation=False):
+with DAG("{DAG_ID}", schedule=None, start_date=datetime(2026, 1, 1), is_paused_upon_creation=False,
+         default_args={{"retries": 2, "retry_delay": timedelta(seconds=1)}}):
 
     @task
     def publish_one():
@@ -63,6 +64,13 @@ def unmigrated(database_url):
 
 
 @pytest.fixture(scope="module")
+def hung():
+    """A state store that accepts connections and never answers (issue 37.2)."""
+    with hung_store() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def airflow(database_url, tmp_path_factory):
     """The running Airflow (``LocalAirflow``); ``.state_home`` is its processes' REDELIVERY_HOME."""
     from harness.local_airflow import LocalAirflow, free_port
@@ -79,6 +87,8 @@ def airflow(database_url, tmp_path_factory):
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "REDELIVERY_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
+        "REDELIVERY_READ_TIMEOUT": str(READ_TIMEOUT),
     }
     metadata = f"airflow_store_{urlsplit(database_url).path.lstrip('/')}"[:63]
     home = tmp_path_factory.mktemp("airflow-home")
@@ -126,7 +136,14 @@ def set_connection(base: str, url: str | None) -> None:
 
 
 def run_task(base: str) -> tuple[str, str]:
-    """Trigger the DAG and wait for its run to end: (state, the task's log as text)."""
+    """Trigger the DAG and wait for its run to end: (state, the task's first try's log as text)."""
+    state, log, _ = run_task_tries(base)
+    return state, log
+
+
+def run_task_tries(base: str) -> tuple[str, str, int]:
+    """Trigger the DAG and wait for its run to end: (state, the task's first try's log as text,
+    how many tries it took)."""
     answer = requests.post(f"{base}/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None}, timeout=30)
     assert answer.status_code == 200, answer.text
     run_id = answer.json()["dag_run_id"]
@@ -137,12 +154,9 @@ def run_task(base: str) -> tuple[str, str]:
             break
         assert time.monotonic() < deadline, f"run {run_id} still {state}"
         time.sleep(1)
-    log = requests.get(
-        f"{base}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/publish_one/logs/1",
-        headers={"Accept": "application/json"},
-        timeout=30,
-    )
-    return state, json.dumps(log.json())
+    task = f"{base}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/publish_one"
+    log = requests.get(f"{task}/logs/1", headers={"Accept": "application/json"}, timeout=30)
+    return state, json.dumps(log.json()), requests.get(task, timeout=30).json()["try_number"]
 
 
 def test_a_client_in_a_task_without_the_connection_fails_naming_it(airflow, database_url):
@@ -178,7 +192,41 @@ BROKEN = {
     ),
     "wrong password": ("wrong", "authentication failed for user '{user}' at {host}:{port}: "),
     "never migrated": ("unmigrated", r"has no redelivery schema \(it was never migrated\)"),
+    # issue 37.2: the page and the metrics waited 130 s for a store that never answers
+    "hung": ("hung", r"cannot reach the state store: 127\.0\.0\.1:\d+ did not answer within 2 s"),
 }
+#: Seconds the Airflow's processes wait for a connection (REDELIVERY_CONNECT_TIMEOUT), and how long
+#: an answer of the page may take beyond it.
+CONNECT_TIMEOUT, GRACE = 2, 8
+#: Seconds a read of the page or the metrics may take (REDELIVERY_READ_TIMEOUT).
+READ_TIMEOUT = 3
+
+
+#: What a Client() in a task logs for a store that cannot serve it (issue 37.4: raw psycopg errors,
+#: and 3 tries of a configuration error), and how many tries it takes: a store that cannot be
+#: reached may come back (Airflow's retries), the others are configuration errors.
+TASK_ERRORS = {
+    "missing": ("the Airflow connection 'redelivery_db' is not defined", 1),
+    "unreachable": ("check its host and port, and that the server runs in the Airflow connection "
+                    "'redelivery_db'", 3),
+    "wrong password": ("check its login and password in the Airflow connection 'redelivery_db'", 1),
+    "never migrated": ("has no redelivery schema (it was never migrated): run `redelivery db upgrade`", 1),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("broken", list(TASK_ERRORS))
+def test_a_task_says_what_is_wrong_in_one_line_and_retries_only_an_outage(
+    airflow, database_url, unmigrated, broken
+):
+    url = {"wrong": wrong_password(database_url), "unmigrated": unmigrated}.get(
+        BROKEN[broken][0], BROKEN[broken][0]
+    )
+    set_connection(airflow.url, url)
+    state, log, tries = run_task_tries(airflow.url)
+    said, expected_tries = TASK_ERRORS[broken]
+    assert state == "failed" and tries == expected_tries, (state, tries, log[-3000:])
+    assert said in log and "AIRFLOW_CONN_REDELIVERY_DB" in log, log[-3000:]
+    assert "not-the-password" not in log and not (airflow.state_home / "pgdata").exists()
 
 
 def up(metrics: str) -> float:
@@ -187,20 +235,24 @@ def up(metrics: str) -> float:
 
 
 @pytest.mark.parametrize("broken", list(BROKEN))
-def test_the_page_and_the_metrics_say_what_is_wrong(airflow, database_url, unmigrated, broken):
+def test_the_page_and_the_metrics_say_what_is_wrong(airflow, database_url, unmigrated, hung, broken):
     target, said = BROKEN[broken]
-    url = {"wrong": wrong_password(database_url), "unmigrated": unmigrated}.get(target, target)
+    url = {"wrong": wrong_password(database_url), "unmigrated": unmigrated, "hung": hung}.get(target, target)
     if target == "wrong":
         said = re.escape(said.format(**conninfo_to_dict(database_url)))
     set_connection(airflow.url, url)
     for path in ("/redelivery/dlq", "/redelivery/dlq/messages?group=billing", "/redelivery/dlq.json"):
+        started = time.monotonic()
         page = requests.get(airflow.url + path, timeout=30)
+        assert time.monotonic() - started < CONNECT_TIMEOUT + GRACE, path
         assert page.status_code == 503, (path, page.status_code, page.text[:500])
         text = unescape(page.text)
         assert re.search(said, text), (path, text[:2000])
         assert "the Airflow connection 'redelivery_db'" in text and "Internal Server Error" not in text
         assert "not-the-password" not in text
+    started = time.monotonic()
     metrics = requests.get(f"{airflow.url}/redelivery/metrics", timeout=30)
+    assert time.monotonic() - started < CONNECT_TIMEOUT + GRACE
     assert metrics.status_code == 200 and up(metrics.text) == 0
     assert "redelivery_messages" not in metrics.text and "not-the-password" not in metrics.text
 
@@ -210,3 +262,24 @@ def test_once_the_connection_is_right_the_page_and_the_metrics_work(airflow, cli
     assert requests.get(f"{airflow.url}/redelivery/dlq", timeout=30).status_code == 200
     metrics = requests.get(f"{airflow.url}/redelivery/metrics", timeout=30)
     assert metrics.status_code == 200 and up(metrics.text) == 1
+
+
+def test_a_read_that_outlasts_the_read_timeout_is_a_503_and_redelivery_up_0(airflow, client):
+    """Issue 37.2: a read of the page or the metrics waited as long as a lock was held (a
+    migration, a long transaction); now its statement is cancelled after REDELIVERY_READ_TIMEOUT."""
+    set_connection(airflow.url, client.url)
+    with psycopg.connect(client.url) as holder:
+        holder.execute("LOCK redelivery.subscriptions, redelivery.consumer_groups IN ACCESS EXCLUSIVE MODE")
+        for path in ("/redelivery/dlq", "/redelivery/dlq.json"):
+            started = time.monotonic()
+            page = requests.get(airflow.url + path, timeout=30)
+            assert time.monotonic() - started < READ_TIMEOUT + GRACE, path
+            text = unescape(page.text)
+            assert page.status_code == 503 and "did not answer within its statement time-out" in text, text
+            assert f"REDELIVERY_READ_TIMEOUT ({READ_TIMEOUT} s)" in text, text
+        started = time.monotonic()
+        metrics = requests.get(f"{airflow.url}/redelivery/metrics", timeout=30)
+        assert time.monotonic() - started < READ_TIMEOUT + GRACE
+        assert metrics.status_code == 200 and up(metrics.text) == 0, metrics.text
+        holder.rollback()
+    assert requests.get(f"{airflow.url}/redelivery/dlq", timeout=30).status_code == 200

@@ -106,3 +106,38 @@ def test_a_rotated_password_is_read_again_from_the_connection(
     events = asyncio.run(scenario())
     assert [e["ready"] for e in events] == [2, 3]
     assert attempts[0] == (first, True) and attempts[-1] == (second, True)
+
+
+def test_a_missing_connection_is_one_line_per_back_off_and_the_watcher_waits_for_it(
+    client, topic_group, database_url, connection_only, capfd
+):
+    """Issue 37.4: without the connection the watcher failed at once, and the triggerer made it
+    again every 2 s with a stack (700 KB of log in 5 minutes). Now it stays, says one line naming
+    the connection at each attempt, the waits doubling, and fires once the connection exists."""
+    from redelivery.airflow.triggers import ReadyMessagesTrigger
+
+    monkeypatch = connection_only
+    monkeypatch.delenv("AIRFLOW_CONN_REDELIVERY_DB", raising=False)
+    info = conninfo_to_dict(database_url)
+    capfd.readouterr()
+
+    async def scenario():
+        trigger = ReadyMessagesTrigger(topic="orders", group="billing", poll_interval=POLL, settle_timeout=2)
+        async with TriggerWatch(trigger) as watch:
+            await asyncio.sleep(3)  # attempts 0.1, 0.2, 0.4, 0.8, 1.6 s apart
+            assert not watch.task.done(), watch.task.exception()
+            logged = "".join(capfd.readouterr())  # the trigger's log, as the triggerer writes it
+            define_connection(monkeypatch, database_url, info["user"], info["password"])
+            await asyncio.to_thread(client.publish, "orders", [{"n": 1}])
+            await watch.until(1, timeout=20)
+            return logged, watch.events
+
+    logged, events = asyncio.run(scenario())
+    assert [e["ready"] for e in events] == [1]
+    said = [line for line in logged.splitlines() if "redelivery_db" in line]
+    assert 3 <= len(said) <= 6, logged  # once per back-off, not every poll
+    assert "Traceback" not in logged, logged
+    for line in said:
+        assert "warning" in line and "the Airflow connection 'redelivery_db' is not defined" in line, line
+    waits = [float(line.rsplit("trying again in ", 1)[1].split()[0]) for line in said]
+    assert waits == sorted(waits) and waits[-1] >= 4 * waits[0], waits

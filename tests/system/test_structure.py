@@ -41,7 +41,7 @@ ORDER = [
     "airflow.operators", "airflow.http_delivery", "airflow.dags.tiers", "airflow.dags.consumer",
     "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.page",
     "airflow.ui.dead_letter_pages", "airflow.ui.app", "airflow.plugin",
-    "cli.common", "cli.dead_letters", "cli.app", "__main__",
+    "cli.common", "cli.store", "cli.dead_letters", "cli.app", "__main__",
 ]  # fmt: skip
 #: Packages: their __init__ files import nothing of ours (the top one: ``client``, lazily).
 PACKAGES = {"", "rules", "store", "messaging", "tiers", "spark", "jobs", "airflow", "airflow.dags",

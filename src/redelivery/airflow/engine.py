@@ -132,7 +132,7 @@ class EngineHook(BaseHook):
         """Apply one tier window (``redelivery.tiers.run.run_tier``) and return its summary, with
         ``engine`` (module docstring). Raises what ``run_tier`` raises, before anything changes;
         ``RuntimeError`` when a spark-submit did not record a successful run."""
-        url = self.database.get_database_url()
+        url = self.database.get_ready_url()  # a store that cannot serve: one line, before any change
         levels = tier_levels(self.config, request.tier, request.levels)
         with self.database.get_conn() as conn:
             engine = self.choose(count_window(conn, levels, request.window_end))
@@ -167,7 +167,7 @@ class EngineHook(BaseHook):
         return its audit record (with ``engine`` after a spark-submit). A dry run, or one with
         ``max_messages``, runs in the task. Raises what ``redrive`` raises; ``RuntimeError`` when a
         spark-submit did not finish the run."""
-        url = self.database.get_database_url()
+        url = self.database.get_ready_url()  # a store that cannot serve: one line, before any change
         engine = IN_TASK
         if not request.dry_run and request.max_messages is None:
             with self.database.get_conn() as conn:

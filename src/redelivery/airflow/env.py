@@ -102,6 +102,23 @@ def embedded_connection() -> dict:
     }
 
 
+def connection_url(host: str | None, port: int | str | None, login: str | None, password: str | None,
+                   schema: str | None, extra: dict | None = None) -> str:  # fmt: skip
+    """A libpq connection string for an Airflow connection of type redelivery or postgres, from
+    its fields (host, port, login, password, schema = database name, default ``redelivery``); the
+    extras that are libpq keywords (``sslmode``, ``connect_timeout``...) are kept, the others left
+    out. Imports no Airflow (the CLI reads ``AIRFLOW_CONN_REDELIVERY_DB`` with it)."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    keywords = {option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()}
+    kept = {k: str(v) for k, v in (extra or {}).items() if k in keywords}
+    return make_conninfo(
+        host=host, port=port or 5432, user=login, password=password or None, dbname=schema or "redelivery",
+        **kept,
+    )  # fmt: skip
+
+
 def shell_exports(dags_folder: Path | None = None) -> str:
     """``airflow_environ(dags_folder)`` as shell ``export`` lines."""
     import shlex

@@ -17,9 +17,8 @@ import json
 
 import psycopg
 from airflow.sdk import BaseHook
-from psycopg.conninfo import make_conninfo
 
-from redelivery.airflow.env import DB_CONN_ID
+from redelivery.airflow.env import DB_CONN_ID, connection_url
 from redelivery.errors import DatabaseUnavailableError
 from redelivery.settings import get_settings
 from redelivery.store import db
@@ -27,10 +26,6 @@ from redelivery.store import db
 #: The connection's shape, as the missing-connection error shows it.
 EXAMPLE = {"conn_type": "redelivery", "host": "<host>", "port": 5432, "login": "<user>",
            "password": "<password>", "schema": "redelivery"}  # fmt: skip
-
-
-def _libpq_keywords() -> set[str]:
-    return {option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()}
 
 
 def missing_connection(conn_id: str) -> str:
@@ -101,28 +96,90 @@ class RedeliveryHook(BaseHook):
         return _conninfo(conn)
 
     def get_conn(self) -> psycopg.Connection:
-        """A psycopg connection with ``search_path`` set to the ``redelivery`` schema. Raises
-        ``DatabaseUnavailableError`` (no connection), ``psycopg.OperationalError`` (the server
-        cannot be reached or refuses the login)."""
-        return db.connect(self.get_database_url())
+        """A psycopg connection with ``search_path`` set to the ``redelivery`` schema, to a state
+        store migrated to this version (``get_ready_url``), for a task. Raises as
+        ``get_ready_url``."""
+        return db.connect(self.get_ready_url())
+
+    def get_ready_url(self) -> str:
+        """``get_database_url()``, once the state store answered, took the login and showed the
+        schema this version needs (``db.check_schema``; checked once per process and URL): a
+        task's first step, before anything changes. Raises, one line naming the connection and
+        the fix (``store_problem``): ``AirflowFailException`` for a configuration error, which no
+        retry mends (the connection missing, the login refused, no such database, never migrated
+        or at an older revision); ``AirflowException`` for a store that cannot be reached (Airflow
+        retries the task)."""
+        try:
+            url = self.get_database_url()
+            if url not in _READY:
+                with db.connect(url) as conn:
+                    db.check_schema(conn)
+                _READY.add(url)
+            return url
+        except Exception as exc:
+            found = store_problem(exc, self)
+            if found is None:
+                raise
+            from airflow.exceptions import AirflowException, AirflowFailException
+
+            line, configuration = found
+            raise (AirflowFailException if configuration else AirflowException)(line) from None
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The connection form's Test button (Airflow calls it with the form's fields as a
+        connection): ``(True, what answered)`` when the state store answers, takes the login and
+        is migrated to this version's head, else ``(False, what is wrong)``, one line each."""
+        try:
+            url = self.get_database_url()
+            with db.connect(url) as conn:
+                db.check_schema(conn)
+                where = f"{conn.info.host}:{conn.info.port}, database {conn.info.dbname!r}"
+        except Exception as exc:
+            found = store_problem(exc, self)
+            return False, found[0] if found else " ".join(str(exc).split())
+        return True, f"the state store at {where} answers, migrated to {db.head_revision()} (this version's)"
+
+
+#: URLs whose state store this process found migrated (``RedeliveryHook.get_ready_url``).
+_READY: set[str] = set()
+#: What to check for each problem of ``metrics.unavailable`` (by its first words).
+_CHECK = {
+    "cannot reach": "its host and port, and that the server runs",
+    "authentication failed": "its login and password",
+    "database ": "its schema, the database's name",
+}
+
+
+def store_problem(exc: BaseException, hook: RedeliveryHook) -> tuple[str, bool] | None:
+    """``(line, configuration error)`` for a state store that cannot serve (``metrics.unavailable``
+    of ``exc``): one line naming where the store is defined (the connection, or
+    REDELIVERY_DATABASE_URL) and what to check or run; configuration error: no retry can mend it
+    (all but a store that cannot be reached or did not answer in time). None for another error."""
+    from redelivery.metrics import STATEMENT_TIMED_OUT, unavailable
+
+    problem = unavailable(getattr(exc, "orig", None) or exc)
+    if problem is None:
+        return None
+    transient = problem.startswith(("cannot reach", STATEMENT_TIMED_OUT))
+    if isinstance(exc, DatabaseUnavailableError):  # the connection missing: its line names it
+        return problem, True
+    check = next((c for start, c in _CHECK.items() if problem.startswith(start)), None)
+    if hook.source == "REDELIVERY_DATABASE_URL":
+        where = "REDELIVERY_DATABASE_URL in Airflow's environment"
+    else:
+        where = f"{hook.source}: Admin > Connections, or AIRFLOW_CONN_{hook.redelivery_conn_id.upper()}"
+    fix = f"check {check} in {where}" if check else where
+    return f"{problem} ({fix})", not transient
 
 
 def airflow_database_url() -> str:
-    """The state store inside Airflow: ``RedeliveryHook().get_database_url()`` (what the plugin
-    registers as ``redelivery.store.db.database_url``'s answer in Airflow's processes). Raises
-    ``DatabaseUnavailableError`` when the connection ``redelivery_db`` is not defined."""
-    return RedeliveryHook().get_database_url()
+    """The state store inside Airflow: ``RedeliveryHook().get_ready_url()`` (what the plugin
+    registers as ``redelivery.store.db.database_url``'s answer in Airflow's processes: a
+    ``Client()`` in a task). Raises as ``get_ready_url``."""
+    return RedeliveryHook().get_ready_url()
 
 
 def _conninfo(conn) -> str:
-    """A libpq connection string for an Airflow connection of type redelivery or postgres."""
-    keywords = _libpq_keywords()
-    extra = {k: str(v) for k, v in (conn.extra_dejson or {}).items() if k in keywords}
-    return make_conninfo(
-        host=conn.host,
-        port=conn.port or 5432,
-        user=conn.login,
-        password=conn.password or None,
-        dbname=conn.schema or "redelivery",
-        **extra,
-    )
+    """A libpq connection string for an Airflow connection of type redelivery or postgres
+    (``airflow.env.connection_url`` of its fields)."""
+    return connection_url(conn.host, conn.port, conn.login, conn.password, conn.schema, conn.extra_dejson)

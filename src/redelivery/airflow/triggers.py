@@ -21,9 +21,11 @@ from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 
 from redelivery.airflow.assets import asset_uri
 from redelivery.airflow.env import DB_CONN_ID
-from redelivery.airflow.hooks import RedeliveryHook
+from redelivery.airflow.hooks import RedeliveryHook, store_problem
+from redelivery.errors import DatabaseUnavailableError, RedeliveryError
+from redelivery.store import db
 from redelivery.store import statements as S
-from redelivery.store.db import session_options
+from redelivery.store.db import connect_timeouts, session_options
 
 #: Seconds between polls (default), and the bounds accepted.
 DEFAULT_POLL_SECONDS = 5.0
@@ -77,11 +79,12 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     offset with ids in ``(since_id, until_id]``. ``since`` None: from the beginning, ``since_id``
     None: from the consume offset (the first event, or a repeat before any event was confirmed);
     ``until_id`` None: no message seen yet (then ``since_id`` is None too). Raises
-    ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs; when it starts,
-    ``DatabaseUnavailableError`` if the connection is not defined. A database that cannot be
-    reached or refuses the login is retried (waits double up to 60 s), the connection read again
-    before each new attempt, so a password rotated in the connection (or a moved host) is taken
-    without re-creating the trigger; the trigger never ends on its own, except in ack mode for an
+    ``InvalidNameError`` or ``ValueError`` on bad arguments, before anything runs. A connection
+    not defined, a database that cannot be reached, refuses the login or was never migrated is
+    retried (waits double up to 60 s, one warning line each naming the connection and the fix),
+    the connection read again before each new attempt, so a password rotated in the connection
+    (or a moved host, or a connection defined since) is taken without re-creating the trigger;
+    the trigger never ends on its own, except in ack mode for an
     event Airflow did not confirm stored (Airflow re-creates the trigger, which fires it again)."""
 
     def __init__(
@@ -151,16 +154,19 @@ class ReadyMessagesTrigger(BaseEventTrigger):
 
     async def events(self) -> AsyncIterator[tuple[dict, Watermarks]]:
         """Poll forever: ``(payload, watermarks)`` for each edge this copy claimed, the watermarks
-        its claim moved to. A database that cannot be reached or refuses the login is retried
-        (waits double up to 60 s), with the connection as it is then (``_reread``)."""
-        url = self._url = await RedeliveryHook(self.conn_id).aget_database_url()
+        its claim moved to. A connection not defined, a database that cannot be reached, refuses
+        the login or was never migrated is retried (waits double up to 60 s, one line each naming
+        the connection and the fix: ``hooks.store_problem``), with the connection as it is then
+        (``_reread``)."""
         backoff = self.poll_interval
         conn: psycopg.AsyncConnection | None = None
         try:
             while True:
                 try:
                     if conn is None:
+                        url = await self._reread()
                         conn = await connect(url)
+                        await asyncio.to_thread(_check_schema, url)  # never migrated: its own line
                         await self.load(conn)
                         self.log.info(
                             "watching READY messages of %s from watermarks %s and id %s, every %s s",
@@ -171,14 +177,15 @@ class ReadyMessagesTrigger(BaseEventTrigger):
                         )
                     payload = await self.poll(conn)
                     backoff = self.poll_interval
-                except psycopg.Error as exc:
-                    self.log.warning("%s: %s; trying again in %s s", self.asset_uri, exc, backoff)
+                except (psycopg.Error, RedeliveryError) as exc:
+                    found = store_problem(exc, RedeliveryHook(self.conn_id))
+                    problem = found[0] if found else " ".join(str(exc).split())
+                    self.log.warning("%s: %s; trying again in %s s", self.asset_uri, problem, backoff)
                     if conn is not None:
                         await conn.close()
                         conn = None
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
-                    url = self._url = await self._reread(url)
                     continue
                 if payload is not None:
                     self.log.info("%s: %s new READY messages", self.asset_uri, payload["ready"])
@@ -188,15 +195,21 @@ class ReadyMessagesTrigger(BaseEventTrigger):
             if conn is not None:
                 await conn.close()
 
-    async def _reread(self, url: str) -> str:
-        """The state store's URL read again from the connection before a new attempt (a password
-        rotated there, ALTER ROLE ... PASSWORD and the connection changed to match, is taken);
-        ``url`` while the connection cannot be read (logged: the next attempt reads it again)."""
+    async def _reread(self) -> str:
+        """The state store's URL read from the connection before each new attempt (a password
+        rotated there, ALTER ROLE ... PASSWORD and the connection changed to match, is taken; a
+        connection defined since it was missing too); the last one read while Airflow's lookup
+        fails (logged: the next attempt reads it again). Raises ``DatabaseUnavailableError`` when
+        the connection is not defined, or Airflow's error when no URL was ever read."""
         try:
-            return await RedeliveryHook(self.conn_id).aget_database_url()
-        except Exception as exc:  # the connection deleted meanwhile, Airflow's lookup failing
+            self._url = await RedeliveryHook(self.conn_id).aget_database_url()
+        except DatabaseUnavailableError:
+            raise
+        except Exception as exc:  # Airflow's lookup failing
+            if self._url is None:
+                raise
             self.log.warning("%s: reading the connection %r failed: %s", self.asset_uri, self.conn_id, exc)
-            return url
+        return self._url
 
     async def load(self, conn: psycopg.AsyncConnection) -> None:
         """Read the claimed watermarks (None: this asset never fired; the id one None too for a row
@@ -312,12 +325,20 @@ class ReadyMessagesProducer(SharedStreamProducer):
             )
 
 
+def _check_schema(url: str) -> None:
+    """``db.check_schema`` of ``url``'s database (``SchemaNotMigratedError``: never migrated, or at
+    an older revision), on a connection of its own."""
+    with db.connect(url) as conn:
+        db.check_schema(conn)
+
+
 async def connect(url: str, **kwargs) -> psycopg.AsyncConnection:
-    """An autocommit connection to the state store, named in ``pg_stat_activity``."""
+    """An autocommit connection to the state store, named in ``pg_stat_activity``, within
+    ``REDELIVERY_CONNECT_TIMEOUT`` seconds unless the URL or ``kwargs`` say (``connect_timeouts``)."""
     return await psycopg.AsyncConnection.connect(
         url,
         autocommit=True,
         application_name="redelivery-asset-watcher",
         options=session_options(url),
-        **kwargs,
+        **{**connect_timeouts(url), **kwargs},
     )

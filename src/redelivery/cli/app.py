@@ -1,7 +1,8 @@
-"""The ``redelivery`` command (Typer). Uses the embedded PostgreSQL unless REDELIVERY_DATABASE_URL
-is set, and starts it when it is not running. Bad input prints ``error: ...`` and exits with status
-2; a state store that cannot be reached or refuses the login prints ``redelivery: ...`` (one line)
-and exits with status 1."""
+"""The ``redelivery`` command (Typer). Its state store: REDELIVERY_DATABASE_URL, else the host's
+Airflow connection ``redelivery_db``, else the embedded PostgreSQL, started when it is not running
+(``redelivery.cli.store``; ``--verbose`` says which). Bad input prints ``error: ...`` and exits
+with status 2; a state store that cannot be had, reached, or refuses the login prints
+``redelivery: ...`` (one line) and exits with status 1."""
 
 from __future__ import annotations
 
@@ -13,37 +14,49 @@ from typing import Annotated
 
 import typer
 
-from redelivery.cli import dead_letters  # noqa: F401  (registers the dlq and redrive commands)
+from redelivery.cli import (
+    dead_letters,  # noqa: F401  (registers the dlq and redrive commands)
+    store,  # registers --verbose; finds the state store (``store.use``)
+)
 from redelivery.cli.common import (
     JsonOpt,
     _client,
     _emit,
     _migrated,
+    _reading,
     app,
+    command_group,
     db_app,
     policy_app,
+    renamed_option,
     tier_app,
     with_fields,
 )
-from redelivery.errors import RedeliveryError
+from redelivery.errors import DatabaseUnavailableError, RedeliveryError
 from redelivery.tiers.run import TierRunRequest
 
 
 @db_app.command("upgrade")
 def db_upgrade() -> None:
-    """Start the embedded PostgreSQL if needed and apply the schema migrations."""
+    """Apply the schema migrations to the state store (the embedded PostgreSQL, started if needed,
+    where no store is configured)."""
     from redelivery.store.db import database_url, migrate
 
     migrate()
-    typer.echo(f"schema up to date at {_redact(database_url())}")
+    typer.echo(f"schema up to date at {store.masked(database_url())}")
 
 
 @db_app.command("url")
-def db_url() -> None:
-    """Print the application database URL (starting the embedded PostgreSQL if needed)."""
-    from redelivery.store.db import database_url
+def db_url(
+    password: Annotated[bool, typer.Option("--password", help="with its password (for psql)")] = False,
+) -> None:
+    """Print the state store's URL, its password masked (redelivery --verbose db url: which store
+    and why). Starts nothing."""
+    from redelivery.store import embedded
 
-    typer.echo(database_url())
+    found = store.find(start=False)
+    store.tell(found)
+    typer.echo((found.url or embedded.url()) if password else found.shown)
 
 
 @db_app.command("stop")
@@ -52,12 +65,6 @@ def db_stop() -> None:
     from redelivery.store import embedded
 
     embedded.stop()
-
-
-def _redact(url: str) -> str:
-    import re
-
-    return re.sub(r"://([^:/@]+):[^@]+@", r"://\1:***@", url)
 
 
 @app.command("airflow-env")
@@ -78,7 +85,7 @@ def spark_cds(force: Annotated[bool, typer.Option(help="rebuild even if it exist
     typer.echo(f"class-data sharing archive: {build_cds_archive(force)}")
 
 
-spark_app = typer.Typer(help="The project's warm Spark Connect server.", no_args_is_help=True)
+spark_app = command_group("The project's warm Spark Connect server.")
 app.add_typer(spark_app, name="spark-connect")
 
 
@@ -246,7 +253,7 @@ def publish(
 @app.command("stats")
 def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Counts per topic, group and state."""
-    data = _client().stats()
+    data = _client(reading=True).stats()
     lines = [
         f"{'topic':<20} {'group':<24} "
         + " ".join(f"{s:>13}" for s in ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"))
@@ -270,7 +277,6 @@ def metrics_command(
     """The Prometheus metrics of the state store (text exposition format), read now."""
     from redelivery.config import cached_config
     from redelivery.metrics import render, unavailable, write_textfile, write_unavailable_textfile
-    from redelivery.store.db import connect
 
     retention = cached_config().retention.seconds("messages")
     if textfile is not None and textfile.suffix != ".prom":
@@ -278,17 +284,15 @@ def metrics_command(
             f"--textfile {str(textfile)!r} must end in .prom (node-exporter reads only those)"
         )
     try:
-        _migrated()
-        conn = connect()
+        with _reading() as conn:
+            if textfile is None:
+                sys.stdout.write(render(conn, retention_seconds=retention).decode())
+                return
+            _write(lambda path: write_textfile(conn, path, retention), textfile)
     except Exception as exc:
-        if textfile is not None and unavailable(exc) is not None:  # node-exporter sees it down
-            _write(write_unavailable_textfile, textfile)
+        if textfile is not None and unavailable(getattr(exc, "orig", None) or exc) is not None:
+            _write(write_unavailable_textfile, textfile)  # node-exporter sees it down
         raise
-    with conn:
-        if textfile is None:
-            sys.stdout.write(render(conn, retention_seconds=retention).decode())
-            return
-        _write(lambda path: write_textfile(conn, path, retention), textfile)
 
 
 def _write(write, textfile: Path) -> None:
@@ -326,13 +330,11 @@ def policy_show(
     from redelivery.config import cached_config
     from redelivery.rules.names import check_name
     from redelivery.store import statements as S
-    from redelivery.store.db import connect
 
     check_name("topic", topic)
     check_name("group", group)
     config = cached_config()
-    _migrated()
-    with connect() as conn:
+    with _reading() as conn:
         row = conn.execute(S.GROUP_BY_NAME, {"name": group}).fetchone()
         own_max = row[1] if row else None
     policy = config.policy_for(topic, group, own_max)
@@ -380,16 +382,17 @@ def tier_run(
 ) -> None:
     """Run one tier window outside Airflow (window end: now if not given; a time without a zone
     is UTC) and print its summary as JSON."""
+    from pydantic import TypeAdapter, ValidationError
+
     from redelivery.config import cached_config
+    from redelivery.fields import Time
     from redelivery.store.db import migrate
     from redelivery.tiers.run import run_tier, tier_levels
 
-    try:
-        end = (
-            datetime.fromisoformat(fields.pop("window_end")) if "window_end" in fields else datetime.now(UTC)
-        )
-    except ValueError as exc:
-        raise RedeliveryError(f"window_end: {exc}") from None
+    try:  # the field's own type: ISO 8601, never a number (``fields.Time``)
+        end = TypeAdapter(Time).validate_python(fields.pop("window_end", None) or datetime.now(UTC))
+    except ValidationError as exc:
+        raise RedeliveryError(f"window_end: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     end = end if end.tzinfo else end.replace(tzinfo=UTC)
     run_key = f"cli/{tier}/{datetime.now(UTC).isoformat()}"
     request = TierRunRequest(tier=tier, window_end=end, run_key=run_key, **fields)
@@ -417,7 +420,10 @@ def one_line(exc: Exception) -> str:
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
     if isinstance(exc, typer.TyperException):
         return " ".join(exc.format_message().split())
     return " ".join(str(exc).split())
@@ -432,16 +438,21 @@ def main() -> None:
     failed for user ...`` (``unreachable``) and exits with status 1. Click runs without its
     standalone mode so that its errors reach this one place instead of printing Typer's usage box;
     ``--help`` and a command group given no command still print their help."""
+    store.use()
     try:
         status = app(standalone_mode=False)  # Click's own exit (--help, Ctrl-C) comes back as a status
     except typer.TyperException as exc:  # Typer's (vendored) Click errors: UsageError (exit code 2),
         # its BadParameter, MissingParameter, NoSuchOption..., and ClickException
-        if type(exc).__name__ == "NoArgsIsHelpError":  # `redelivery dlq`: its help, printed already
-            raise SystemExit(exc.exit_code) from None  # (Typer checks it by name too: not exported)
-        typer.echo(f"error: {one_line(exc)}", err=True)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `redelivery dlq`: its help (Typer checks it
+            exc.show()  # by name too: not exported)
+            raise SystemExit(exc.exit_code) from None
+        typer.echo(f"error: {renamed_option(exc) or one_line(exc)}", err=True)
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         typer.echo("Aborted!", err=True)
+        raise SystemExit(1) from None
+    except DatabaseUnavailableError as exc:  # no state store to be had: its own line
+        typer.echo(f"redelivery: {' '.join(str(exc).split())}", err=True)
         raise SystemExit(1) from None
     except (RedeliveryError, ValueError) as exc:  # bad input: every one of them is raised before any change
         typer.echo(f"error: {one_line(exc)}", err=True)
@@ -459,13 +470,18 @@ def unreachable(exc: BaseException) -> str | None:
     """The one line of a state store that cannot be reached or refuses the login (psycopg's
     ``OperationalError``, or SQLAlchemy's around it while migrating: ``redelivery.metrics.
     unavailable``) and where to fix it; None for any other error."""
-    from redelivery.metrics import unavailable
+    from redelivery.metrics import STATEMENT_TIMED_OUT, unavailable
     from redelivery.settings import get_settings
     from redelivery.store import embedded
 
     problem = unavailable(getattr(exc, "orig", None) or exc)
     if problem is None:
         return None
+    if problem.startswith(STATEMENT_TIMED_OUT):  # a read: the time-out is the fix's place
+        return f"{problem} (REDELIVERY_READ_TIMEOUT={get_settings().read_timeout:g} s)"
+    found = store.found()
+    if found is not None:
+        return f"{problem} ({found.fix()})"
     if get_settings().database_url:
         return f"{problem} (check REDELIVERY_DATABASE_URL)"
     return f"{problem} (the embedded PostgreSQL: its password is in {embedded.password_file()})"

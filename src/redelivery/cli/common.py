@@ -12,15 +12,19 @@ from pydantic import BaseModel
 
 from redelivery.fields import REQUIRED, form_fields, split_many
 
-app = typer.Typer(
-    help="Batch retry and dead-letter queues for data pipelines.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-db_app = typer.Typer(help="The state store (PostgreSQL).", no_args_is_help=True)
-dlq_app = typer.Typer(help="Dead-letter queues.", no_args_is_help=True)
-tier_app = typer.Typer(help="Tier windows.", no_args_is_help=True)
-policy_app = typer.Typer(help="Retry and dead-letter policies.", no_args_is_help=True)
+
+def command_group(help_text: str, **kwargs) -> typer.Typer:
+    """A Typer app of ``redelivery``'s: its help (and no arguments) shows its commands. Click's
+    plain help formatter, not Rich's panels: Rich cut option names at 80 columns
+    (``--dead-lettered-…``); Click's wraps the descriptions and keeps every name whole."""
+    return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None, **kwargs)
+
+
+app = command_group("Batch retry and dead-letter queues for data pipelines.", pretty_exceptions_enable=False)
+db_app = command_group("The state store (PostgreSQL).")
+dlq_app = command_group("Dead-letter queues.")
+tier_app = command_group("Tier windows.")
+policy_app = command_group("Retry and dead-letter policies.")
 app.add_typer(db_app, name="db")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(tier_app, name="tier")
@@ -34,11 +38,23 @@ def _migrated() -> None:
     migrate()
 
 
-def _client():
+def _client(reading: bool = False):
+    """A ``Client`` of the state store, migrated first; ``reading``: a read-only command's, whose
+    statements are cancelled after ``REDELIVERY_READ_TIMEOUT`` seconds (``db.read_url``)."""
     from redelivery.client import Client
+    from redelivery.store.db import database_url, read_url
 
     _migrated()
-    return Client()
+    return Client(read_url(database_url()) if reading else None)
+
+
+def _reading():
+    """A connection of a read-only command (``db.read_url``: ``REDELIVERY_READ_TIMEOUT``), after
+    the migrations."""
+    from redelivery.store.db import connect, database_url, read_url
+
+    _migrated()
+    return connect(read_url(database_url()))
 
 
 def _emit(data, as_json: bool, text: str | None = None) -> None:
@@ -128,3 +144,26 @@ def with_fields(
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+#: Options renamed (old -> new) when the request models' fields became the options (issue 30).
+RENAMED_OPTIONS = {
+    "--execute": "--no-dry-run",
+    "--keep-reconsume-times": "--no-reset-reconsume-times",
+    "--from": "--dead-lettered-from",
+    "--to": "--dead-lettered-to",
+    "--reason": "--reasons",
+    "--message-id": "--message-ids",
+}
+
+
+def renamed_option(exc: Exception) -> str | None:
+    """The one line for an option given under its old name (Click's ``NoSuchOption`` of a
+    ``RENAMED_OPTIONS`` name whose new name the command takes): both names; else None."""
+    old, ctx = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
+    new = RENAMED_OPTIONS.get(old)
+    if new is None or ctx is None:
+        return None
+    takes = {name for param in ctx.command.params for name in (*param.opts, *param.secondary_opts)}
+    if new not in takes:
+        return None
+    return f"no such option {old}: it was renamed {new} (`{ctx.command_path} --help` lists the options)"

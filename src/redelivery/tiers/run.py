@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from psycopg.types.json import Jsonb
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import InvalidLevelError, InvalidWindowError
+from redelivery.fields import AwareTime
 from redelivery.spark.tasks import default_parallelism, run_in_tasks
 from redelivery.store import db
 from redelivery.store import statements as S
@@ -85,14 +86,14 @@ class TierRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tier: str = Field(min_length=1, title="Tier", description="A tier of the config file.")
-    window_end: AwareDatetime = Field(
+    window_end: AwareTime = Field(
         title="Window end",
         description="ISO 8601 time with zone: every message due by then moves.",
     )
     run_key: str = Field(
         min_length=1, max_length=1000, title="Run key", description="The run's record in tier_runs."
     )
-    window_start: AwareDatetime | None = Field(
+    window_start: AwareTime | None = Field(
         default=None, title="Window start", description="ISO 8601 time with zone, recorded only."
     )
     levels: Annotated[list[int], BeforeValidator(lambda v: [] if v is None else v)] = Field(

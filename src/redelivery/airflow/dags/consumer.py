@@ -129,7 +129,7 @@ Airflow connection `{conn_id}` and acks, retries or rejects every message by the
                     print(f"started by an event of {asset}: {event.extra}")
             params = context["params"]
             target = HttpEndpoint(endpoint_url(conn_id, endpoint), body_field=body_field)
-            with Client(RedeliveryHook().get_database_url()) as client:
+            with Client(RedeliveryHook().get_ready_url()) as client:  # a store that cannot serve: one line
                 counts = drain(
                     client,
                     topic,

@@ -53,9 +53,10 @@ from redelivery.airflow.ui.page import (
 from redelivery.config import cached_config
 from redelivery.dead_letters import MAX_MESSAGE_ID, browse, export, message, summary
 from redelivery.errors import UnknownGroupError, UnknownTopicError
-from redelivery.metrics import CONTENT_TYPE, render_unavailable, unavailable
+from redelivery.metrics import CONTENT_TYPE, STATEMENT_TIMED_OUT, render_unavailable, unavailable
 from redelivery.metrics import render as render_metrics
-from redelivery.store.db import check_schema
+from redelivery.settings import get_settings
+from redelivery.store.db import check_schema, connect, read_url
 
 #: Airflow's audit-log event of a refused read, per route (a refused POST is ``trigger_dag_run``).
 READ_EVENTS = {
@@ -198,8 +199,8 @@ def _conn() -> psycopg.Connection:
     """The state store for one request, its schema checked (``check_schema``), in one read-only
     snapshot (the charts, the counts and the tables agree). Raises ``StoreUnavailable``."""
     hook = RedeliveryHook()
-    try:
-        conn = hook.get_conn()
+    try:  # its statements cancelled after REDELIVERY_READ_TIMEOUT: a read-only surface
+        conn = connect(read_url(hook.get_database_url()))
         try:
             check_schema(conn)
             conn.rollback()
@@ -213,6 +214,17 @@ def _conn() -> psycopg.Connection:
         raise StoreUnavailable(problem, _where_to_fix(hook)) from exc
     conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
     return conn
+
+
+@app.exception_handler(psycopg.OperationalError)
+async def read_cut_short(request: Request, exc: psycopg.OperationalError) -> Response:
+    """A read cut short (REDELIVERY_READ_TIMEOUT, the server gone): ``store_unavailable``'s 503."""
+    if (problem := unavailable(exc)) is None:
+        raise exc  # another error of the database: 500
+    seconds = get_settings().read_timeout
+    timed_out = f"Where to fix it: REDELIVERY_READ_TIMEOUT ({seconds:g} s) in Airflow's environment."
+    fix = timed_out if problem.startswith(STATEMENT_TIMED_OUT) else _where_to_fix(RedeliveryHook())
+    return await store_unavailable(request, StoreUnavailable(problem, fix))
 
 
 @app.exception_handler(StoreUnavailable)
@@ -478,9 +490,13 @@ def metrics(session: SessionDep) -> Response:
             render_unavailable(f"{exc.problem} {exc.fix}", tier_paused=paused), media_type=CONTENT_TYPE
         )
     with conn:
-        return Response(
-            render_metrics(conn, tier_paused=paused, retention_seconds=retention), media_type=CONTENT_TYPE
-        )
+        try:
+            text = render_metrics(conn, tier_paused=paused, retention_seconds=retention)
+        except psycopg.OperationalError as exc:  # a read cut short: REDELIVERY_READ_TIMEOUT
+            if unavailable(exc) is None:
+                raise
+            text = render_unavailable(unavailable(exc), tier_paused=paused)
+        return Response(text, media_type=CONTENT_TYPE)
 
 
 # ---- the dead letters themselves (HTML: redelivery.airflow.ui.dead_letter_pages) ------------------

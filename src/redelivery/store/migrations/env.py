@@ -3,9 +3,9 @@
 import time
 
 from alembic import context
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
-from redelivery.store.db import MIGRATION_LOCK_TIMEOUT_SECONDS
+from redelivery.store.db import MIGRATION_LOCK_TIMEOUT_SECONDS, connect_timeouts
 
 SCHEMA = "redelivery"
 MIGRATION_LOCK = 7_424_001  # pg_advisory_lock key: one migrating process at a time
@@ -27,9 +27,11 @@ def take_migration_lock(connection) -> None:
 
 
 def run_migrations_online() -> None:
+    url = make_url(context.config.get_main_option("sqlalchemy.url"))
+    libpq = url.set(drivername="postgresql").render_as_string(hide_password=False)
     engine = create_engine(
-        context.config.get_main_option("sqlalchemy.url"),
-        connect_args={"application_name": APPLICATION_NAME},  # named in pg_stat_activity
+        url,  # named in pg_stat_activity; REDELIVERY_CONNECT_TIMEOUT, as every connection
+        connect_args={"application_name": APPLICATION_NAME, **connect_timeouts(libpq)},
     )
     try:
         _run(engine)
