@@ -40,7 +40,7 @@ def test_tier_dag_settings(dagbag, dag_id, window):
     dag = dagbag.get_dag(dag_id)
     assert isinstance(dag.timetable, DeltaTriggerTimetable)
     assert dag.timetable.delta == timedelta(hours=1) and dag.timetable.interval == timedelta()
-    assert dag.catchup is False and dag.max_active_runs == 1
+    assert dag.catchup is False and dag.max_active_runs == 2  # the hour's batch, and a manual window
     assert (
         {"redelivery", "tier"} <= set(dag.tags)
         and dag.doc_md
