@@ -6,8 +6,10 @@ on a real cluster)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import zipfile
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,7 +17,7 @@ import pytest
 import redelivery
 from redelivery.settings import get_settings
 from redelivery.spark import deploy
-from redelivery.spark.session import submit_environment
+from redelivery.spark.session import driver_here, submit_environment
 
 
 @pytest.fixture()
@@ -63,20 +65,86 @@ def test_the_executors_python_is_the_drivers_only_on_a_local_master(settings):
     assert deploy.executor_python("local[2]") == deploy.executor_python("yarn") == "./env/bin/python"
 
 
-def test_a_spark_submit_to_a_cluster_puts_no_local_path_and_no_password_on_its_command_line(settings):
-    settings(SPARK_CONF=json.dumps({"spark.kubernetes.driver.secretKeyRef.PGPASSWORD": "db:password"}))
-    env, conf = submit_environment("k8s://https://k:6443", "postgresql://u:s3cret@h:5432/db?sslmode=require")
-    assert env == {"REDELIVERY_DATABASE_URL": "user=u dbname=db host=h port=5432 sslmode=require"}
-    assert not any(sys.executable in value for value in conf.values())
-    assert conf["spark.kubernetes.driver.secretKeyRef.PGPASSWORD"] == "db:password"  # names a secret
-    env, conf = submit_environment("spark://h:7077", "postgresql://u:s3cret@h/db")  # driver here
-    assert env["REDELIVERY_DATABASE_URL"] == "postgresql://u:s3cret@h/db"  # in spark-submit's environment
-    assert "spark.pyspark.python" not in conf and "PYSPARK_PYTHON" not in env  # executors: Spark's own
-    assert conf["spark.pyspark.driver.python"] == sys.executable
+URL = "postgresql://u:s3cret@h:5432/db?sslmode=require"
+ENV_PYTHON = "./env/bin/python"  # the executors' Python, in a packed environment
+
+
+def test_a_driver_here_runs_on_this_python_with_the_whole_url_in_its_environment(settings):
+    """Client mode (spark-submit's and the Spark provider's default) on every master: the driver is
+    this process's machine, so its Python is this interpreter, the executors' theirs, and the URL
+    (password included) is in spark-submit's environment, which no command line shows."""
+    settings(SPARK_EXECUTOR_PYTHON=ENV_PYTHON, SPARK_ARCHIVES="hdfs:///envs/env.tar.gz#env")
+    for master in ("yarn", "k8s://https://k:6443", "spark://h:7077"):
+        for mode in (None, "client"):
+            env, conf = submit_environment(master, URL, deploy_mode=mode)
+            assert env["REDELIVERY_DATABASE_URL"] == URL, (master, mode)
+            assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+            assert conf["spark.pyspark.driver.python"] == sys.executable  # spark-submit's PythonRunner
+            assert conf["spark.pyspark.python"] == ENV_PYTHON  # the executors'
+            assert "PYSPARK_PYTHON" not in env
+
+
+def test_a_driver_in_the_cluster_gets_nothing_of_this_machine_and_no_password(settings):
+    """Cluster mode on YARN and Kubernetes: the Spark provider puts the driver's environment on
+    spark-submit's command line (``spark.yarn.appMasterEnv.*``, ``spark.kubernetes.driverEnv.*``),
+    so the URL goes without its password (the cluster gives it: a secret's name in conf)."""
+    secret = {"spark.kubernetes.driver.secretKeyRef.PGPASSWORD": "db:password"}
+    settings(SPARK_EXECUTOR_PYTHON=ENV_PYTHON, SPARK_CONF=json.dumps(secret))
+    for master in ("yarn", "k8s://https://k:6443"):
+        env, conf = submit_environment(master, URL, deploy_mode="cluster")
+        assert env == {"REDELIVERY_DATABASE_URL": "user=u dbname=db host=h port=5432 sslmode=require"}
+        assert conf["spark.pyspark.python"] == ENV_PYTHON  # the driver's too, there
+        assert "spark.pyspark.driver.python" not in conf and "spark.driver.extraJavaOptions" not in conf
+        assert not any(sys.executable in value for value in conf.values())
+        assert conf["spark.kubernetes.driver.secretKeyRef.PGPASSWORD"] == "db:password"  # names a secret
+
+
+def test_a_deploy_mode_spark_refuses_is_one_line_before_anything_runs(settings):
+    settings()
+    for master in ("spark://h:7077", "local[2]"):
+        with pytest.raises(
+            ValueError, match=r"^deploy-mode cluster cannot run a Python job on master "
+        ) as refused:
+            submit_environment(master, URL, deploy_mode="cluster")
+        assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="^deploy-mode must be client or cluster, got 'remote'$"):
+        driver_here("yarn", "remote")
+    env, conf = submit_environment("spark://h:7077", URL)  # standalone, client: Spark's own python3
+    assert "spark.pyspark.python" not in conf and env["REDELIVERY_DATABASE_URL"] == URL
     assert deploy.submit_files(deploy.deployment({"py_files": "a.py", "archives": "e.tgz#env"})) == (
         "a.py",
         "e.tgz#env",
     )  # the package itself: the driver ships it (deploy.ship)
+
+
+def provider_command(monkeypatch, extra: dict) -> tuple[list[str], dict | None]:
+    """The command line the Spark provider runs for a tier window on a YARN connection with
+    ``extra``, and the environment its process gets (None: the provider's own)."""
+    from redelivery.airflow.engine import spark_submit
+    from redelivery.jobs import application
+
+    conn = {"conn_type": "spark", "host": "yarn", "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_MODES", json.dumps(conn))
+    hook, env = spark_submit("spark_modes", "tier_window", ["--request", "{}"], "redelivery-tier-x", URL)
+    return hook._build_spark_submit_command(application("tier_window")), env
+
+
+def test_the_providers_command_line_holds_no_password_in_either_mode(settings, monkeypatch):
+    settings()
+    extra = {"executor_python": ENV_PYTHON, "archives": "hdfs:///envs/env.tar.gz#env"}
+    command, env = provider_command(monkeypatch, extra)  # client mode: the provider's default
+    assert "s3cret" not in " ".join(command) and "--deploy-mode" not in command
+    assert env["REDELIVERY_DATABASE_URL"] == URL  # spark-submit's own environment: the driver's
+    assert f"spark.pyspark.driver.python={sys.executable}" in command
+    assert f"spark.pyspark.python={ENV_PYTHON}" in command and "hdfs:///envs/env.tar.gz#env" in command
+    command, env = provider_command(monkeypatch, {**extra, "deploy-mode": "cluster"})
+    assert "s3cret" not in " ".join(command) and env is None
+    assert command[command.index("--deploy-mode") + 1] == "cluster"
+    assert (
+        "spark.yarn.appMasterEnv.REDELIVERY_DATABASE_URL=user=u dbname=db host=h port=5432 sslmode=require"
+        in command
+    )
+    assert not [arg for arg in command if sys.executable in arg]
 
 
 def test_the_package_zip_is_built_once_per_content(settings, tmp_path):
