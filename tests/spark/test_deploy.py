@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -186,3 +188,40 @@ def test_a_task_refuses_an_executor_with_another_redelivery_in_one_line(monkeypa
     assert str(raised.value) == line
     with pytest.raises(ValueError, match="other"), deploy.executor_errors():
         raise ValueError("other")
+
+
+def test_a_task_refuses_an_executor_without_the_base_libraries_in_one_line(monkeypatch):
+    """What ``environment_check`` says of an executor that cannot import a library of the base
+    install: the libraries, where, and the driver's versions to install."""
+    assert deploy.environment_check(deploy.Deployment(ship_package=False))() is None  # this process has all
+    monkeypatch.setitem(deploy.EXECUTOR_LIBRARIES, "no-such-lib", "no_such_module")
+    monkeypatch.setitem(deploy.EXECUTOR_LIBRARIES, "pyarrow", "no_such_arrow")
+    line = deploy.environment_check(deploy.Deployment(ship_package=False))()
+    assert "\n" not in line and line.startswith("pyarrow, no-such-lib missing on Spark executor ")
+    assert f"({sys.executable}): install the driver's pyarrow=={pa.__version__}, no-such-lib there" in line
+    with pytest.raises(deploy.ExecutorEnvironmentError) as raised, deploy.executor_errors():
+        raise Exception(f"Job aborted\nTraceback ...\nRuntimeError: {line}\n\tat org...")
+    assert str(raised.value) == line
+
+
+def test_an_executor_that_cannot_start_its_python_is_one_line():
+    spark_said = (
+        "Job aborted due to stage failure: Task 0 in stage 0.0 failed 4 times, most recent failure: "
+        "Lost task 0.3 (TID 3) (10.0.0.7 executor 1): java.io.IOException: "
+        'Cannot run program "./env/bin/python" '
+        '(in directory "/yarn/container_1/abc"): error=2, No such file or directory\n\tat java.base/...'
+    )
+    with pytest.raises(deploy.ExecutorEnvironmentError) as raised, deploy.executor_errors():
+        raise Exception(spark_said)
+    assert str(raised.value).startswith(
+        "a Spark executor cannot start its Python ./env/bin/python (error=2, No such file or directory): "
+    )
+
+
+def test_the_libraries_an_executor_needs_are_the_base_install():
+    from helpers import REPO_ROOT
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]}
+    assert names == set(deploy.EXECUTOR_LIBRARIES)
+    assert deploy.driver_pins()["pyarrow"] == pa.__version__
