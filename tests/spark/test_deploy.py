@@ -149,6 +149,23 @@ def test_the_providers_command_line_holds_no_password_in_either_mode(settings, m
     assert not [arg for arg in command if sys.executable in arg]
 
 
+def test_a_connect_server_holding_the_archives_gives_its_sessions_a_path_to_them(settings, tmp_path):
+    """The project's Spark Connect server takes the archives at start (unpacked once for every
+    session, where a session's archive is uploaded with each session); a session's Python workers
+    start in the session's own folder, one below, so a relative Python goes up one level."""
+    from redelivery.spark import connect_server
+
+    settings(HOME=str(tmp_path), SPARK_EXECUTOR_PYTHON=ENV_PYTHON, SPARK_CONNECT_MASTER="spark://h:7077",
+             SPARK_ARCHIVES="/envs/env.tar.gz#env")  # fmt: skip
+    argv, env = connect_server.command()
+    assert argv[argv.index("--archives") + 1] == "/envs/env.tar.gz#env"
+    assert env["PYSPARK_PYTHON"] == "../env/bin/python"
+    assert connect_server.session_python("/opt/env/bin/python") == "/opt/env/bin/python"
+    assert connect_server.session_python("python3") == "python3"
+    assert deploy.unpacked_as("hdfs:///envs/env.tar.gz#env") == "env"
+    assert deploy.unpacked_as("file:/a/b.zip") == "b.zip"
+
+
 def test_the_package_zip_is_built_once_per_content(settings, tmp_path):
     settings(HOME=str(tmp_path))
     deploy.package_zip.cache_clear()

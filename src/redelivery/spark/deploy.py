@@ -187,13 +187,29 @@ def connect_conf(deploy: Deployment) -> dict[str, str]:
 _shipped: set[tuple[str, str]] = set()
 
 
+def unpacked_as(name: str) -> str:
+    """The folder Spark unpacks archive ``name`` into: its ``#`` fragment, else its file name."""
+    path, _, alias = name.partition("#")
+    return alias or os.path.basename(path.rstrip("/"))
+
+
+def server_archives(spark) -> set[str]:
+    """The folders (``unpacked_as``) of the archives a Spark Connect server unpacks for every
+    session: its own ``spark.archives``, set when it started."""
+    held = spark.conf.get("spark.archives", None) or ""
+    return {unpacked_as(name.strip()) for name in held.split(",") if name.strip()}
+
+
 def ship(spark, deploy: Deployment | None = None) -> None:
     """Give a session's executors the package's archive and the deployment's py-files; on Spark
-    Connect also the deployment's archives (a classic session takes those when it starts:
-    ``spark.archives``, ``--archives``). What the session has already is not added again."""
+    Connect also the deployment's archives that its server does not hold already (``server_archives``:
+    a server started with them unpacks them once for all its sessions; an archive added to a
+    session is uploaded with every session), where a classic session takes them when it starts
+    (``spark.archives``, ``--archives``). What the session has already is not added again."""
     deploy = deploy or deployment()
     if type(spark).__module__.startswith("pyspark.sql.connect"):
-        given = [(name, {"archive": True}) for name in archives(deploy)]
+        held = server_archives(spark) if deploy.archives else set()
+        given = [(name, {"archive": True}) for name in archives(deploy) if unpacked_as(name) not in held]
         given += [(name, {"pyfile": True}) for name in deploy.py_files]
         for name, kind in given:
             if (spark.session_id, name) not in _shipped:
