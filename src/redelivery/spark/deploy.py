@@ -17,7 +17,10 @@ archive rather than py-files: a zip on ``sys.path`` is imported by zipimport, wh
 no folder to read their package's files from (every ``Client`` checks the schema against the
 migration files), and spark-submit's ``--py-files`` would put it on the driver's own path too.
 The session ships it (``ship``), not spark-submit's command line: the driver ships the package it
-runs, wherever it runs (this machine, or a cluster in cluster mode).
+runs, wherever it runs (this machine, or a cluster in cluster mode). Before the first job of an
+application, one task checks that its executor can import the base install's libraries and runs
+the driver's redelivery, and every task checks its own executor first (``environment_check``): a
+refusal is one line, ``ExecutorEnvironmentError``.
 
 What pyspark 4.3 does with these (its source):
 
@@ -33,6 +36,11 @@ What pyspark 4.3 does with these (its source):
 - py-files: ``SparkContext.addPyFile``, ``addArtifacts(..., pyfile=True)`` (Connect; also put on
   the client's ``sys.path``), ``--py-files``; a Python worker puts each ahead of site-packages. On
   Connect the same artifact name with the same bytes again is a no-op, other bytes an error.
+- a Spark Connect session's Python workers start in the session's own folder (``SparkFiles`` root /
+  session id: ``PythonWorkerFactory``), where its artifacts are, one below the server's own
+  ``spark.archives``;
+- a task that raises is tried again (``spark.task.maxFailures``, 4 on a cluster): only a failure
+  to serialize aborts at once, so a check that must not be retried returns its answer.
 """
 
 from __future__ import annotations
