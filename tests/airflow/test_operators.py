@@ -83,7 +83,7 @@ def test_submit_environment_for_a_local_driver():
 
 
 def test_submit_environment_for_a_cluster_sends_no_local_paths():
-    env, conf = submit_environment("yarn", "postgresql://u@h/db")
+    env, conf = submit_environment("yarn", "postgresql://u@h/db", deploy_mode="cluster")  # a driver there
     assert env == {"REDELIVERY_DATABASE_URL": "postgresql://u@h/db"}
     assert "spark.pyspark.python" not in conf and "spark.driver.extraJavaOptions" not in conf
 

@@ -1,19 +1,25 @@
 """redelivery on a standalone Spark cluster whose workers have their own Python, set up as README
-"On a Spark cluster" says (issue 28): a master and two workers (one core each) on 127.0.0.1,
+"On a Spark cluster" says (issues 28, 37): a master and two workers (one core each) on 127.0.0.1,
 started from the pyspark of the workers' own virtual environment, which holds the executor
 install (the base wheel, no extras, built from a copy of the sources: its redelivery is another
 version, ``OLD``) and PySpark; nothing of the checkout is on their paths, and no executor Python is
-set: Spark's own ``python3`` is found first on the workers' PATH, in their environment.
+set: Spark's own ``python3`` is found first on the workers' PATH, in their environment. Beside it,
+the packed environment README's recipe makes (the base install with the driver's versions, no
+PySpark, built on the nodes' interpreter ``NODES_PYTHON``, packed by venv-pack), which a job ships
+as an archive and runs as ``./env/bin/python``.
 
-Through that cluster, with a classic session (its driver in a process of its own: one
-SparkContext per process, and the suite may hold a local one) and with a Spark Connect server
-started on it (``REDELIVERY_SPARK_CONNECT_MASTER``): a tier window, ``publish_dataframe``,
-``lease`` -> ``settle`` and a redrive, each ending exactly once per group; every task runs the
-driver's package (its zip, shipped by the job, ahead of the workers' ``OLD``). Then a session that
-ships nothing finds ``OLD`` on the executors and fails with one line naming both versions.
+Through that cluster, every driver in client mode (on this machine): a classic session, a Spark
+Connect server started on it (``REDELIVERY_SPARK_CONNECT_MASTER``) that holds the packed
+environment once for every session, and the engine hook's spark-submit through the Spark provider
+with the packed environment (no password on any command line, the driver on this Python, the
+executors on the archive's): a tier window, ``publish_dataframe``, ``lease`` -> ``settle`` and a
+redrive, each ending exactly once per group; every task runs the driver's package (its zip,
+shipped by the job, ahead of the workers' ``OLD``). Then a session that ships nothing finds ``OLD``
+on the executors, and executors on a Python without the base libraries, each refused with one line
+on the first task (no retry).
 
-About 1.5-2 minutes: the workers' environment (from uv's cache), the cluster, a classic driver,
-the Connect server."""
+About 3 minutes: the workers' environment and the packed one (from uv's cache), the cluster, a
+classic driver, the Connect server, a spark-submit."""
 
 from __future__ import annotations
 
@@ -24,8 +30,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +45,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UV = str(Path(sys.executable).parent / "uv")
 OLD = "0.0.9"  # the redelivery the workers have installed: not the driver's
-#: What both drivers give the cluster (REDELIVERY_SPARK_CONF): reachable on 127.0.0.1, small executors.
+#: What every driver gives the cluster (REDELIVERY_SPARK_CONF): reachable on 127.0.0.1, small executors.
 DRIVER_CONF = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "512m"}
+#: The interpreter the nodes have, at the same path on each (not the driver's): the packed
+#: environment is built on it, so its ``bin/python`` link leads there on every node.
+NODES_PYTHON = Path("/usr/bin/python3.11")
 
 
 def free_port() -> int:
@@ -88,6 +100,30 @@ def workers_python(tmp_path_factory) -> Path:
     names = {p["name"] for p in json.loads(listed)}
     assert not {n for n in names if n.startswith(("apache-airflow", "pyspark-client", "typer", "pandas"))}
     return python
+
+
+@pytest.fixture(scope="module")
+def packed_env(workers_python, tmp_path_factory) -> Path:
+    """README's recipe for the executors' environment as an archive: the base install (here the
+    ``OLD`` wheel) with the driver's versions as constraints, no PySpark (the cluster's own serves),
+    in a virtual environment made on the nodes' interpreter, packed by venv-pack."""
+    if not NODES_PYTHON.exists():
+        pytest.skip(f"{NODES_PYTHON} (the nodes' interpreter) is not on this machine")
+    where = tmp_path_factory.mktemp("packed")
+    (wheel,) = (workers_python.parents[2] / "dist").glob("redelivery-*.whl")
+    pins = run(UV, "pip", "freeze", "--python", sys.executable, "--exclude-editable").stdout
+    (where / "driver-pins.txt").write_text(pins)  # the driver's versions: the executors' pins
+    run(UV, "venv", "--quiet", "--python", str(NODES_PYTHON), str(where / "env"))
+    install = [UV, "pip", "install", "--quiet", "--python", str(where / "env" / "bin" / "python"),
+               "-c", str(where / "driver-pins.txt"), str(wheel)]  # fmt: skip
+    if subprocess.run([*install, "--offline"], capture_output=True).returncode != 0:
+        run(*install)
+    archive = where / "redelivery-env.tar.gz"
+    run(str(Path(sys.executable).parent / "venv-pack"), "-q", "-p", str(where / "env"), "-o", str(archive))
+    names = run("tar", "-tzf", str(archive)).stdout.splitlines()
+    assert not [n for n in names if "/site-packages/pyspark/" in n] and "bin/python" in names
+    assert archive.stat().st_size < 100 * 2**20  # 66 MB; with PySpark it was 522 MB
+    return archive
 
 
 def spark_home_of(python: Path) -> Path:
@@ -210,15 +246,15 @@ def flows(spark, url: str) -> dict:
     return json.loads(json.dumps(out, default=str))
 
 
-def check(results: dict, url: str, workers_python: Path) -> None:
-    """Every task ran the driver's package on the workers' Python, nothing of the checkout in
-    sight, and each path ended exactly once per group."""
+def check(results: dict, url: str, python: Callable[[str], bool]) -> None:
+    """Every task ran the driver's package on the executors' Python (``python`` of its path says
+    so), nothing of the checkout in sight, and each path ended exactly once per group."""
     import redelivery
     from redelivery.client import Client
     from redelivery.spark.deploy import package_zip
 
     for where in results["executors"]:
-        assert Path(where["python"]).parent == workers_python.parent  # the workers' python3
+        assert python(where["python"]), where["python"]
         # the driver's package, unpacked by Spark among the task's files ("." on a classic executor)
         files = os.path.normpath(os.path.join(where["cwd"], where["files"]))
         shipped = os.path.join(files, package_zip().stem, "redelivery", "__init__.py")
@@ -247,14 +283,123 @@ def test_a_classic_session_on_the_cluster(cluster, clean_db):
     env = {**driver_env(clean_db), "PYTHONPATH": f"{REPO_ROOT / 'tests'}{os.pathsep}{REPO_ROOT}"}
     done = run(sys.executable, __file__, cluster.master, env=env, timeout=400)
     results = json.loads(done.stdout.split("REDELIVERY_CLUSTER ", 1)[1])
-    check(results, clean_db, cluster.python)
+    check(results, clean_db, lambda python: Path(python).parent == cluster.python.parent)  # workers' python3
 
 
+def from_the_archive(python: str) -> bool:
+    """Whether ``python`` is ``bin/python`` of the packed environment, unpacked as ``env``, a link
+    to the nodes' interpreter."""
+    return python.endswith("/env/bin/python") and os.path.realpath(python) == os.path.realpath(NODES_PYTHON)
+
+
+def test_executors_without_the_base_libraries_fail_with_one_line_on_the_first_task(cluster, clean_db):
+    """Executors on the nodes' bare Python (no pyarrow, no psycopg): the first task (a plain Python
+    UDF: an Arrow task could not even start there) says so in one line, with the driver's versions;
+    no task fails, so Spark tries none again (4 attempts on a cluster, 15-35 s, a traceback)."""
+    env = {**driver_env(clean_db), "REDELIVERY_SPARK_EXECUTOR_PYTHON": str(NODES_PYTHON),
+           "PYTHONPATH": f"{REPO_ROOT / 'tests'}{os.pathsep}{REPO_ROOT}"}  # fmt: skip
+    done = run(sys.executable, __file__, cluster.master, "probe", env=env, timeout=300)
+    line = json.loads(done.stdout.split("REDELIVERY_CLUSTER ", 1)[1])
+    missing = line.split(" missing on Spark executor ", 1)[0].split(", ")
+    assert {"pyarrow", "psycopg"} <= set(missing), line
+    assert f"({NODES_PYTHON}): install the driver's " in line and "\n" not in line
+    assert "Lost task" not in done.stderr  # no attempt failed
+
+
+@contextmanager
+def every_process():
+    """Each process's command lines (a pid's changes as spark-submit's scripts exec the JVM), its
+    working directory, and its ``REDELIVERY_DATABASE_URL``, polled from /proc while the block runs."""
+    seen: dict[int, dict] = {}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    argv = [
+                        a.decode(errors="replace")
+                        for a in Path(entry.path, "cmdline").read_bytes().split(b"\0")
+                        if a
+                    ]
+                    found = seen.setdefault(
+                        int(entry.name), {"argvs": [], "cwd": os.readlink(Path(entry.path, "cwd"))}
+                    )
+                    if argv and argv not in found["argvs"]:
+                        found["argvs"].append(argv)
+                        for item in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                            if item.startswith(b"REDELIVERY_DATABASE_URL="):
+                                found["url"] = item.split(b"=", 1)[1].decode()
+                except OSError:
+                    continue  # gone meanwhile
+            stop.wait(0.1)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def test_spark_submit_in_client_mode_on_the_cluster(cluster, packed_env, clean_db, monkeypatch):
+    """The engine hook's spark-submit through the Spark provider in client mode (its default, and
+    Airflow's): the driver here on this Python with the URL, password included, in spark-submit's
+    environment and on no command line; the executors on the packed environment's Python."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from helpers import at
+    from redelivery.airflow.engine import EngineHook
+    from redelivery.airflow.hooks import RedeliveryHook
+    from redelivery.client import Client
+    from redelivery.config import RedeliveryConfig
+    from redelivery.jobs import application
+    from redelivery.settings import get_settings
+    from redelivery.tiers.run import TierRunRequest
+
+    extra = {"deploy-mode": "client", "archives": f"{packed_env}#env", "executor_python": "./env/bin/python",
+             "conf": DRIVER_CONF}  # fmt: skip
+    spark_conn = {"conn_type": "spark", "host": cluster.master, "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_REDELIVERY_SPARK_CLUSTER", json.dumps(spark_conn))
+    monkeypatch.setenv("REDELIVERY_DATABASE_URL", clean_db)
+    get_settings.cache_clear()
+    with Client(clean_db) as client:
+        client.create_topic("orders")
+        client.create_group("billing")
+        client.subscribe("billing", "orders")
+        client.publish("orders", [{"n": i} for i in range(2000)], at=at(0))
+        client.nack("billing", client.receive("billing", "orders", 2000, 30, at=at(0)), error="x", at=at(0))
+    engine = EngineHook("redelivery_spark_cluster", RedeliveryHook(), RedeliveryConfig(spark_threshold=1))
+    try:
+        with every_process() as seen:
+            summary = engine.run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="submit-1"))
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert summary["engine"] == "spark-submit" and summary["promoted"] == 2000
+    password = conninfo_to_dict(clean_db)["password"]
+    assert password and not [argv for p in seen.values() for argv in p["argvs"] if password in " ".join(argv)]
+    submit = [p for p in seen.values() if any("redelivery-tier-seconds" in argv for argv in p["argvs"])]
+    assert submit and all(p.get("url") == clean_db for p in submit)  # from spark-submit's environment
+    driver = [p for p in seen.values() if [sys.executable, application("tier_window")] in
+              [argv[:2] for argv in p["argvs"]]]  # fmt: skip
+    assert driver, "no driver on this Python"
+    daemons = [p for p in seen.values() if any("pyspark.daemon" in argv for argv in p["argvs"])]
+    executors = [p for p in daemons if p["cwd"].startswith(str(cluster.logs))
+                 and p["argvs"][0][0] == "./env/bin/python"]  # fmt: skip
+    assert executors, "no executor on the packed environment's Python"
+
+
+# The Connect server holds the cluster's cores until the module ends: its tests come last.
 @pytest.fixture(scope="module")
-def connect_server(cluster, database_url, tmp_path_factory):
+def connect_server(cluster, packed_env, database_url, tmp_path_factory):
     """The project's Spark Connect server with its executors on the cluster
-    (``REDELIVERY_SPARK_CONNECT_MASTER``), started by ``redelivery spark-connect start`` with a
-    home of its own (not the checkout's server); yields its URL."""
+    (``REDELIVERY_SPARK_CONNECT_MASTER``) and the packed environment (``REDELIVERY_SPARK_ARCHIVES``,
+    executors on ``./env/bin/python``), started by ``redelivery spark-connect start`` with a home of
+    its own (not the checkout's server); yields its URL."""
     from helpers import CLI
     from redelivery.spark.jvm import cds_archive
 
@@ -263,7 +408,8 @@ def connect_server(cluster, database_url, tmp_path_factory):
         (home / cds_archive().name).symlink_to(cds_archive())
     env = {**driver_env(database_url), "REDELIVERY_HOME": str(home), "REDELIVERY_SPARK_CONNECT_MASTER":
            cluster.master, "REDELIVERY_SPARK_CONNECT_PORT": str(free_port()),
-           "REDELIVERY_SPARK_CONNECT_MEMORY": "1g"}  # fmt: skip
+           "REDELIVERY_SPARK_CONNECT_MEMORY": "1g", "REDELIVERY_SPARK_ARCHIVES": f"{packed_env}#env",
+           "REDELIVERY_SPARK_EXECUTOR_PYTHON": "./env/bin/python"}  # fmt: skip
     run(CLI, "spark-connect", "start", env=env, timeout=240)
     try:
         yield run(CLI, "spark-connect", "url", env=env).stdout.strip()
@@ -271,19 +417,31 @@ def connect_server(cluster, database_url, tmp_path_factory):
         run(CLI, "spark-connect", "stop", env=env)
 
 
-def test_spark_connect_on_the_cluster(connect_server, cluster, clean_db):
+def test_spark_connect_on_the_cluster(connect_server, packed_env, clean_db, monkeypatch):
+    """A client with the server's settings: the server holds the packed environment for every
+    session, so the session uploads only the package's zip, never the 66 MB archive."""
+    from redelivery.settings import get_settings
+    from redelivery.spark import deploy
     from redelivery.spark.session import get_spark
 
+    monkeypatch.setenv("REDELIVERY_SPARK_ARCHIVES", f"{packed_env}#env")
+    get_settings.cache_clear()
     spark = get_spark("redelivery-cluster-connect", master=connect_server)
     try:
-        check(flows(spark, clean_db), clean_db, cluster.python)
+        assert deploy.server_archives(spark) == {"env"}
+        assert [name for session, name in deploy._shipped if session == spark.session_id] == [
+            f"{deploy.package_zip()}#{deploy.package_zip().stem}"
+        ]
+        check(flows(spark, clean_db), clean_db, from_the_archive)
     finally:
         spark.stop()
+        monkeypatch.undo()
+        get_settings.cache_clear()
 
 
 def test_an_executor_with_another_redelivery_fails_with_one_line(connect_server, monkeypatch):
     """A session that ships nothing (REDELIVERY_SPARK_SHIP_PACKAGE=false) leaves the executors their
-    own redelivery, OLD: the first thing each task does is compare it with the driver's."""
+    own redelivery, OLD (the packed environment's): the first task compares it with the driver's."""
     import redelivery
     from redelivery.settings import get_settings
     from redelivery.spark.deploy import ExecutorEnvironmentError
@@ -305,12 +463,20 @@ def test_an_executor_with_another_redelivery_fails_with_one_line(connect_server,
     assert f"redelivery {redelivery.__version__} on the driver" in line
 
 
-if __name__ == "__main__":  # the classic driver: python test_cluster.py spark://host:port
+if __name__ == "__main__":  # the classic driver: python test_cluster.py spark://host:port [probe]
+    from redelivery.spark.deploy import ExecutorEnvironmentError
     from redelivery.spark.session import get_spark
+    from redelivery.spark.tasks import run_in_tasks
 
     session = get_spark("redelivery-cluster-classic", master=sys.argv[1])
     try:
-        results = flows(session, os.environ["REDELIVERY_DATABASE_URL"])
+        if sys.argv[2:] == ["probe"]:
+            try:
+                results = run_in_tasks(session, str, [0])
+            except ExecutorEnvironmentError as refused:
+                results = str(refused)
+        else:
+            results = flows(session, os.environ["REDELIVERY_DATABASE_URL"])
     finally:
         session.stop()
     print("REDELIVERY_CLUSTER " + json.dumps(results), flush=True)

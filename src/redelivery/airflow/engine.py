@@ -12,7 +12,11 @@ connection ``redelivery_spark`` says:
   spark-submit of the package's entry point (``redelivery.jobs``) through the provider's
   ``SparkSubmitHook``. The request travels as JSON (a tier run) or by run key in the state store
   (a redrive: a list of message ids can pass Linux's 128 KiB limit on one argument), and the
-  summary comes back from the run's record (``tier_runs``, ``redrive_runs``).
+  summary comes back from the run's record (``tier_runs``, ``redrive_runs``). The driver runs
+  here in client mode (the provider's default; any master) on this Python with the database URL
+  in spark-submit's environment, or in the cluster with the connection's extra ``"deploy-mode":
+  "cluster"`` (YARN, Kubernetes) on the executors' Python, the URL without its password
+  (``spark_submit``).
 
 ``EngineHook.choose`` names the three ``IN_TASK``, ``SPARK_CONNECT`` and ``SPARK_SUBMIT``
 (``"in-task"``, ``"spark-connect"``, ``"spark-submit"``). A tier run's summary carries ``engine``:
@@ -23,6 +27,7 @@ a spark-submit, and no ``engine`` otherwise.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -36,7 +41,7 @@ from redelivery.jobs import application
 from redelivery.redrive import RedriveRequest, open_run, redrive, run_record
 from redelivery.settings import get_settings
 from redelivery.spark import deploy
-from redelivery.spark.session import submit_environment
+from redelivery.spark.session import driver_here, submit_environment
 from redelivery.store import statements as S
 from redelivery.tiers.run import TierRunRequest, run_tier, tier_levels
 from redelivery.tiers.window import count_window
@@ -215,16 +220,34 @@ class EngineHook(BaseHook):
             spark.stop()
 
     def _submit(self, job: str, args: list[str], name: str) -> None:
-        """spark-submit of entry point ``job`` to the connection's master, through the provider, with
-        the package's zip as py-files and the connection's extras (``deploy.deployment``)."""
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+        """spark-submit of entry point ``job`` to the connection's master, through the provider
+        (``spark_submit``)."""
+        self._submit_hook, env = spark_submit(
+            self.spark_conn_id, job, args, name, self.database.get_database_url()
+        )
+        self._submit_hook.submit(application(job), **({"env": env} if env is not None else {}))
 
-        connection = spark_connection(self.spark_conn_id)
-        master, deployment = connection.host or "yarn", deploy.deployment(connection.extra_dejson)
-        env_vars, conf = submit_environment(master, self.database.get_database_url(), deployment)
-        py_files, archives = deploy.submit_files(deployment)
-        self._submit_hook = SparkSubmitHook(
-            conn_id=self.spark_conn_id, conf=conf, env_vars=env_vars, name=name, application_args=args,
-            py_files=py_files, archives=archives,
-        )  # fmt: skip
-        self._submit_hook.submit(application(job))
+
+def spark_submit(conn_id: str, job: str, args: list[str], name: str, database_url: str | None):
+    """``(hook, env)``: the Spark provider's ``SparkSubmitHook`` for entry point ``job`` on Spark
+    connection ``conn_id`` (its master and ``deploy-mode`` extra, as the provider reads them; its
+    other extras: ``deploy.deployment``), and the environment of spark-submit's process to pass to
+    ``hook.submit`` (None: the provider's). A driver here (client mode, the provider's default)
+    gets the database URL in that environment, never as ``env_vars``, which the provider puts on
+    the command line on YARN and Kubernetes; a driver in the cluster gets it as ``env_vars``,
+    without its password (``session.submit_environment``). Raises ``RuntimeError`` for a missing
+    connection, ``ValueError`` (one line) for a bad extra or a deploy mode Spark refuses."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    connection = spark_connection(conn_id)
+    deployment = deploy.deployment(connection.extra_dejson)
+    target = SparkSubmitHook(conn_id=conn_id)._connection  # the master and mode the provider will use
+    master, mode = target["master"], target["deploy_mode"]
+    env, conf = submit_environment(master, database_url, deployment, mode)
+    here = driver_here(master, mode)
+    py_files, archives = deploy.submit_files(deployment)
+    hook = SparkSubmitHook(
+        conn_id=conn_id, conf=conf, env_vars=None if here else env, name=name, application_args=args,
+        py_files=py_files, archives=archives,
+    )  # fmt: skip
+    return hook, {**os.environ, **env} if here else None

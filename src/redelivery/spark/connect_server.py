@@ -8,8 +8,10 @@ with ``local[<cores>,3]`` (a failed task is tried up to 3 times), or on the mast
 ``REDELIVERY_HOME/spark-connect/token`` (mode 0600). Its log and pid file are in the same folder.
 Its executors' Python is the server's ``PYSPARK_PYTHON`` for every session (Spark Connect reads
 nothing else): this interpreter in local mode, else ``REDELIVERY_SPARK_EXECUTOR_PYTHON`` (none:
-Spark's own); ``REDELIVERY_SPARK_CONF`` goes on its command line (executor memory, cores, ...).
-Each session gets the package's zip and the archives itself (``deploy.ship``).
+Spark's own); ``REDELIVERY_SPARK_CONF`` goes on its command line (executor memory, cores, ...),
+and ``REDELIVERY_SPARK_ARCHIVES`` too (``--archives``): the executors unpack a packed environment
+once for every session, where an archive a session adds is uploaded with each session (65 MB for
+every tier run). Each session gets the package's zip itself (``deploy.ship``).
 
 Clients reach it as ``sc://localhost:<port>/;token=<token>``: pyspark sends a token without TLS
 only to ``localhost`` (to any other host it opens a TLS channel, which this server has not); for
@@ -126,6 +128,9 @@ def command() -> tuple[list[str], dict[str, str]]:
             "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC"]  # fmt: skip
     for key, value in deployment.conf.items():
         argv += ["--conf", f"{key}={value}"]
+    if deployment.archives:  # unpacked once per executor for every session (deploy.ship skips them)
+        argv += ["--archives", ",".join(deployment.archives)]
+        python = session_python(python)
     # A JVM out of heap hangs its scheduler with the server still listening: exit instead, so the
     # jobs running fail at once and the next caller starts a fresh server.
     java_options = f"-XX:+ExitOnOutOfMemoryError {driver_java_options()}".strip()
@@ -135,6 +140,17 @@ def command() -> tuple[list[str], dict[str, str]]:
     if python:  # what the server hands every session's Python functions (SparkConnectPlanner)
         env["PYSPARK_PYTHON"] = python
     return [*argv, "spark-internal"], env
+
+
+def session_python(python: str | None) -> str | None:
+    """The executors' Python as a Connect server with archives of its own must name it: a
+    session's Python workers start in the session's own folder, one below the executors' files
+    where the server's archives are unpacked (``SparkFiles`` root / session id: pyspark's
+    ``PythonWorkerFactory``), so a relative path (``./env/bin/python``) goes up one level
+    (``../env/bin/python``); an absolute path or a bare name (found on ``PATH``) is kept."""
+    if not python or os.path.isabs(python) or "/" not in python:
+        return python
+    return "../" + python.removeprefix("./")
 
 
 def ensure_running() -> str:

@@ -17,7 +17,10 @@ archive rather than py-files: a zip on ``sys.path`` is imported by zipimport, wh
 no folder to read their package's files from (every ``Client`` checks the schema against the
 migration files), and spark-submit's ``--py-files`` would put it on the driver's own path too.
 The session ships it (``ship``), not spark-submit's command line: the driver ships the package it
-runs, wherever it runs (this machine, or a cluster in cluster mode).
+runs, wherever it runs (this machine, or a cluster in cluster mode). Before the first job of an
+application, one task checks that its executor can import the base install's libraries and runs
+the driver's redelivery, and every task checks its own executor first (``environment_check``): a
+refusal is one line, ``ExecutorEnvironmentError``.
 
 What pyspark 4.3 does with these (its source):
 
@@ -33,6 +36,11 @@ What pyspark 4.3 does with these (its source):
 - py-files: ``SparkContext.addPyFile``, ``addArtifacts(..., pyfile=True)`` (Connect; also put on
   the client's ``sys.path``), ``--py-files``; a Python worker puts each ahead of site-packages. On
   Connect the same artifact name with the same bytes again is a no-op, other bytes an error.
+- a Spark Connect session's Python workers start in the session's own folder (``SparkFiles`` root /
+  session id: ``PythonWorkerFactory``), where its artifacts are, one below the server's own
+  ``spark.archives``;
+- a task that raises is tried again (``spark.task.maxFailures``, 4 on a cluster): only a failure
+  to serialize aborts at once, so a check that must not be retried returns its answer.
 """
 
 from __future__ import annotations
@@ -187,13 +195,29 @@ def connect_conf(deploy: Deployment) -> dict[str, str]:
 _shipped: set[tuple[str, str]] = set()
 
 
+def unpacked_as(name: str) -> str:
+    """The folder Spark unpacks archive ``name`` into: its ``#`` fragment, else its file name."""
+    path, _, alias = name.partition("#")
+    return alias or os.path.basename(path.rstrip("/"))
+
+
+def server_archives(spark) -> set[str]:
+    """The folders (``unpacked_as``) of the archives a Spark Connect server unpacks for every
+    session: its own ``spark.archives``, set when it started."""
+    held = spark.conf.get("spark.archives", None) or ""
+    return {unpacked_as(name.strip()) for name in held.split(",") if name.strip()}
+
+
 def ship(spark, deploy: Deployment | None = None) -> None:
     """Give a session's executors the package's archive and the deployment's py-files; on Spark
-    Connect also the deployment's archives (a classic session takes those when it starts:
-    ``spark.archives``, ``--archives``). What the session has already is not added again."""
+    Connect also the deployment's archives that its server does not hold already (``server_archives``:
+    a server started with them unpacks them once for all its sessions; an archive added to a
+    session is uploaded with every session), where a classic session takes them when it starts
+    (``spark.archives``, ``--archives``). What the session has already is not added again."""
     deploy = deploy or deployment()
     if type(spark).__module__.startswith("pyspark.sql.connect"):
-        given = [(name, {"archive": True}) for name in archives(deploy)]
+        held = server_archives(spark) if deploy.archives else set()
+        given = [(name, {"archive": True}) for name in archives(deploy) if unpacked_as(name) not in held]
         given += [(name, {"pyfile": True}) for name in deploy.py_files]
         for name, kind in given:
             if (spark.session_id, name) not in _shipped:
@@ -215,18 +239,44 @@ def ship(spark, deploy: Deployment | None = None) -> None:
         _shipped.add(key)
 
 
-def checked(function: Callable[[Iterator], Iterator], deploy: Deployment | None = None):
-    """``function`` (a ``mapInArrow`` function of this package) as a Spark task that first puts the
-    shipped package first on its path (``package_folder``, when its executor has it) and compares
-    its executor's redelivery version with this driver's, raising one line naming both when they
-    differ. ``function`` travels inside as bytes, unpickled only after that: unpickling it imports
-    redelivery's modules, which a wrong or missing package would fail with a traceback."""
-    from pyspark import cloudpickle
+#: The libraries of the base install (pyproject's ``dependencies``) that redelivery's tasks import on
+#: an executor, by distribution, with the module each installs (tests/spark/test_deploy.py holds
+#: it to pyproject).
+EXECUTOR_LIBRARIES = {
+    "psycopg": "psycopg", "pyarrow": "pyarrow", "pgpq": "pgpq", "orjson": "orjson",
+    "pydantic": "pydantic", "pydantic-settings": "pydantic_settings", "pyyaml": "yaml",
+    "tenacity": "tenacity",
+}  # fmt: skip
 
-    payload, driver = cloudpickle.dumps(function), __version__
-    folder = package_folder(deploy or deployment())
 
-    def run(batches: Iterator) -> Iterator:  # self-contained: pickled by value, needs no redelivery
+def driver_pins() -> dict[str, str | None]:
+    """``{distribution: version}`` of ``EXECUTOR_LIBRARIES`` as installed here, the driver (None
+    for one not installed): what an executor should have (README: the executors' environment is
+    installed with the driver's versions as constraints)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins: dict[str, str | None] = {}
+    for name in EXECUTOR_LIBRARIES:
+        try:
+            pins[name] = version(name)
+        except PackageNotFoundError:
+            pins[name] = None
+    return pins
+
+
+def environment_check(deploy: Deployment | None = None) -> Callable[[], str | None]:
+    """A function to run on an executor, first thing (pickled by value: it needs nothing of
+    redelivery there): it puts the shipped package first on ``sys.path`` (``package_folder``, when
+    its executor has it) and returns None, or the one line that says what the executor lacks:
+    libraries of ``EXECUTOR_LIBRARIES`` it cannot import (``pyarrow, psycopg missing on Spark
+    executor HOST (PYTHON): install the driver's pyarrow==.., psycopg==.. there ...``), else a
+    redelivery other than the driver's (``redelivery 0.0.9 on Spark executor HOST (PYTHON),
+    redelivery 0.1.0 on the driver: ...``)."""
+    folder, driver = package_folder(deploy or deployment()), __version__
+    pins, modules = driver_pins(), dict(EXECUTOR_LIBRARIES)
+
+    def problem() -> str | None:  # self-contained: pickled by value, needs no redelivery
+        import importlib
         import os
         import socket
         import sys
@@ -240,6 +290,19 @@ def checked(function: Callable[[Iterator], Iterator], deploy: Deployment | None 
                     if shipped not in sys.path:
                         sys.path.insert(0, shipped)
                     break
+        where = f"on Spark executor {socket.gethostname()} ({sys.executable})"
+        missing = []
+        for name, module in modules.items():
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                missing.append(name)
+        if missing:
+            wanted = ", ".join(f"{name}=={pins[name]}" if pins.get(name) else name for name in missing)
+            return (
+                f"{', '.join(missing)} missing {where}: install the driver's {wanted} there "
+                "(README, On a Spark cluster: the executors' environment)"
+            )
         try:
             import redelivery
 
@@ -247,11 +310,28 @@ def checked(function: Callable[[Iterator], Iterator], deploy: Deployment | None 
         except ImportError:
             found = "no redelivery"
         if found != f"redelivery {driver}":
-            raise RuntimeError(
-                f"{found} on Spark executor {socket.gethostname()} ({sys.executable}), redelivery "
-                f"{driver} on the driver: ship the driver's package (REDELIVERY_SPARK_SHIP_PACKAGE, "
-                f"on by default) or install redelivery=={driver} there"
+            return (
+                f"{found} {where}, redelivery {driver} on the driver: ship the driver's package "
+                f"(REDELIVERY_SPARK_SHIP_PACKAGE, on by default) or install redelivery=={driver} there"
             )
+        return None
+
+    return problem
+
+
+def checked(function: Callable[[Iterator], Iterator], deploy: Deployment | None = None):
+    """``function`` (a ``mapInArrow`` function of this package) as a Spark task that first runs
+    ``environment_check`` and raises its one line, if any. ``function`` travels inside as bytes,
+    unpickled only after that: unpickling it imports redelivery's modules, which a wrong or missing
+    package or library would fail with a traceback."""
+    from pyspark import cloudpickle
+
+    payload, problem = cloudpickle.dumps(function), environment_check(deploy)
+
+    def run(batches: Iterator) -> Iterator:  # self-contained: pickled by value, needs no redelivery
+        found = problem()
+        if found:
+            raise RuntimeError(found)
         from pyspark import cloudpickle
 
         return cloudpickle.loads(payload)(batches)
@@ -259,25 +339,79 @@ def checked(function: Callable[[Iterator], Iterator], deploy: Deployment | None 
     return run
 
 
-_MISMATCH = re.compile(r"((?:no redelivery|redelivery \S+(?: of no version)?) on Spark executor [^\n]*)")
+#: The executors' one-line refusals (``environment_check``) inside what Spark raised.
+_REFUSAL = re.compile(
+    r"((?:no redelivery|redelivery \S+(?: of no version)?|[\w.-]+(?:, [\w.-]+)* missing)"
+    r" on Spark executor [^\n]*)"
+)
+#: An executor that could not start its Python (a path that is not there, a link to an interpreter
+#: that is not: venv-pack keeps ``bin/python`` a link to the one it was built from).
+_NO_PYTHON = re.compile(r'Cannot run program "([^"]*)"[^\n]*?(error=\d+, [^\n]*)')
 
 
 @contextmanager
 def executor_errors():
-    """Turn a Spark job's failure by ``checked``'s refusal into ``ExecutorEnvironmentError`` with
-    that one line (Spark wraps it in tracebacks of every attempt); other failures pass as they are."""
+    """Turn a Spark job's failure by an executor's refusal (``environment_check``) or by a Python
+    it could not start into ``ExecutorEnvironmentError`` with one line (Spark wraps the cause in
+    tracebacks of every attempt); other failures pass as they are."""
     try:
         yield
     except Exception as exc:
-        found = _MISMATCH.search(str(exc))
-        if found is None:
-            raise
-        raise ExecutorEnvironmentError(found.group(1).strip()) from None
+        text = str(exc)
+        found, python = _REFUSAL.search(text), _NO_PYTHON.search(text)
+        if found is not None:
+            raise ExecutorEnvironmentError(found.group(1).strip()) from None
+        if python is not None:
+            raise ExecutorEnvironmentError(
+                f"a Spark executor cannot start its Python {python.group(1)} ({python.group(2).strip()}): "
+                "the executors' Python (REDELIVERY_SPARK_EXECUTOR_PYTHON, executor_python) must exist on "
+                "every executor, and an interpreter it links to too (README, On a Spark cluster)"
+            ) from None
+        raise
+
+
+#: The Spark applications (their ids: a Connect server's serves every session) whose executors
+#: ``check_executors`` found ready, with the package folder it checked.
+_ready: set[tuple[str, str | None]] = set()
+
+
+def check_executors(spark, deploy: Deployment | None = None) -> None:
+    """Run ``environment_check`` in one task (a plain Python UDF: no Arrow, which an executor
+    without pyarrow cannot even start) and raise ``ExecutorEnvironmentError`` with its line, at
+    once: a task that raised would be tried again (``spark.task.maxFailures``, 4 on a cluster)
+    before the job failed. Once per Spark application and shipped package; every later task checks
+    its own executor too (``checked``)."""
+    deploy = deploy or deployment()
+    key = (_application(spark), package_folder(deploy))
+    if key in _ready:
+        return
+    problem = environment_check(deploy)
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect import functions as F  # noqa: N812
+    else:
+        from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import StringType
+
+    probe = F.udf(lambda _: problem(), StringType(), useArrow=False)
+    with executor_errors():
+        found = spark.range(1).select(probe(F.lit(0))).collect()[0][0]
+    if found:
+        raise ExecutorEnvironmentError(found)
+    _ready.add(key)
+
+
+def _application(spark) -> str:
+    """The id of the Spark application behind ``spark`` (classic or Connect)."""
+    if not type(spark).__module__.startswith("pyspark.sql.connect"):
+        return spark.sparkContext.applicationId
+    return spark.conf.get("spark.app.id", None) or f"session {spark.session_id}"
 
 
 def map_partitions(df, function: Callable[[Iterator], Iterator], schema: str) -> list:
-    """``df.mapInArrow(function, schema).collect()`` with every task ``checked`` first and its
-    refusal raised as one line (``ExecutorEnvironmentError``)."""
+    """``df.mapInArrow(function, schema).collect()`` with the executors checked first
+    (``check_executors``, once per application) and every task ``checked``; a refusal raised as
+    one line (``ExecutorEnvironmentError``)."""
+    check_executors(df.sparkSession)
     with executor_errors():
         return df.mapInArrow(checked(function), schema).collect()
 

@@ -16,36 +16,61 @@ from redelivery.spark import deploy
 from redelivery.spark.jvm import driver_java_options
 
 
-def runs_driver_here(master: str) -> bool:
-    """Whether a spark-submit to ``master`` starts its driver on this machine with this Python
-    (local mode, or a standalone master in client mode), rather than in a cluster (YARN, Kubernetes)
-    whose machines have their own paths."""
-    return master.startswith(("local", "spark://"))
+def driver_here(master: str, deploy_mode: str | None = None) -> bool:
+    """Whether a spark-submit to ``master`` in ``deploy_mode`` (``client``, the default of
+    spark-submit and of the Spark provider, or ``cluster``) starts its driver on this machine, with
+    this Python. Raises ``ValueError`` (one line) for a mode Spark would refuse for a Python job:
+    anything but client or cluster, cluster mode on a local master or a standalone one (Spark runs
+    a Python driver in the cluster on YARN and Kubernetes only)."""
+    if deploy_mode not in (None, "", "client", "cluster"):
+        raise ValueError(f"deploy-mode must be client or cluster, got {deploy_mode!r}")
+    if deploy_mode != "cluster":
+        return True
+    if master.startswith(("local", "spark://")):
+        raise ValueError(
+            f"deploy-mode cluster cannot run a Python job on master {master}: Spark runs a Python "
+            "driver in the cluster on YARN and Kubernetes only; use deploy-mode client (the default)"
+        )
+    return False
 
 
 def submit_environment(
-    master: str, database_url: str | None = None, deployment: deploy.Deployment | None = None
+    master: str,
+    database_url: str | None = None,
+    deployment: deploy.Deployment | None = None,
+    deploy_mode: str | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """``(env_vars, conf)`` for a spark-submit of one of ``redelivery/jobs/`` to ``master``: the one
-    place that says what every submit needs (its py-files and archives: ``deploy.submit_files``).
-    ``env_vars``: ``REDELIVERY_DATABASE_URL`` (when given; without its password for a driver in a
-    cluster, where the Spark provider puts env_vars on spark-submit's command line: the cluster
-    gives the password, e.g. ``PGPASSWORD`` from a secret) and, for a driver on this machine, a
-    ``PATH`` that finds this environment's ``spark-submit`` (and ``PYSPARK_PYTHON`` for a local
-    master). ``conf``: no UI, UTC session time zone, the executors' Python when there is one
-    (``deploy.executor_python``: this interpreter for a local master), a driver here on this
-    interpreter with the class-data sharing archive when it exists, then the deployment's conf."""
+    """``(env, conf)`` for a spark-submit of one of ``redelivery/jobs/`` to ``master`` in
+    ``deploy_mode`` (None: client): the one place that says what every submit needs (its py-files
+    and archives: ``deploy.submit_files``). Raises ``ValueError`` as ``driver_here`` does.
+
+    A driver here (client mode, any master: ``driver_here``): ``env`` is spark-submit's own process
+    environment, never a command line (the Spark provider turns ``env_vars`` into ``--conf
+    spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` arguments on YARN and
+    Kubernetes, so the caller passes it to the process itself): ``REDELIVERY_DATABASE_URL`` whole
+    (its tasks get it from the driver, inside the task), a ``PATH`` that finds this environment's
+    ``spark-submit``, ``PYSPARK_PYTHON`` for a local master. ``conf``: the driver on this
+    interpreter (``spark.pyspark.driver.python``, with the class-data sharing archive when it
+    exists), the executors on theirs (``spark.pyspark.python``: ``deploy.executor_python``).
+
+    A driver in the cluster (cluster mode on YARN, Kubernetes): ``env`` is the driver's environment
+    there, which the provider puts on spark-submit's command line: ``REDELIVERY_DATABASE_URL``
+    without its password (the cluster gives it to every node, e.g. ``PGPASSWORD`` from a secret,
+    README "On a Spark cluster"). ``conf``: ``spark.pyspark.python`` for the executors and the
+    driver both (spark-submit's ``PythonRunner`` takes it for the driver when no driver Python is
+    set), nothing of this machine.
+
+    Both: no UI, the UTC session time zone, then the deployment's conf."""
     deployment = deployment or deploy.deployment()
+    here = driver_here(master, deploy_mode)
     env: dict[str, str] = {}
     conf = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
     if database_url:
-        env["REDELIVERY_DATABASE_URL"] = (
-            database_url if runs_driver_here(master) else _no_password(database_url)
-        )
+        env["REDELIVERY_DATABASE_URL"] = database_url if here else _no_password(database_url)
     python = deploy.executor_python(master, deployment)
     if python:
         conf["spark.pyspark.python"] = python
-    if runs_driver_here(master):
+    if here:
         if deploy.is_local(master):
             env["PYSPARK_PYTHON"] = python
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
