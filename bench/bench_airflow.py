@@ -345,6 +345,8 @@ def main() -> None:
             minutes = args.per_window_minutes if design == "per-window" else args.minutes
             print(f"design {design}: {minutes} minutes measured under a real Airflow ...", flush=True)
             results.append(run_design(design, minutes, args.warmup, Path(tmp), args.history_days))
+            # Each design's figures as soon as it ends: a run killed in the next keeps them.
+            print("AIRFLOW_DESIGN " + json.dumps(results[-1], default=str), flush=True)
     report(results)
 
 
