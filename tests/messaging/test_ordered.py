@@ -193,12 +193,13 @@ def test_ordering_is_for_life_and_a_refused_subscribe_changes_nothing(ordered):
 
 
 def test_one_head_per_key_is_the_databases_rule(ordered):
-    """Whatever a statement gets wrong, PostgreSQL refuses a second unfinished head of a key."""
+    """Whatever a statement gets wrong, PostgreSQL refuses a second unfinished head of a key (an
+    exclusion constraint: ``deliveries_one_head``)."""
     import psycopg
 
     a1, a2 = publish(ordered, "aa")
     received(ordered)
-    with pytest.raises(psycopg.errors.UniqueViolation):
+    with pytest.raises(psycopg.errors.ExclusionViolation):
         ordered.conn.execute("UPDATE redelivery.deliveries SET state = 'READY' WHERE message_id = %s", (a2,))
 
 

@@ -25,6 +25,7 @@ ORDER = [
     "rules.levels", "rules.names", "rules.policies", "rules.ordering",
     "config",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
+    "store.statements.ordered",
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
     "store.statements.housekeeping", "store.statements", "store.embedded", "store.db", "store.log",
     "store.catalog", "store.maintenance",
