@@ -1,4 +1,4 @@
-"""An ordered subscription's receive (issues 31, 36): its lock and its statement."""
+"""An ordered subscription's receive (issue 31, 36): its lock, its passes over the log, what it left."""
 
 from __future__ import annotations
 
@@ -23,19 +23,20 @@ _KEY_ROWS = """{0}.topic_id = %(topic_id)s AND {0}.group_id = %(group_id)s
 LOCK_ORDERED_SUBSCRIPTION = _named("LOCK_ORDERED_SUBSCRIPTION", """
     SELECT 1 FROM subscriptions
     WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND ordered FOR UPDATE""")
-#: RECEIVE for an ordered subscription (after LOCK_ORDERED_SUBSCRIPTION). Past the offset it reads
-#: up to ``scan`` messages' ids and keys (a bounded scan, as SQS FIFO looks past a blocked message
-#: group: at most 20,000), and a message there is free when it has no ordering key, or it is the
-#: first of its key in the scan and its key has no delivery row (no unfinished message, no HALTED
-#: head). It takes the messages up to the batch's room-th free one (all it scanned when fewer are
-#: free): the free ones are leased, every other one gets a BLOCKED row (no lease, delivery count 0)
-#: that finish_ordered_heads promotes once its key's head ends, and the offset moves past all of
-#: them, so a blocked key never holds back the other keys. A key's newest delivery row is locked
-#: ``FOR KEY SHARE``: an answer that deletes it (the key's last row, its head) waits for this
-#: receive, and its trigger then sees the BLOCKED rows written here; a row deleted before drops out
-#: of the lock and the next newest is locked instead (LIMIT counts only the rows locked: PostgreSQL
-#: puts it above the lock), so the key is free only when none is left. One message per key per
-#: receive: a batch never holds two messages of a key, so no answer can commit one ahead of another.
+#: One pass of an ordered subscription's receive (after LOCK_ORDERED_SUBSCRIPTION, in its
+#: transaction): its READY rows, then past the offset up to ``scan`` messages (``messaging.ordered``
+#: runs passes until the batch is full or nothing is left past the offset, so that no number of
+#: blocked messages holds back a free key). A message there is free when it has no ordering key, or
+#: it is the first of its key in the scan and its key has no delivery row (no unfinished message, no
+#: HALTED head). It takes the messages up to the batch's room-th free one (all it scanned when fewer
+#: are free): the free ones are leased, every other one gets a BLOCKED row (no lease, delivery count
+#: 0) that finish_ordered_heads promotes once its key's head ends, and the offset moves past all of
+#: them. A key's newest delivery row is locked ``FOR KEY SHARE``: an answer that deletes it (the
+#: key's last row, its head) waits for this receive, and its trigger then sees the BLOCKED rows
+#: written here; a row deleted before drops out of the lock and the next newest is locked instead
+#: (LIMIT counts only the rows locked: PostgreSQL puts it above the lock), so the key is free only
+#: when none is left. One message per key per receive: a batch never holds two messages of a key,
+#: so no answer can commit one ahead of another.
 RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
     WITH {_RECEIVE_READY},
     subscription AS (
@@ -87,4 +88,11 @@ RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
       FROM new n),
     {_RECEIVE_MOVED}
     {_receive_rows("handed")}""")
+#: Whether an ordered subscription has messages past its offset (``messaging.ordered``: a pass that
+#: did not fill the batch runs again while there are).
+PAST_OFFSET = _named("PAST_OFFSET", """
+    SELECT EXISTS (SELECT 1 FROM messages m
+                   WHERE m.topic_id = %(topic_id)s
+                     AND m.id > (SELECT consume_offset FROM subscriptions
+                                 WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s))""")
 # fmt: on
