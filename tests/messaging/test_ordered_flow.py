@@ -1,12 +1,16 @@
-"""Ordered subscriptions (issue 36): no number of blocked messages holds back a free key."""
+"""Ordered subscriptions (issue 36): no number of blocked messages holds back a free key, and the
+ready-backlog cap counts what an ordered group has waiting (BLOCKED messages too)."""
 
 from __future__ import annotations
 
 import pytest
 
-from helpers import at
+from helpers import at, configured
+from redelivery.errors import TooManyRequestsError
 from redelivery.messaging.codec import Message
 from redelivery.messaging.receipts import Outcome
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.tiers.run import run_tier_window
 
 FAR = 864_000  # seconds: a retry never due in a test
 
@@ -75,3 +79,63 @@ def test_a_pass_that_finds_nothing_free_is_committed_and_the_receive_goes_on(ord
     publish(ordered, ["hot"] * (MAX_ORDERED_SCAN + 5_000) + ["cold"], clock=1)
     assert [m.key for m in ordered.receive("billing", "orders", 500, 30, at=at(1))] == ["cold"]
     assert ordered.stats()["orders"]["billing"]["BLOCKED"] == MAX_ORDERED_SCAN + 5_000
+
+
+# ---- the ready-backlog cap -------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def capped(client):
+    """billing subscribed ordered to orders, with a ready-backlog cap of 5."""
+    configured(client, {"topic": "orders", "group": "billing", "max_ready_backlog": 5})
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders", ordered=True)
+    return client
+
+
+def test_blocked_messages_count_against_the_ready_backlog_cap(capped):
+    """RocketMQ's flow control caps the messages a group has waiting. An ordered group's BLOCKED
+    messages wait as its READY ones do: a receive that turns messages past the offset into BLOCKED
+    rows does not make room for more (issue 36: 4 BLOCKED rows left room for 5 more)."""
+    publish(capped, "aaaaa")
+    [head] = capped.receive("billing", "orders", 10, 30, at=at(0))
+    assert capped.stats()["orders"]["billing"]["BLOCKED"] == 4
+    publish(capped, "b", clock=1)  # 4 waiting + 1: at the cap
+    with pytest.raises(TooManyRequestsError, match="has 5 "):
+        capped.publish("orders", [Message({"n": 9}, key="c")], retry=False)
+    capped.ack("billing", head)  # a promotion by the trigger: BLOCKED -> READY, the same backlog
+    with pytest.raises(TooManyRequestsError):
+        capped.publish("orders", [Message({"n": 9}, key="c")], retry=False)
+
+
+def test_a_retry_is_promoted_only_into_room_that_blocked_messages_leave(capped):
+    """A tier run promotes a capped group's due retries up to the room under its cap: BLOCKED
+    messages take room as READY ones do (issue 36: five retries promoted beside four BLOCKED)."""
+    publish(capped, "abcde")
+    capped.nack("billing", capped.receive("billing", "orders", 10, 30, at=at(0)), error="boom", at=at(0))
+    publish(capped, "abcd", clock=1)
+    assert capped.receive("billing", "orders", 10, 30, at=at(1)) == []  # all four behind a retry
+    result = run_tier_window(
+        tier="seconds", window_end=at(20), run_key="w", url=capped.url, config=capped.config
+    )
+    assert result["promoted"] == 1  # 4 BLOCKED + 1 READY: at the cap
+    states = capped.stats()["orders"]["billing"]
+    assert (states["READY"], states["BLOCKED"], states["WAITING_RETRY"]) == (1, 4, 4)
+
+
+def test_a_redrive_into_an_ordered_group_counts_its_blocked_rows_under_the_cap(capped):
+    """A redrive under a cap moves what fits (held_by_backlog_cap counts the rest): dead letters
+    that come back BLOCKED behind their key's head take room as READY ones do."""
+    publish(capped, "aaa")
+    for _ in range(3):
+        [m] = capped.receive("billing", "orders", 10, 30, at=at(0))
+        capped.reject("billing", m, error="bad")
+    publish(capped, "aa", clock=1)
+    [head] = capped.receive("billing", "orders", 10, 30, at=at(1))  # a's head; one BLOCKED behind
+    publish(capped, "xy", clock=1)  # 3 waiting: room for 2
+    request = RedriveRequest(group="billing", dry_run=False)
+    done = redrive(request, run_key="r", url=capped.url, log=lambda *_: 0, config=capped.config)
+    assert (done["moved"], done["held_by_backlog_cap"]) == (2, 1)
+    states = capped.stats()["orders"]["billing"]
+    assert (states["READY"], states["BLOCKED"], states["DLQ"]) == (2, 3, 1)
