@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(300)
 HOT = {
     "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXTEND_LEASE",
     "EXPIRE_LEASES_RETRY", "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
-    "REDRIVE_MOVE_BATCH", "RECEIVE_ORDERED",
+    "REDRIVE_MOVE_BATCH", "RECEIVE_ORDERED", "PAST_OFFSET",
 }  # fmt: skip
 #: The planner settings a statement runs with (what the product sets, read as it runs).
 SETTINGS = ("enable_seqscan", "enable_nestloop", "enable_hashjoin", "enable_mergejoin", "enable_bitmapscan")

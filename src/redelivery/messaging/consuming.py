@@ -182,7 +182,9 @@ class Consumer(Role):
                 return cursor.execute(S.RECEIVE, params).fetchall()
 
         if self.context.is_ordered(*key):
-            rows = lease_ordered(self.conn, params)
+            rows, self.context.free_shares[key] = lease_ordered(
+                self.conn, params, self.context.free_shares.get(key, 1.0)
+            )
         else:
             rows = db.retry_lock_conflicts(lease)
         if not rows:  # the subscription may have been made again with the other ordering

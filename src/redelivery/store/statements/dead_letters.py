@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from redelivery.store.statements._shared import _DLQ_FROM, DLQ_FILTER, _named
-from redelivery.store.statements.ordered import _ORDERING_KEY_OF
+from redelivery.store.statements.ordered import _HELD, _ORDERING_KEY_OF
 
 # The statements keep the layout of SQL, not of Python.
 # fmt: off
@@ -140,19 +140,15 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       WHERE %(dest)s::int IS NULL
       -- another group's redrive put it back (or is putting it back: this waits for its commit)
       ON CONFLICT DO NOTHING),
-    -- an ordered subscription's revived message carries its key (RECEIVE_ORDERED); its key is
-    -- held when it has a delivery row (its newest locked FOR KEY SHARE, as RECEIVE_ORDERED does)
+    -- an ordered subscription's revived message carries its ordering key (RECEIVE_ORDERED); its
+    -- key is held when it has a head (locked FOR KEY SHARE, as RECEIVE_ORDERED does: _HELD)
     revived_keys AS (
       SELECT r.topic_id, r.message_id, CASE WHEN s.ordered THEN {_ORDERING_KEY_OF.format("r")} END AS key
       FROM removed r LEFT JOIN subscriptions s ON s.topic_id = r.topic_id AND s.group_id = r.group_id
       WHERE %(dest)s::int IS NULL),
     held AS (
       SELECT k.topic_id, k.key FROM (SELECT DISTINCT topic_id, key FROM revived_keys WHERE key IS NOT NULL) k
-      CROSS JOIN LATERAL (
-        SELECT 1 FROM deliveries d
-        WHERE d.topic_id = k.topic_id AND d.group_id = %(group_id)s
-          AND hashtextextended(d.key, 0) = hashtextextended(k.key, 0) AND d.key = k.key
-        ORDER BY d.message_id DESC LIMIT 1 FOR KEY SHARE) newest),
+      WHERE {_HELD.format("k.topic_id", "%(group_id)s", "k.key")}),
     heads AS (
       SELECT k.topic_id, min(k.message_id) AS message_id FROM revived_keys k
       WHERE k.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM held h WHERE h.topic_id = k.topic_id

@@ -152,14 +152,13 @@ DELETE_STAGED_RUN = _named("DELETE_STAGED_RUN", """
 #: READY rows, its BLOCKED ones (an ordered subscription's messages waiting behind their key's head:
 #: a receive that passes a message of a busy key turns it into one, and its promotion to READY when
 #: the head ends changes nothing here), and the messages past its consume offset (an index-only
-#: count of the log's primary key). BLOCKED rows through ``deliveries_key``, which holds only
-#: ordered subscriptions' rows: nothing to read for an unordered one.
+#: count of the log's primary key). BLOCKED rows through ``deliveries_blocked``, which holds only
+#: those: nothing to read for an unordered subscription.
 READY_COUNT = _named("READY_COUNT", """
     SELECT (SELECT count(*) FROM deliveries
             WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND state = 'READY')
          + (SELECT count(*) FROM deliveries
-            WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND key IS NOT NULL
-              AND state = 'BLOCKED')
+            WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND state = 'BLOCKED')
          + (SELECT count(*) FROM messages m
             WHERE m.topic_id = %(topic_id)s
               AND m.id > (SELECT consume_offset FROM subscriptions
