@@ -259,20 +259,20 @@ def test_the_cli_subscribes_ordered_and_refuses_a_bad_on_exhausted(clean_db):
 
 
 def test_the_page_shows_an_ordered_groups_held_keys(ordered):
-    """The operator page (issue 31): how many keys a group holds back, its BLOCKED messages, and
-    since when the oldest waits."""
+    """The operator page (issues 31, 36): the keys a group holds by a failure, its BLOCKED messages,
+    and since when the oldest waits (tests/messaging/test_ordered_held.py has the rest)."""
     from redelivery.airflow.ui.page import page_data, render
 
     publish(ordered, "aabbb")
     first = received(ordered)
     ordered.nack("billing", first, error="boom", at=at(0))
     [group] = [g for g in page_data(ordered.conn)["groups"] if g["name"] == "billing"]
-    keys, blocked, since = group["held"]
-    assert (keys, blocked) == (2, 3) and since is not None
+    held = group["held"]
+    assert (held["keys"], group["BLOCKED"]) == (2, 3) and held["since"] is not None
     html = render(page_data(ordered.conn))
-    assert "Ordered: 2 keys held back behind a failing or dead-lettered message, 3 messages BLOCKED" in html
+    assert "Ordered: 2 keys held by a failure; 3 messages BLOCKED in all, the oldest waiting since" in html
     [audit] = [g for g in page_data(ordered.conn)["groups"] if g["name"] == "audit"]
-    assert audit["held"] is None
+    assert (audit["held"]["keys"], audit["BLOCKED"]) == (0, 0)
 
 
 def test_a_key_whose_head_is_leased_again_holds_its_new_messages(ordered):

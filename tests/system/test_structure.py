@@ -41,7 +41,8 @@ ORDER = [
     "airflow.env", "airflow.hooks", "airflow.assets", "airflow.triggers", "airflow.queues",
     "airflow.provider", "airflow.params", "airflow.ui.trigger_check", "airflow.engine",
     "airflow.operators", "airflow.http_delivery", "airflow.dags.tiers", "airflow.dags.consumer",
-    "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.page",
+    "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.pauses",
+    "airflow.ui.page",
     "airflow.ui.dead_letter_pages", "airflow.ui.app", "airflow.plugin",
     "cli.common", "cli.dead_letters", "cli.app", "__main__",
 ]  # fmt: skip

@@ -14,6 +14,9 @@ No index holds a key now, and every probe compares the key exactly:
   ``hashtextextended(key, 0)`` (64 bits) and id, the key's queue; a head is in one key index, not
   two (an index entry at a random place costs a receive about half as much as the row itself).
   ``deliveries_key_redriven`` takes the digest too. Both built concurrently.
+- ``deliveries_held``: the heads that hold their key by a failure (WAITING_RETRY, or HALTED: their
+  dead letter holds it, ``on_exhausted`` halt), per group, held longest first: what the operator
+  page lists and ``redelivery_blocked_keys`` counts (a head in flight is busy, not held).
 - ``""`` is no key (Pub/Sub: an empty ordering key is none): rows of an ordered subscription whose
   key is ``""`` become keyless, their BLOCKED ones READY, a HALTED head (its message a dead letter)
   deleted, and ``finish_ordered_heads`` leaves them alone.
@@ -146,6 +149,11 @@ def upgrade() -> None:
         f"deliveries ({digest}) WHERE state = 'BLOCKED' AND redrive_count > 0",
         replace=True,
     )
+    build_index(
+        "deliveries_held",
+        "deliveries (group_id, topic_id, first_failure_at, message_id)"
+        " WHERE key IS NOT NULL AND state IN ('WAITING_RETRY', 'HALTED')",
+    )
     op.execute(ORDERING_KEY)
     op.execute(FINISH_ORDERED_HEADS)
     op.execute(EMPTY_KEYS)
@@ -184,4 +192,5 @@ def downgrade() -> None:
     op.execute(_0015().FINISH_ORDERED_HEADS)
     with op.get_context().autocommit_block():
         op.execute("DROP INDEX CONCURRENTLY IF EXISTS redelivery.deliveries_blocked")
+        op.execute("DROP INDEX CONCURRENTLY IF EXISTS redelivery.deliveries_held")
     op.execute("DROP FUNCTION IF EXISTS redelivery.ordering_key(integer, integer, text)")
