@@ -38,14 +38,17 @@ drain.
 Prints for each drain messages committed per second, receives and messages per receive, the seconds
 spent in receive, ack, retry (nack / reconsume_later) and tier windows, how a receive's cost moves
 through the drain (of the receives that filled their batch, the fastest of the last tenth over the
-fastest of the first, the least disturbed by what else runs: ``late/early``),
-and where the time goes: the statements the drain's client sent, by name, with their calls and
-milliseconds a call (client-side: the round trip and the commit included); then the ratio ordered /
-unordered per key count and the other keys' messages/s with / without the hot key, each with its
-target (issue 36: ordered >= 0.7x unordered with 100,000 keys, and its receive's cost flat as the
-backlog drains, late/early <= 1.2; other key counts reported; the hot key costs the other keys
-nothing measurable, taken as with / without >= 0.95x; the spread between the rounds of a group,
-which do the same work, is printed as the run's noise), and one JSON line ``ORDERED_SUMMARY``. A
+fastest of the first, the least disturbed by what else runs: ``late/early``), and where the
+time goes: the CPU seconds this process (the client, decoding, the tier windows)
+and the consumer's PostgreSQL backend used (the rest of the wall time is waiting: commits' WAL
+flushes, the machine's other work), and the statements the drain's client sent, by name, with
+their calls and milliseconds a call (client-side: the round trip and the commit included); then
+the ratio ordered / unordered per key count and the other keys' messages/s with / without the hot
+key, each with its target (issue 36: ordered >= 0.7x unordered with 100,000 keys, and its receive's
+cost flat as the backlog drains, late/early <= 1.2; other key counts reported; the hot key costs
+the other keys nothing measurable, taken as with / without >= 0.95x; the spread between the rounds
+of a group, which do the same work, is printed as the run's noise), and one JSON line
+``ORDERED_SUMMARY``. A
 drain in which a call raises a database error (or that can receive nothing more while messages are
 left) stops there and is printed FAILED with the error and what it had committed; a target it was
 to measure is then MISSED, and the run goes on. Runs on a database of
@@ -174,6 +177,8 @@ class Drain:
     error: str | None = None
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     receive_times: list[float] = field(default_factory=list)
+    client_cpu: float = 0.0
+    server_cpu: float | None = None
     full_receive_times: list[float] = field(default_factory=list)
     statements: Statements | None = None
 
@@ -209,7 +214,21 @@ class Drain:
             else None,
             "late_early": self.late_early(),
             "statements": self.statements.top(STATEMENTS_SHOWN) if self.statements else [],
+            "cpu": {
+                "client": round(self.client_cpu, 2),
+                "server": None if self.server_cpu is None else round(self.server_cpu, 2),
+            },  # fmt: skip
         }
+
+
+def server_cpu(pid: int) -> float | None:
+    """CPU seconds the PostgreSQL backend ``pid`` has used (user and system: ``/proc``), or None
+    when it is not a process of this machine (a remote server)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _statement_name(query) -> str:
@@ -351,7 +370,8 @@ def drain(url: str, topic: str, group: str, expected: int, fail: set[int], args)
     sql(url, "VACUUM ANALYZE redelivery.deliveries", "CHECKPOINT")
     result = Drain(group, expected)
     consumer = Consumer(url, topic, group, result)
-    start = time.perf_counter()
+    backend = consumer.client.conn.info.backend_pid
+    start, cpu, server = time.perf_counter(), time.process_time(), server_cpu(backend)
     try:
         with Statements() as result.statements:
             consumer.run(fail, args.batch, args.tier_every)
@@ -359,6 +379,9 @@ def drain(url: str, topic: str, group: str, expected: int, fail: set[int], args)
         result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     finally:
         result.seconds = time.perf_counter() - start
+        result.client_cpu = time.process_time() - cpu
+        after = server_cpu(backend)
+        result.server_cpu = after - server if after is not None and server is not None else None
     try:
         result.blocked_left = consumer.client.stats()[topic][group].get("BLOCKED", 0)
     finally:
@@ -398,7 +421,10 @@ def print_row(keys: str, name: str, f: dict) -> None:
     where = ", ".join(
         f"{t['name']} {t['s']:.2f} s ({t['calls']:,} x {t['ms']:.2f} ms)" for t in f["statements"]
     )
-    print(f"{'':>8} {'':<16} time in: {where}", flush=True)
+    cpu = f["cpu"]
+    server = f"{cpu['server']:.2f}" if cpu["server"] is not None else "-"
+    print(f"{'':>8} {'':<16} cpu s: this process {cpu['client']:.2f}, its PostgreSQL backend {server}; "
+          f"time in: {where}", flush=True)  # fmt: skip
     if f["error"]:
         print(
             f"{'':>8} {'':<16} FAILED after {f['committed']:,} of {f['expected']:,} committed (msgs/s above: "

@@ -47,15 +47,13 @@ def _one_transaction(conn: psycopg.Connection, params: dict, share: float) -> tu
             return [], False, share
         while True:
             got = cursor.execute(S.RECEIVE_ORDERED, {**params, "max_messages": room, "scan": scan}).fetchall()
-            if not scanned:
-                share = next_free_share(share, len(got), scan, len(got) == room)
-            rows += got
-            room -= len(got)
-            scanned += scan
+            first, rows, room, scanned = not scanned, rows + got, room - len(got), scanned + scan
             if room == 0:
-                return rows, True, share
-            if not cursor.execute(S.PAST_OFFSET, params).fetchone()[0]:
+                return rows, True, next_free_share(share, len(got), scan, True) if first else share
+            if not cursor.execute(S.PAST_OFFSET, params).fetchone()[0]:  # the log's end, not busy keys
                 return rows, False, share
+            if first:  # it read all it was to read, and took it: so many of them were free
+                share = next_free_share(share, len(got), scan, False)
             if scanned >= MAX_ORDERED_SCAN:
                 return rows, True, share
             scan = next_scan(scan)

@@ -63,7 +63,8 @@ RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
     -- whole rows: the scan reads each message's row for its key anyway (the log's only index is
     -- its primary key), so the bodies of the ones handed out come with it
     scanned AS (
-      SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.id) AS nth  -- 1: its key's first
+      -- nth 1: its key's first (keys sorted by their digest first: an int8 compares faster)
+      SELECT c.*, row_number() OVER (PARTITION BY hashtextextended(c.key, 0), c.key ORDER BY c.id) AS nth
       FROM (SELECT m.id, {_ORDERING_KEY_OF.format("m")} AS key, m.body, m.content_type, m.properties,
                    m.published_at, m.origin_message_id, m.key AS published_key
             FROM messages m
@@ -86,11 +87,12 @@ RECEIVE_ORDERED = _named("RECEIVE_ORDERED", f"""
       SELECT coalesce((SELECT f.id FROM flagged f WHERE f.free ORDER BY f.id
                        OFFSET greatest((SELECT n FROM room) - 1, 0) LIMIT 1),
                       (SELECT max(id) FROM flagged)) AS id),
-    new AS (SELECT f.* FROM flagged f WHERE f.id <= (SELECT id FROM cut)),
+    -- what the pass takes (the bodies stay in flagged: read once more, for the ones handed out)
+    new AS (SELECT f.id, f.key, f.free, f.published_at FROM flagged f WHERE f.id <= (SELECT id FROM cut)),
     handed AS (
-      SELECT n.id, n.published_key AS key, n.body, n.content_type, n.properties, n.published_at,
-             n.origin_message_id
-      FROM new n WHERE n.free),
+      SELECT f.id, f.published_key AS key, f.body, f.content_type, f.properties, f.published_at,
+             f.origin_message_id
+      FROM flagged f WHERE f.free AND f.id <= (SELECT id FROM cut)),
     taken AS (
       INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state, delivery_count,
                               invisible_until, ready_at)

@@ -52,7 +52,9 @@ BEGIN
     RETURN NULL;
   END IF;
   -- A 'halt' subscription's head that went to its dead-letter queue holds its key as HALTED, with
-  -- what its dead letter holds (counts, the failure that ended it, its history).
+  -- what its dead letter holds (counts, the failure that ended it, its history). Not looked for
+  -- while no subscription halts (the subscriptions are few: one read).
+  IF EXISTS (SELECT 1 FROM subscriptions s WHERE s.on_exhausted = 'halt') THEN
   INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state, delivery_count,
                           reconsume_times, redrive_count, first_failure_at, last_failure_at, last_error,
                           attempts, created_at, updated_at)
@@ -63,6 +65,7 @@ BEGIN
   JOIN dlq_messages q ON q.message_id = f.message_id AND q.group_id = f.group_id AND q.topic_id = f.topic_id
   WHERE f.key IS NOT NULL AND f.state IN ('READY', 'INFLIGHT', 'WAITING_RETRY')
     AND s.on_exhausted = 'halt';
+  END IF;
   -- Every other head this statement deleted (a key has one: deliveries_one_head, so none is left)
   -- releases its key: the key's next message becomes READY. That is its oldest BLOCKED message a
   -- redrive brought back behind the head (deliveries_key_redriven, probed only for a subscription
