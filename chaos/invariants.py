@@ -44,7 +44,8 @@ COMMITTED_ACKED = (
 RETAINED = "a message retention dropped had ended for every group (handed, or a dead letter)"
 ORDERED_HEADS = (
     "an ordered subscription's key has one head (its unfinished message that is not BLOCKED) while"
-    " it has messages BLOCKED, the oldest of them unless redriven, and its rows carry their message's key"
+    " it has messages BLOCKED, the oldest of them unless redriven, and its rows carry their message's"
+    " ordering key ('' none)"
 )
 ORDERED = (
     "an ordered group was handed a message of a key only once every older message of the key had ended:"
@@ -144,7 +145,7 @@ CHECKS = {
         SELECT d.topic_id, d.group_id, d.message_id::text, 'a key that is not its message''s'
         FROM deliveries d JOIN subscriptions s ON s.topic_id = d.topic_id AND s.group_id = d.group_id
         JOIN messages m ON m.topic_id = d.topic_id AND m.id = d.message_id
-        WHERE d.key IS DISTINCT FROM CASE WHEN s.ordered THEN m.key END
+        WHERE d.key IS DISTINCT FROM CASE WHEN s.ordered THEN nullif(m.key, '') END
         UNION ALL
         SELECT d.topic_id, d.group_id, d.message_id::text, 'HALTED without its dead letter'
         FROM deliveries d WHERE d.state = 'HALTED' AND NOT EXISTS (
@@ -548,7 +549,7 @@ def retained(conn, calls: list[Call], states) -> list:
 #: (message id, group name) of the messages a redrive brought back to a group.
 _ORDERED_MESSAGES = """SELECT m.id, g.name, m.key FROM messages m
     JOIN subscriptions s ON s.topic_id = m.topic_id AND s.ordered
-    JOIN consumer_groups g ON g.id = s.group_id WHERE m.key IS NOT NULL"""
+    JOIN consumer_groups g ON g.id = s.group_id WHERE nullif(m.key, '') IS NOT NULL"""
 _REDRIVEN = """SELECT DISTINCT m.message_id, g.name FROM redrive_moves m
     JOIN consumer_groups g ON g.id = m.group_id"""
 

@@ -36,6 +36,7 @@ from scenarios import (
     AGAIN_GROUP,
     AGAIN_TOPIC,
     GROUPS,
+    HALT_GROUP,
     LOG_GROUP,
     LOG_GROUPS,
     LOG_TOPIC,
@@ -213,6 +214,7 @@ class Controller(KillPoints):
         self.workers: list[Worker] = []  # started since the last check
         self.scenario: str | None = None
         self.calls_compared = 0
+        self.halted_most = 0  # the most HALTED heads (keys a dead letter holds) a round's check saw
         self.seconds: Counter = Counter()  # time spent per scenario
         self.spark: Worker | None = None
         self.standby: Worker | None = None
@@ -259,8 +261,11 @@ class Controller(KillPoints):
         with Client(self.url()) as client:
             client.create_topic(TOPIC)
             for group in GROUPS:
-                client.create_group(group, max_reconsume_times=1 if group == "g2" else None)
-                client.subscribe(group, TOPIC, ordered=group == ORDERED_GROUP)
+                client.create_group(group, max_reconsume_times=1 if group in ("g2", HALT_GROUP) else None)
+                if group == HALT_GROUP:
+                    client.subscribe(group, TOPIC, ordered=True, on_exhausted="halt")
+                else:
+                    client.subscribe(group, TOPIC, ordered=group == ORDERED_GROUP)
             client.create_topic(LOG_TOPIC)
             for group in LOG_GROUPS:
                 client.create_group(group)
@@ -422,6 +427,8 @@ class Controller(KillPoints):
         ended = [w for w in self.workers if w.proc.poll() is not None and w not in (self.spark, self.standby)]
         self.workers = [w for w in self.workers if w not in ended]
         found = check(self.conn, previous, calls, [w.status() for w in ended])
+        halted = self.conn.execute("SELECT count(*) FROM deliveries WHERE state = 'HALTED'").fetchone()[0]
+        self.halted_most = max(self.halted_most, halted)
         for name, rows in found.items():
             self.violations[name] += len(rows)
             if rows:
@@ -438,6 +445,7 @@ class Controller(KillPoints):
             self.held_back = []
         while time.monotonic() < deadline:
             self.tier_run_now("drain")
+            self.redrive_now(HALT_GROUP, "drain")  # its halted keys go on only once redriven
             for topic, group in SUBSCRIBED:
                 while batch := self.client.receive(group, topic, 500, 30):
                     self.client.answer("ack", group, batch)
@@ -490,6 +498,20 @@ class Controller(KillPoints):
         self.check(previous)
         return self.report(time.monotonic() - started)
 
+    def ordered_figures(self) -> dict:
+        """The ordered groups (name: on_exhausted), the most HALTED heads a round saw, and how many
+        dead letters of the halt group redrives brought back (each a halted key released)."""
+        ordered = self.conn.execute(
+            "SELECT g.name, s.on_exhausted FROM subscriptions s JOIN consumer_groups g ON g.id = s.group_id"
+            " WHERE s.ordered ORDER BY 1"
+        ).fetchall()
+        redriven = self.conn.execute(
+            "SELECT count(*) FROM redrive_moves m JOIN consumer_groups g ON g.id = m.group_id"
+            " WHERE g.name = %s",
+            (HALT_GROUP,),
+        ).fetchone()[0]
+        return {"ordered_groups": dict(ordered), "halted_most": self.halted_most, "halted_redriven": redriven}
+
     def report(self, seconds: float) -> int:
         from redelivery.messaging.codec import STATES
         from redelivery.store import statements as S
@@ -512,6 +534,7 @@ class Controller(KillPoints):
             "stale_receipts": stale,
             "ledger_calls_compared": self.calls_compared,
             "invariants_checked": sorted(self.violations),
+            **self.ordered_figures(),
         }
         print("\nkill points by kind:")
         for kind, n in sorted(self.kills.items(), key=lambda kv: -kv[1]):

@@ -18,11 +18,16 @@ from batch_kills import BatchKillPoints
 if TYPE_CHECKING:  # the controller's worker handle (chaos/run.py imports this module)
     from run import Worker
 
-TOPIC, GROUPS = "chaos", ("g1", "g2", "capped", "ordered")
-#: The group subscribed ordered (issue 31): per key, one message at a time in publish order.
+TOPIC, GROUPS = "chaos", ("g1", "g2", "capped", "ordered", "halting")
+#: The group subscribed ordered (issue 31): per key, one message at a time in publish order; a
+#: dead-lettered head releases its key (on_exhausted continue).
 ORDERED_GROUP = "ordered"
+#: The group subscribed ordered with on_exhausted halt (issue 36): a dead-lettered head holds its key
+#: (HALTED) until a redrive brings it back; one retry, so that heads reach the DLQ often.
+HALT_GROUP = "halting"
+ORDERED_GROUPS = (ORDERED_GROUP, HALT_GROUP)
 #: The groups the scenarios consume, answer and redrive.
-CONSUMERS = ("g1", "g2", ORDERED_GROUP)
+CONSUMERS = ("g1", "g2", ORDERED_GROUP, HALT_GROUP)
 #: The suite's messages carry one of a few keys, so that an ordered group's keys have many
 #: messages each, and a failed one holds back the next.
 KEYS = 7
@@ -94,9 +99,21 @@ class KillPoints(BatchKillPoints):
             config=self.client.client.config,
         )
 
+    def redrive_now(self, group: str, purpose: str) -> None:
+        """A redrive of every dead letter of ``group`` in this process (never killed): a halt group's
+        keys move on only when their halted heads are redriven."""
+        from redelivery.redrive import RedriveRequest, redrive
+
+        request = RedriveRequest(group=group, dry_run=False, rate_limit=None)
+        redrive(request, run_key=f"{purpose}-{uuid.uuid4().hex[:8]}", url=self.url(), log=lambda *_: None,
+                config=self.client.client.config)  # fmt: skip
+
     def churn(self) -> None:
-        """A tier run and a consumer pass in this process (not killed), so states keep moving."""
+        """A tier run, a redrive of the halt group's dead letters now and then, and a consumer pass in
+        this process (not killed), so states keep moving."""
         self.tier_run_now("churn")
+        if self.rng.random() < 0.3:
+            self.redrive_now(HALT_GROUP, "churn")
         for group in GROUPS:
             batch = self.client.receive(group, TOPIC, 10, 2)
             if batch:
@@ -292,7 +309,7 @@ class KillPoints(BatchKillPoints):
         ):
             worker = self.spawn("consume", "--group", group, "--max", "10", "--lease", "2")
             # an ordered group's receive locks the row first, in a statement of its own
-            waiting = "%redelivery:LOCK_ORDERED%" if group == ORDERED_GROUP else "%redelivery:RECEIVE%"
+            waiting = "%redelivery:LOCK_ORDERED%" if group in ORDERED_GROUPS else "%redelivery:RECEIVE%"
             self.freeze_and_kill(worker, "receive: waiting to move its consume offset", waiting)
 
     def partition_before_its_record(self) -> None:

@@ -115,6 +115,7 @@ def storage(conn) -> dict[str, int]:
 #: grey, on top: the few messages that retry or end dead-lettered sit on the axis, to scale).
 STACK = {
     "DLQ": "#e53e3e",
+    "BLOCKED": "#805ad5",
     "WAITING_RETRY": "#dd6b20",
     "INFLIGHT": "#3182ce",
     "READY": "#38a169",
@@ -174,7 +175,7 @@ def _plot_states(axis, seconds: list[float], timeline, group: str, scale: float)
     x = [s / scale for s in seconds]
     below = [0] * len(x)
     for state, colour in STACK.items():
-        values = [snapshot[group][state] for _, snapshot in timeline[: len(x) - 1]]
+        values = [snapshot[group].get(state, 0) for _, snapshot in timeline[: len(x) - 1]]
         values.append(values[-1])  # the last state holds to the axis' end
         above = [b + v for b, v in zip(below, values, strict=True)]
         label = f"{state:<13} {values[-1]:>9,} at end"

@@ -107,7 +107,8 @@ def test_a_row_holds_what_the_list_shows(dead, database_url):
     [row], _ = browse(client.conn, DlqFilter(group="billing"), limit=1)
     assert set(row) == {"message_id", "key", "topic", "dead_letter_queue", "reason", "last_error",
                         "error_length", "delivery_count", "reconsume_times", "redrive_count",
-                        "dead_lettered_at"}  # fmt: skip
+                        "dead_lettered_at", "halting", "behind"}  # fmt: skip
+    assert (row["halting"], row["behind"]) == (False, None)  # an unordered subscription's
     assert (row["message_id"], row["key"], row["topic"], row["dead_letter_queue"], row["reason"]) == (
         target, "k0", "orders", "%DLQ%billing", "REJECTED")  # fmt: skip
     assert row["last_error"] == "x" * ERROR_CHARS and row["error_length"] == 1006  # shortened, length kept

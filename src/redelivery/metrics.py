@@ -16,8 +16,8 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 
 | name | type | labels | meaning | source |
 |---|---|---|---|---|
-| ``redelivery_messages`` | gauge | topic, group, state | messages in READY (READY rows and the messages past the group's consume offset), INFLIGHT, WAITING_RETRY, DLQ or BLOCKED (an ordered subscription's messages waiting behind their key's head) (0 for a subscription with none) | READY: the partial index ``deliveries_ready`` and the log's primary key from the offset on; INFLIGHT, WAITING_RETRY: the partial indexes ``deliveries_inflight``, ``deliveries_waiting``, which carry group and topic; DLQ: ``dlq_messages``; BLOCKED: the partial index ``deliveries_key`` |
-| ``redelivery_blocked_keys`` | gauge | topic, group | an ordered subscription's keys held back: with messages BLOCKED behind their head, or a HALTED head (issue 31) | partial index ``deliveries_key`` (ordered subscriptions' rows only) |
+| ``redelivery_messages`` | gauge | topic, group, state | messages in READY (READY rows and the messages past the group's consume offset), INFLIGHT, WAITING_RETRY, DLQ or BLOCKED (an ordered subscription's messages waiting behind their key's head) (0 for a subscription with none) | READY: the partial index ``deliveries_ready`` and the log's primary key from the offset on; INFLIGHT, WAITING_RETRY: the partial indexes ``deliveries_inflight``, ``deliveries_waiting``, which carry group and topic; DLQ: ``dlq_messages``; BLOCKED: the partial index ``deliveries_blocked`` |
+| ``redelivery_blocked_keys`` | gauge | topic, group | an ordered subscription's keys held by a failure: their head waits for a retry (WAITING_RETRY) or is dead-lettered and holds the key (HALTED, ``on_exhausted`` halt), whether or not messages wait behind it yet; a key whose head is in flight or READY is busy, not held (issue 36) | partial index ``deliveries_held`` (those heads only) |
 | ``redelivery_blocked_oldest_age_seconds`` | gauge | topic, group | how long the message BLOCKED the longest has waited behind its key's head, seconds, from when the offset passed it (0: none) | ``deliveries.created_at`` of the BLOCKED rows |
 | ``redelivery_retry_waiting_messages`` | gauge | topic, group, delay_level | WAITING_RETRY deliveries per delay level (levels with some) | partial index ``deliveries_waiting`` |
 | ``redelivery_consumer_ready_oldest_age_seconds`` | gauge | topic, group | how long the message READY the longest has been READY (RocketMQ's consumer lag latency); 0 with none | ``deliveries.ready_at`` of the READY rows (``deliveries_ready``), the publish time of the first message past the offset |
@@ -277,7 +277,8 @@ def _live_gauges(rows: dict) -> Iterator:
     )
     yield _gauge(
         "redelivery_blocked_keys",
-        "Keys of an ordered subscription held back behind their head (BLOCKED messages or a HALTED head).",
+        "Keys of an ordered subscription held by a failure: their head waits for a retry or is a dead letter"
+        " holding the key (on_exhausted halt); a key whose head is in flight or READY is busy, not held.",
         ["topic", "group"],
         ((list(labels), n) for labels, n in sorted(keys.items())),
     )

@@ -176,7 +176,7 @@ def _move_batch(
     the first batch, then dropped by a retention run during a pause: still empty, nothing held it)
     rolls back, makes the partitions again and runs again. A batch that would give an ordered
     subscription's key a second head (a head the batch saw was deleted meanwhile, and the key's
-    next message promoted: ``deliveries_key_head`` refuses it), or a deadlock victim, changed
+    next message promoted: ``deliveries_one_head`` refuses it), or a deadlock victim, changed
     nothing and runs again."""
 
     def once() -> tuple[int, bool]:

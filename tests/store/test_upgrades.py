@@ -65,7 +65,7 @@ _OLD_STORE = """
            m.published_at
     FROM messages m JOIN topics t ON t.id = m.topic_id AND t.name = 'orders'
     JOIN consumer_groups g ON g.name = 'audit' OR (g.name = 'late' AND m.key NOT IN ('k1', 'k2'));
-    INSERT INTO dead_letter_queues (name, table_created_at) VALUES ('%DLQ%billing', now());
+    INSERT INTO dead_letter_queues (name) VALUES ('%DLQ%billing');
     """
 
 
@@ -282,3 +282,81 @@ def test_the_range_migration_keeps_every_batch_published_once(fresh_url):
         assert client.conn.execute("SELECT count(*) FROM publish_staging").fetchone()[0] == 0
         [new] = client.publish("orders", [{"n": 7}], batch_id="new", at=at)
         assert client.publish("orders", [{"n": 7}], batch_id="new", at=at) == [new]
+
+
+# ---- migration 0016: ordering keys by digest, "" no key ------------------------------------------
+
+#: An ordered store of 0015, as its statements left it: billing subscribed ordered (halt) to orders,
+#: its offset past 4 messages. Key "a": its head INFLIGHT, one BLOCKED; key "": a HALTED head (its
+#: dead letter) and one BLOCKED. Past the offset a message with a key of 3,000 characters that do
+#: not compress (``%(long)s``: 0015's every receive failed on it), then a message of key "b".
+_ORDERED_STORE = """
+    INSERT INTO topics (name) VALUES ('orders');
+    INSERT INTO consumer_groups (name) VALUES ('billing');
+    INSERT INTO subscriptions (topic_id, group_id, ordered, on_exhausted, consume_offset, messages_taken)
+    SELECT t.id, g.id, true, 'halt', 0, 4 FROM topics t, consumer_groups g;
+    INSERT INTO messages (topic_id, key, body, content_type, published_at)
+    SELECT t.id, k, convert_to('{}', 'UTF8'), 'application/json', now()
+    FROM topics t, unnest(ARRAY['a', '', 'a', '', %(long)s, 'b']) WITH ORDINALITY AS x(k, i) ORDER BY i;
+    UPDATE subscriptions SET consume_offset = (SELECT min(id) + 3 FROM messages);
+    INSERT INTO dead_letter_queues (name) VALUES ('%DLQ%billing');
+    INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state, delivery_count,
+                            invisible_until, ready_at)
+    SELECT m.topic_id, g.id, m.id, m.published_at, m.key, x.state::delivery_state, x.count,
+           CASE WHEN x.state = 'INFLIGHT' THEN now() + interval '1 hour' END, m.published_at
+    FROM (VALUES (0, 'INFLIGHT', 1), (1, 'HALTED', 1), (2, 'BLOCKED', 0), (3, 'BLOCKED', 0))
+        AS x(n, state, count)
+    JOIN messages m ON m.id = (SELECT min(id) FROM messages) + x.n, consumer_groups g;
+    """
+
+
+def test_the_digest_migration_unsticks_a_long_key_and_makes_an_empty_key_none(fresh_url):
+    """0016 on a store of 0015 that a 3,000-character key had stuck (its btree index refused the
+    key: every receive raised ProgramLimitExceeded): the receive hands it out after the upgrade; a
+    head and its BLOCKED message keep their order; key "" is no key (its HALTED head goes, its
+    dead letter stays, its BLOCKED message is READY)."""
+    import os
+
+    import psycopg
+
+    from redelivery.client import Client
+    from redelivery.store import catalog, log
+
+    db.migrate(fresh_url, "0015")
+    long = os.urandom(1500).hex()
+    with db.connect(fresh_url, autocommit=True) as conn:
+        log.ensure_partition(conn, conn.execute("SELECT now()").fetchone()[0], 3600)
+        for statement in filter(str.strip, _ORDERED_STORE.split(";")):
+            conn.execute(statement, {"long": long} if "%(long)s" in statement else None)
+        [dlq_id] = conn.execute("SELECT id FROM dead_letter_queues").fetchone()
+        catalog.ensure_dlq_tables(conn, {dlq_id})
+        conn.execute(
+            "INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,"
+            " content_type, properties, published_at, reason, delivery_count, reconsume_times, attempts,"
+            " redrive_count) SELECT %s, d.group_id, m.id, m.topic_id, m.id, m.key, m.body, m.content_type,"
+            " m.properties, m.published_at, 'REJECTED', 1, 0, '[]', 0"
+            " FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.state = 'HALTED'",
+            (dlq_id,),
+        )
+        a1, e1, a2, e2, big, b1 = [r[0] for r in conn.execute("SELECT id FROM messages ORDER BY id")]
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded):  # what 0015's receive met
+            conn.execute(
+                "INSERT INTO deliveries (topic_id, group_id, message_id, published_at, key, state,"
+                " delivery_count, invisible_until, ready_at) SELECT topic_id, 1, id, published_at, key,"
+                " 'INFLIGHT', 1, now(), now() FROM messages WHERE id = %s",
+                (big,),
+            )
+    db.migrate(fresh_url)
+    with Client(fresh_url) as client:
+        rows = dict(client.conn.execute("SELECT message_id, state::text FROM deliveries").fetchall())
+        assert rows == {a1: "INFLIGHT", a2: "BLOCKED", e2: "READY"}
+        assert client.conn.execute("SELECT count(*) FROM deliveries WHERE key = ''").fetchone()[0] == 0
+        got = client.receive("billing", "orders", 10, 300)
+        assert [(m.message_id, m.key) for m in got] == [(e2, ""), (big, long), (b1, "b")]
+        ready = "UPDATE deliveries SET state = 'READY', invisible_until = NULL WHERE message_id = %s"
+        client.conn.execute(ready, (a1,))
+        [head] = client.receive("billing", "orders", 10, 300)
+        client.ack("billing", head)
+        assert [m.message_id for m in client.receive("billing", "orders", 10, 300)] == [a2]
+        states = client.stats()["orders"]["billing"]
+        assert (states["DLQ"], states["BLOCKED"], states["INFLIGHT"]) == (1, 0, 4)

@@ -46,3 +46,6 @@ def test_a_short_crash_run_breaks_no_invariant(tmp_path):
     assert set(summary["by_kind"]) == set(KINDS)  # every kind of kill point happened
     assert summary["violations"] == dict.fromkeys(INVARIANTS, 0)  # every invariant checked, none broken
     assert summary["ledger_calls_compared"] > 100  # the clients' history was read
+    # issue 36: an on_exhausted halt group too, whose keys its dead letters held, released by redrives
+    assert summary["ordered_groups"] == {"halting": "halt", "ordered": "continue"}
+    assert summary["halted_most"] > 0 and summary["halted_redriven"] > 0

@@ -254,13 +254,12 @@ def publish(
 def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Counts per topic, group and state."""
     data = _client(reading=True).stats()
-    lines = [
-        f"{'topic':<20} {'group':<24} "
-        + " ".join(f"{s:>13}" for s in ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ"))
-    ]
+    from redelivery.messaging.codec import STATES  # every count stats gives, BLOCKED included
+
+    lines = [f"{'topic':<20} {'group':<24} " + " ".join(f"{s:>13}" for s in STATES)]
     for topic, groups in data.items():
         for group, counts in groups.items():
-            lines.append(f"{topic:<20} {group:<24} " + " ".join(f"{n:>13}" for n in counts.values()))
+            lines.append(f"{topic:<20} {group:<24} " + " ".join(f"{counts[s]:>13}" for s in STATES))
     _emit(data, as_json, "\n".join(lines))
 
 

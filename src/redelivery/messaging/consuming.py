@@ -19,6 +19,7 @@ from redelivery.messaging.codec import (
     received_properties,
 )
 from redelivery.messaging.context import Role
+from redelivery.messaging.ordered import lease_ordered
 from redelivery.messaging.receipts import (
     Outcome,
     check_at,
@@ -31,7 +32,6 @@ from redelivery.messaging.receipts import (
     receipts_of,
     retry_mode,
 )
-from redelivery.rules.ordering import ordered_scan
 from redelivery.rules.policies import MAX_INT
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
@@ -163,7 +163,6 @@ class Consumer(Role):
             "max_messages": max_messages,
             "invisible_duration": float(invisible_duration),
             "at": at,
-            "scan": ordered_scan(max_messages),
         }
         return group_id, topic_id, params
 
@@ -174,24 +173,20 @@ class Consumer(Role):
         caller sees a message, and the subscription row is locked only while it runs, not while
         the rows travel and are decoded. Results in PostgreSQL's binary format: bodies arrive as
         their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again. An
-        ordered subscription's: its row locked, then RECEIVE_ORDERED (which so sees every delivery
-        row committed before), one transaction committed before the rows return; one that would
-        give a key a second head (``deliveries_key_head`` refuses it) changed nothing, runs again."""
+        ordered subscription's: ``messaging.ordered.lease_ordered``, committed before the rows
+        return too."""
         key = (params["topic_id"], params["group_id"])
 
         def lease() -> list[tuple]:
             with self.conn.cursor(binary=True) as cursor:
                 return cursor.execute(S.RECEIVE, params).fetchall()
 
-        def lease_ordered() -> list[tuple]:
-            with self.conn.transaction(), self.conn.cursor(binary=True) as cursor:
-                if cursor.execute(S.LOCK_ORDERED_SUBSCRIPTION, params).fetchone() is None:
-                    return []
-                return cursor.execute(S.RECEIVE_ORDERED, params).fetchall()
-
-        ordered = self.context.is_ordered(*key)
-        conflicts = db.HEAD_CONFLICTS if ordered else db.LOCK_CONFLICTS
-        rows = db.retry_lock_conflicts(lease_ordered if ordered else lease, conflicts=conflicts)
+        if self.context.is_ordered(*key):
+            rows, self.context.free_shares[key] = lease_ordered(
+                self.conn, params, self.context.free_shares.get(key, 1.0)
+            )
+        else:
+            rows = db.retry_lock_conflicts(lease)
         if not rows:  # the subscription may have been made again with the other ordering
             self.context.ordered.pop(key, None)
         return rows

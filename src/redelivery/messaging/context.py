@@ -28,6 +28,8 @@ class ClientContext:
         self.policies: dict[tuple[int, int], tuple[EffectivePolicy, dict]] = {}
         self.caps: dict[int, dict] = {}  # topic id -> {group id: policy with a ready-backlog cap}
         self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
+        #: (topic id, group id) -> the share of free messages its ordered receive expects to read
+        self.free_shares: dict[tuple[int, int], float] = {}
         self.config = config  # and ``levels``, its level table
 
     @property

@@ -330,7 +330,7 @@ class Publisher(Role):
             ready = catalog.ready_count(self.conn, group_id, topic_id)
             if ready + adding > policy.max_ready_backlog:
                 raise TooManyRequestsError(
-                    f"530 TOO_MANY_REQUESTS: topic {policy.topic!r} has {ready} ready messages for group "
+                    f"530 TOO_MANY_REQUESTS: topic {policy.topic!r} has {ready} messages waiting for group "
                     f"{policy.group!r}; {adding} more would pass its max_ready_backlog of "
                     f"{policy.max_ready_backlog}"
                 )

@@ -69,8 +69,9 @@ def lock_backlog(conn: psycopg.Connection, topic: int) -> None:
 
 
 def ready_count(conn: psycopg.Connection, group_id: int, topic: int) -> int:
-    """The messages group id ``group_id`` can receive now on topic id ``topic``: its READY rows and
-    the messages past its consume offset."""
+    """The messages group id ``group_id`` has waiting on topic id ``topic``, what a ready-backlog cap
+    counts: its READY rows, its BLOCKED rows (an ordered subscription's) and the messages past its
+    consume offset."""
     return conn.execute(S.READY_COUNT, {"group_id": group_id, "topic_id": topic}).fetchone()[0]
 
 

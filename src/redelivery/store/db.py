@@ -286,8 +286,8 @@ def empty_state_store(conn: psycopg.Connection) -> None:
 #: What ``retry_lock_conflicts`` runs again: a deadlock victim, a serialization failure.
 LOCK_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 #: And, for a receive or a redrive of an ordered subscription, a second head refused by
-#: ``deliveries_key_head`` (a concurrent writer of the key committed first).
-HEAD_CONFLICTS = (*LOCK_CONFLICTS, psycopg.errors.UniqueViolation)
+#: ``deliveries_one_head`` (a concurrent writer of the key committed first).
+HEAD_CONFLICTS = (*LOCK_CONFLICTS, psycopg.errors.ExclusionViolation)
 
 
 def retry_lock_conflicts(

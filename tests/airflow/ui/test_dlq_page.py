@@ -23,8 +23,8 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 #: What helpers.page_state leaves: per group, live states; billing's retries per level; the tier's runs.
 STATES = {
-    "billing": {"READY": 5, "INFLIGHT": 7, "WAITING_RETRY": 10, "DLQ": 10},
-    "audit": {"READY": 4, "INFLIGHT": 0, "WAITING_RETRY": 0, "DLQ": 0},
+    "billing": {"READY": 5, "INFLIGHT": 7, "WAITING_RETRY": 10, "DLQ": 10, "BLOCKED": 0},
+    "audit": {"READY": 4, "INFLIGHT": 0, "WAITING_RETRY": 0, "DLQ": 0, "BLOCKED": 0},
 }
 WAITING = {1: 6, 3: 4}
 
@@ -59,7 +59,8 @@ def bars(svg: ET.Element) -> dict[str, tuple[str, str, list[str]]]:
 def test_page_data_is_the_state(state):
     data = page_data(state.conn)
     shown = {
-        g["name"]: {k: g[k] for k in ("READY", "INFLIGHT", "WAITING_RETRY", "DLQ")} for g in data["groups"]
+        g["name"]: {k: g[k] for k in ("READY", "INFLIGHT", "WAITING_RETRY", "DLQ", "BLOCKED")}
+        for g in data["groups"]
     }
     assert shown == STATES
     assert [g["name"] for g in data["groups"]] == ["billing", "audit"]  # most dead letters first
@@ -143,8 +144,12 @@ def test_every_text_is_escaped():
 
 def test_a_group_name_on_the_page_is_escaped(client, topic_group):
     data = page_data(client.conn)
-    group = {"id": 1, "name": "a&b", "READY": 1, "INFLIGHT": 0, "WAITING_RETRY": 0, "DLQ": 0}
-    data["groups"], data["matched"] = [{**group, "oldest": None, "newest": None, "waiting": {}}], 1
+    group = {"id": 1, "name": "a&b", "READY": 1, "INFLIGHT": 0, "WAITING_RETRY": 0, "DLQ": 0, "BLOCKED": 0}
+    held = {"keys": 0, "list": [], "since": None}
+    data["groups"], data["matched"] = (
+        [{**group, "oldest": None, "newest": None, "waiting": {}, "held": held}],
+        1,
+    )
     data["redrives"] = [("<b>run</b>", "g", None, True, "success", 1, 0, None, None, None)]
     html = render(data)
     assert "a&amp;b" in html and "a&b" not in html.replace("a&amp;b", "")

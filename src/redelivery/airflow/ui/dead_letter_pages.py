@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from redelivery.airflow.params import unknown_key
 from redelivery.airflow.ui.charts import number
-from redelivery.airflow.ui.page import STYLE, TOP_LINKS, Html, cell, run_link, table, when
+from redelivery.airflow.ui.page import STYLE, TOP_LINKS, Html, _plural, cell, run_link, table, when
 from redelivery.dead_letters import BODY_PREVIEW_BYTES, ERROR_CHARS, Cursor, DlqFilter
 from redelivery.fields import FormField, form_fields, split_many
 from redelivery.messaging.codec import RETRY_PROPERTIES
@@ -263,17 +263,25 @@ def letters_table(rows: list[dict], request: DlqFilter, base: str) -> str:
     """The page's rows, each with its tick box and a link to the message's page."""
     query = escape(query_string(request))
     headers = ["", "message id", "key", "topic", "DLQ", "reason", "last error", "delivery count",
-               "reconsume times", "redrive count", "dead-lettered at"]  # fmt: skip
+               "reconsume times", "redrive count", "dead-lettered at", "holds its key"]  # fmt: skip
     body = []
     for r in rows:
         mid = r["message_id"]
         tick = f'<input type="checkbox" name="selected" value="{mid}" aria-label="select {mid}">'
         values = [Html(tick), Html(f'<a href="{escape(base)}/{mid}?{query}">{mid}</a>'), r["key"], r["topic"],
                   r["dead_letter_queue"], r["reason"], _error_cell(r), r["delivery_count"],
-                  r["reconsume_times"], r["redrive_count"], r["dead_lettered_at"]]  # fmt: skip
+                  r["reconsume_times"], r["redrive_count"], r["dead_lettered_at"], _holds(r)]  # fmt: skip
         body.append(f'<tr data-message-id="{mid}">' + "".join(_td(v) for v in values) + "</tr>")
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     return f"<table class='letters'><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _holds(row: dict) -> Html:
+    """Whether a dead letter holds its key (an ordered subscription's, on_exhausted halt: the key's
+    later messages wait until it is redriven) and how many wait behind it."""
+    if not row.get("halting"):
+        return Html("")
+    return Html(f"<b class='halting'>holds its key: {number(row['behind'] or 0)} behind</b>")
 
 
 def _td(value) -> str:
@@ -396,8 +404,17 @@ def message_page(letter: dict, query: Query, base: str, ui_root: str, refusal: s
                 for a in letter["attempts"]]  # fmt: skip
     redrives = [[run_link(r["run_key"], ui_root, ()), r["triggered_by"], r["moved_at"], r["destination_topic"]
                  or "its own topic"] for r in letter["redrives"]]  # fmt: skip
+    holds = ""
+    if letter.get("halting"):
+        behind = letter["behind"] or 0
+        holds = (
+            "<p class='halting'><b>It holds its key</b> (an ordered subscription with on_exhausted halt): "
+            f"{_plural(behind, 'message', 'messages')} of the key wait behind it, BLOCKED, until it is "
+            "redriven (a redrive to its own topic delivers it first).</p>"
+        )
     body = (
         f'<p><a href="{escape(base)}?{escape(query_string(request))}">← the list</a></p>'
+        + holds
         + table(["field", "value"], [list(f) for f in fields])
         + f"<h2>Last error</h2><pre class='error'>{escape(letter['last_error'] or '')}</pre>"
         + f"<h2>Body</h2>{_body(letter)}"

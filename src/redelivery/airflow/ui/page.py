@@ -24,10 +24,7 @@ primary key, the dead letters of the listed groups, the latest runs of each tier
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from urllib.parse import quote
@@ -35,6 +32,7 @@ from urllib.parse import quote
 import psycopg
 
 from redelivery.airflow.ui.charts import Bar, Series, columns, horizontal_bars, lines, number
+from redelivery.airflow.ui.pauses import PauseEvent, bulk_covers, pause_changes  # noqa: F401  (the page's names)
 from redelivery.config import cached_config
 from redelivery.store import statements as S
 
@@ -47,7 +45,17 @@ GROUP_LIMIT = 200
 #: Per listed group: its DLQs and its most frequent last errors shown.
 TOP_QUEUES, TOP_ERRORS = 20, 5
 #: Live states in the state machine's order, with their colours (COMMITTED is not shown).
-STATES = {"READY": "#38a169", "INFLIGHT": "#3182ce", "WAITING_RETRY": "#dd6b20", "DLQ": "#e53e3e"}
+STATES = {
+    "READY": "#38a169",
+    "INFLIGHT": "#3182ce",
+    "WAITING_RETRY": "#dd6b20",
+    "DLQ": "#e53e3e",
+    "BLOCKED": "#805ad5",
+}
+#: The held keys of a group the page lists, held longest first; characters of a key it shows.
+HELD_KEYS, KEY_CHARS = 20, 60
+#: Why a key is held, by its head's state.
+HELD_WHY = {"WAITING_RETRY": "waiting for its retry", "HALTED": "dead letter, on_exhausted halt"}
 P50, P99 = "#3182ce", "#e53e3e"
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#1a202c}
@@ -83,16 +91,6 @@ TOP_LINKS = """<script>document.addEventListener("click", function (e) {
 });</script>"""
 
 
-@dataclass(frozen=True)
-class PauseEvent:
-    """A pause of a DAG found in Airflow's audit log: when (timezone-aware), by whom (None:
-    unknown), and through what (e.g. "the CLI")."""
-
-    at: datetime
-    owner: str | None
-    via: str
-
-
 class Html(str):
     """HTML made in this module from escaped parts: a table cell shows it as it is."""
 
@@ -117,10 +115,13 @@ def page_data(
     "tier_runs": {tier: (tier, run key, window end, status, dry run, promoted, dead-lettered,
     lateness p99 s, last finished at)}, "redrives": LATEST_REDRIVES rows, "waiting_at": {tier:
     (retries waiting at its levels, of them due)}}``; a group is ``{"id", "name", "READY",
-    "INFLIGHT", "WAITING_RETRY", "DLQ": counts, "oldest", "newest": dead-lettering times or None,
-    "waiting": {delay level: n}, "queues", "reasons", "errors": [(value, count)], most first,
-    "held": (keys an ordered subscription holds back, messages BLOCKED, when the oldest of them was
-    passed by the offset) or None}``.
+    "INFLIGHT", "WAITING_RETRY", "DLQ", "BLOCKED": counts, "oldest", "newest": dead-lettering times
+    or None, "waiting": {delay level: n}, "queues", "reasons", "errors": [(value, count)], most
+    first, "held": {"keys": keys an ordered subscription holds by a failure, "list": the
+    ``HELD_KEYS`` held longest ({"topic", "key", "message_id", "why", "since", "due_at",
+    "behind"}), "since": when the oldest BLOCKED message was passed by the offset}}``: a key is
+    held when its head waits for a retry or is a dead letter holding it (on_exhausted halt); one
+    whose head is in flight or READY is busy, not held.
     Raises psycopg errors."""
     with conn.transaction():
         groups, matched = _groups(conn, name_filter, limit)
@@ -145,15 +146,22 @@ def _groups(conn: psycopg.Connection, name_filter: str, limit: int) -> tuple[lis
     rows = conn.execute(S.PAGE_GROUPS, {"name": name_filter, "limit": limit}).fetchall()
     groups = {
         gid: {"id": gid, "name": name, "READY": ready, "INFLIGHT": inflight, "WAITING_RETRY": waiting,
-              "DLQ": dead, "oldest": oldest, "newest": newest, "waiting": {}, "queues": [], "reasons": [],
-              "errors": [], "held": None}
-        for gid, name, ready, inflight, waiting, dead, oldest, newest, _ in rows
+              "DLQ": dead, "BLOCKED": blocked, "oldest": oldest, "newest": newest, "waiting": {},
+              "queues": [], "reasons": [], "errors": [], "held": {"keys": 0, "list": [], "since": None}}
+        for gid, name, ready, inflight, waiting, dead, blocked, oldest, newest, _ in rows
     }  # fmt: skip
     ids = list(groups)
     for gid, level, n in conn.execute(S.PAGE_WAITING_PER_LEVEL, {"ids": ids}):
         groups[gid]["waiting"][level] = n
-    for gid, keys, blocked, since in conn.execute(S.PAGE_BLOCKED, {"ids": ids}):
-        groups[gid]["held"] = (keys, blocked, since)
+    for gid, _, since in conn.execute(S.PAGE_BLOCKED, {"ids": ids}):
+        groups[gid]["held"]["since"] = since
+    for gid, topic, key, message_id, state, since, due_at, behind, total in conn.execute(
+        S.PAGE_HELD_KEYS, {"ids": ids, "limit": HELD_KEYS}
+    ):
+        groups[gid]["held"]["keys"] = total
+        groups[gid]["held"]["list"].append({"topic": topic, "key": key, "message_id": message_id,
+                                            "why": HELD_WHY[state], "since": since, "due_at": due_at,
+                                            "behind": behind})  # fmt: skip
     with_dead = [gid for gid in ids if groups[gid]["DLQ"]]
     details = (
         ("queues", S.PAGE_DLQ_QUEUES, TOP_QUEUES),
@@ -177,87 +185,6 @@ def tier_dags() -> dict[str, str]:
     from redelivery.airflow.dags.tiers import dag_id  # the DAG factory's naming, imported when a page is made
 
     return {t.name: dag_id(t) for t in cached_config().tiers}
-
-
-# ---- pauses, from Airflow's audit log ------------------------------------------------------------
-
-#: How many of a DAG's pause changes, and of bulk ones, the audit log is read for (newest first).
-PAUSE_CHANGES_READ = 200
-#: Airflow's audit-log events that pause or unpause DAGs, and through what.
-PAUSE_EVENTS = {
-    "patch_dag": "the Airflow UI or REST API",
-    "patch_dags": "a bulk change in the Airflow UI or REST API",
-    "cli_dag_pause": "the Airflow CLI",
-    "cli_dag_unpause": "the Airflow CLI",
-}
-
-
-def pause_changes(session, dag_id: str) -> list[tuple]:
-    """``dag_id``'s pauses and unpauses in Airflow's audit log, newest first: ``(when, paused,
-    owner, via)``. Events: ``patch_dag`` (the UI's toggle, ``PATCH /api/v2/dags/{dag_id}``;
-    ``is_paused`` in extra), ``patch_dags`` (a bulk ``PATCH /api/v2/dags``, no DAG id: its
-    query's patterns in extra say which DAGs), ``cli_dag_pause`` / ``cli_dag_unpause``."""
-    from airflow.models.log import Log
-    from sqlalchemy import select
-
-    columns = (
-        select(Log.dttm, Log.event, Log.owner, Log.extra).order_by(Log.dttm.desc()).limit(PAUSE_CHANGES_READ)
-    )
-    own = columns.where(
-        Log.dag_id == dag_id, Log.event.in_(["patch_dag", "cli_dag_pause", "cli_dag_unpause"])
-    )
-    bulk = columns.where(Log.event == "patch_dags")
-    changes = []
-    for at, event, owner, extra in [*session.execute(own).all(), *session.execute(bulk).all()]:
-        paused = _pauses(event, _json(extra), dag_id)
-        if paused is not None and at is not None:
-            changes.append((at, paused, owner, PAUSE_EVENTS[event]))
-    return sorted(changes, key=lambda change: change[0], reverse=True)
-
-
-def _json(text: str | None) -> dict:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _pauses(event: str, extra: dict, dag_id: str) -> bool | None:
-    """True: the event paused ``dag_id``; False: unpaused it; None: it did neither."""
-    if event in ("cli_dag_pause", "cli_dag_unpause"):
-        return event == "cli_dag_pause"
-    if "is_paused" not in extra or (event == "patch_dags" and not bulk_covers(extra, dag_id)):
-        return None
-    return str(extra["is_paused"]).lower() == "true"
-
-
-def bulk_covers(query: dict, dag_id: str) -> bool:
-    """Whether a bulk ``PATCH /api/v2/dags`` with these query parameters matched ``dag_id``, as
-    Airflow 3.3 matches: ``dag_id_pattern`` a case-insensitive ``LIKE '%term%'`` (``~``: every
-    DAG), ``dag_id_prefix_pattern`` a prefix (trailing non-alphanumerics dropped), ``|`` between
-    alternatives, both when both are given, neither: no DAG. Its other filters (tags, owners,
-    paused) are not checked: a bulk pause they narrowed may be counted."""
-    pattern, prefix = query.get("dag_id_pattern"), query.get("dag_id_prefix_pattern")
-    if pattern is None and prefix is None:
-        return False
-    if pattern is not None and not any(_like(term, dag_id) for term in _terms(pattern)):
-        return False
-    strip = lambda term: re.sub(r"[^0-9A-Za-z]+$", "", term)  # noqa: E731
-    return prefix is None or any(dag_id.startswith(strip(term)) for term in _terms(prefix))
-
-
-def _terms(value) -> list[str]:
-    text = str(value)
-    terms = [t.strip() for t in text.split("|") if t.strip()] if "|" in text else []
-    return terms or [text]
-
-
-def _like(term: str, text: str) -> bool:
-    """``text ILIKE '%term%'`` (``~`` is ``%``)."""
-    term = "%" if term == "~" else term
-    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in term)
-    return re.search(regex, text, re.IGNORECASE | re.DOTALL) is not None
 
 
 # ---- formatting ----------------------------------------------------------------------------------
@@ -408,10 +335,38 @@ def overview(groups: list[dict]) -> str:
             g["READY"],
             g["INFLIGHT"],
             g["WAITING_RETRY"],
+            g["BLOCKED"],
         ]
         for g in groups
     ]
-    return table(["group", "dead letters", "READY", "INFLIGHT", "WAITING_RETRY"], rows)
+    return table(["group", "dead letters", "READY", "INFLIGHT", "WAITING_RETRY", "BLOCKED"], rows)
+
+
+def short_key(key: str) -> Html:
+    """A key as the page shows it: its first ``KEY_CHARS`` characters, and its length when longer."""
+    if len(key) <= KEY_CHARS:
+        return Html(escape(key))
+    return Html(f"{escape(key[:KEY_CHARS])}… <span class='muted'>({number(len(key))} characters)</span>")
+
+
+def held_keys(held: dict, blocked: int) -> str:
+    """An ordered group's keys held by a failure, with the message holding each, why, since when
+    (its first failure), when its retry is due and how many messages wait BLOCKED behind it; and
+    the group's BLOCKED messages (behind held keys and busy ones: a head in flight)."""
+    oldest = f", the oldest waiting since {when(held['since'])}" if held["since"] else ""
+    waiting = f"{_plural(blocked, 'message', 'messages')} BLOCKED in all{oldest}"
+    if not held["keys"]:
+        return (f"<p class='held'>Ordered: No key is held by a failure (a retry or a dead letter); "
+                f"{waiting}, behind keys whose head is in flight.</p>")  # fmt: skip
+    shown = len(held["list"])
+    listed = f" (the {number(shown)} held longest)" if shown < held["keys"] else ""
+    rows = [[h["topic"], short_key(h["key"]), h["message_id"], h["why"], h["since"], h["due_at"], h["behind"]]
+            for h in held["list"]]  # fmt: skip
+    return (
+        f"<p class='held'>Ordered: {_plural(held['keys'], 'key', 'keys')} held by a failure{listed}; "
+        f"{waiting}.</p>"
+        + table(["topic", "key", "held by message", "why", "since", "retry due", "BLOCKED behind"], rows)
+    )
 
 
 def states_chart(group: str, counts: dict[str, int]) -> str:
@@ -471,13 +426,8 @@ def group_section(group: dict) -> str:
     ]
     if dead:
         parts.append(f"<p class='muted'>oldest {when(group['oldest'])}, newest {when(group['newest'])}.</p>")
-    if group.get("held"):
-        keys, blocked, since = group["held"]
-        oldest = f", the oldest waiting since {when(since)}" if since else ""
-        parts.append(
-            f"<p class='held'>Ordered: {_plural(keys, 'key', 'keys')} held back behind a failing or "
-            f"dead-lettered message, {_plural(blocked, 'message', 'messages')} BLOCKED{oldest}.</p>"
-        )
+    if group["held"]["keys"] or group["BLOCKED"]:
+        parts.append(held_keys(group["held"], group["BLOCKED"]))
     parts.append(
         '<div class="row">'
         + states_chart(name, {state: group[state] for state in STATES})

@@ -23,6 +23,7 @@ from redelivery.store.statements._shared import *  # noqa: F403
 from redelivery.store.statements.dead_letters import *  # noqa: F403
 from redelivery.store.statements.housekeeping import *  # noqa: F403
 from redelivery.store.statements.messages import *  # noqa: F403
+from redelivery.store.statements.ordered import *  # noqa: F403
 from redelivery.store.statements.reads import *  # noqa: F403
 from redelivery.store.statements.tiers import *  # noqa: F403
 from redelivery.store.statements.topology import *  # noqa: F403

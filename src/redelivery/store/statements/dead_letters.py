@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from redelivery.store.statements._shared import _DLQ_FROM, DLQ_FILTER, _named
+from redelivery.store.statements.ordered import _BLOCKED_OF, _HELD, _ORDERING_KEY_OF
 
 # The statements keep the layout of SQL, not of Python.
 # fmt: off
@@ -18,6 +19,17 @@ DLQ_SELECT = _named("DLQ_SELECT", f"""
            q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
     ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
+#: Whether dead letter ``q`` holds its key (``halting``: its message is the HALTED head of its key,
+#: an ordered subscription's with on_exhausted halt) and how many messages of the key wait BLOCKED
+#: behind it (``behind``; NULL when it holds nothing): the HALTED row by its primary key, the
+#: BLOCKED ones by the key's digest (``deliveries_blocked``).
+_HALTED_ROW = """EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
+                            AND h.message_id = q.message_id AND h.state = 'HALTED')"""
+_HALTING = f"""{_HALTED_ROW} AS halting,
+           CASE WHEN {_HALTED_ROW}
+                THEN (SELECT count(*) FROM deliveries b
+                      WHERE {_BLOCKED_OF.format("b", "q.topic_id", "q.group_id", "nullif(q.key, '')")}) END
+             AS behind"""
 #: One page of the matching dead letters, newest first, after the keyset cursor
 #: (``before_at``, ``before_id``: the last row of the previous page; NULL: the first page), at most
 #: ``limit`` rows. Keyset, not OFFSET: a page costs the same at any depth (index
@@ -25,7 +37,7 @@ DLQ_SELECT = _named("DLQ_SELECT", f"""
 DLQ_BROWSE = _named("DLQ_BROWSE", f"""
     SELECT q.message_id, q.key, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
            left(q.last_error, %(error_chars)s) AS last_error, length(q.last_error) AS error_length,
-           q.delivery_count, q.reconsume_times, q.redrive_count, q.dead_lettered_at
+           q.delivery_count, q.reconsume_times, q.redrive_count, q.dead_lettered_at, {_HALTING}
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
       AND (%(before_at)s::timestamptz IS NULL
            OR (q.dead_lettered_at, q.message_id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
@@ -37,7 +49,7 @@ DLQ_MESSAGE = _named("DLQ_MESSAGE", f"""
            q.last_error, q.delivery_count, q.reconsume_times, q.redrive_count, q.dead_lettered_at,
            q.first_failure_at, q.last_failure_at, q.published_at, q.origin_message_id, q.content_type,
            substring(q.body FROM 1 FOR %(body_bytes)s) AS body, octet_length(q.body) AS body_size,
-           q.properties, q.attempts
+           q.properties, q.attempts, {_HALTING}
     FROM {_DLQ_FROM} WHERE q.group_id = %(group_id)s AND q.message_id = %(message_id)s""")
 #: A message's redrives in a group, oldest first: (run key, who triggered it, when it moved,
 #: where to: the destination topic or NULL for its own topic).
@@ -139,18 +151,15 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
       WHERE %(dest)s::int IS NULL
       -- another group's redrive put it back (or is putting it back: this waits for its commit)
       ON CONFLICT DO NOTHING),
-    -- an ordered subscription's revived message carries its key (RECEIVE_ORDERED); its key is
-    -- held when it has a delivery row (its newest locked FOR KEY SHARE, as RECEIVE_ORDERED does)
+    -- an ordered subscription's revived message carries its ordering key (RECEIVE_ORDERED); its
+    -- key is held when it has a head (locked FOR KEY SHARE, as RECEIVE_ORDERED does: _HELD)
     revived_keys AS (
-      SELECT r.topic_id, r.message_id, CASE WHEN s.ordered THEN r.key END AS key
+      SELECT r.topic_id, r.message_id, CASE WHEN s.ordered THEN {_ORDERING_KEY_OF.format("r")} END AS key
       FROM removed r LEFT JOIN subscriptions s ON s.topic_id = r.topic_id AND s.group_id = r.group_id
       WHERE %(dest)s::int IS NULL),
     held AS (
       SELECT k.topic_id, k.key FROM (SELECT DISTINCT topic_id, key FROM revived_keys WHERE key IS NOT NULL) k
-      CROSS JOIN LATERAL (
-        SELECT 1 FROM deliveries d
-        WHERE d.topic_id = k.topic_id AND d.group_id = %(group_id)s AND d.key = k.key
-        ORDER BY d.message_id DESC LIMIT 1 FOR KEY SHARE) newest),
+      WHERE {_HELD.format("k.topic_id", "%(group_id)s", "k.key")}),
     heads AS (
       SELECT k.topic_id, min(k.message_id) AS message_id FROM revived_keys k
       WHERE k.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM held h WHERE h.topic_id = k.topic_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from redelivery.store.statements._shared import AT, _named
+from redelivery.store.statements.ordered import _BLOCKED_OF
 
 # The statements keep the layout of SQL, not of Python.
 # fmt: off
@@ -34,8 +35,8 @@ RECENT_TIER_LATENESS = _named("RECENT_TIER_LATENESS", f"""
     WHERE t.tier IS NOT NULL ORDER BY 1, 2""")
 #: The groups the page lists, at most ``limit``: each group whose name contains ``name`` (as text,
 #: case-insensitively; '' matches every group) and that has live messages (READY: READY rows and
-#: messages past its offsets; INFLIGHT, WAITING_RETRY) or dead letters, most dead letters first, then
-#: by name. Per group: id, name, its counts per live state, its oldest and newest dead-lettering
+#: messages past its offsets; INFLIGHT, WAITING_RETRY, BLOCKED) or dead letters, most dead letters
+#: first, then by name. Per group: id, name, its counts per live state, its oldest and newest dead-lettering
 #: time, and how many groups matched in all (before the limit). The counts come from the partial
 #: indexes, the log's primary key and dlq_messages_browse.
 PAGE_GROUPS = _named("PAGE_GROUPS", """
@@ -43,36 +44,56 @@ PAGE_GROUPS = _named("PAGE_GROUPS", """
         SELECT id, name FROM consumer_groups WHERE strpos(lower(name), lower(%(name)s::text)) > 0),
     counts AS (
         SELECT group_id, count(*) AS ready, 0::bigint AS inflight, 0::bigint AS waiting, 0::bigint AS dead,
-               NULL::timestamptz AS oldest, NULL::timestamptz AS newest
+               0::bigint AS blocked, NULL::timestamptz AS oldest, NULL::timestamptz AS newest
         FROM deliveries WHERE state = 'READY' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
         UNION ALL
-        SELECT s.group_id, p.n, 0, 0, 0, NULL, NULL
+        SELECT s.group_id, p.n, 0, 0, 0, 0, NULL, NULL
         FROM subscriptions s CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM messages m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset) p
         WHERE s.group_id IN (SELECT id FROM chosen) AND p.n > 0
         UNION ALL
-        SELECT group_id, 0, count(*), 0, 0, NULL, NULL
+        SELECT group_id, 0, count(*), 0, 0, 0, NULL, NULL
         FROM deliveries WHERE state = 'INFLIGHT' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
         UNION ALL
-        SELECT group_id, 0, 0, count(*), 0, NULL, NULL
+        SELECT group_id, 0, 0, count(*), 0, 0, NULL, NULL
         FROM deliveries WHERE state = 'WAITING_RETRY' AND group_id IN (SELECT id FROM chosen) GROUP BY 1
         UNION ALL
-        SELECT group_id, 0, 0, 0, count(*), min(dead_lettered_at), max(dead_lettered_at)
-        FROM dlq_messages WHERE group_id IN (SELECT id FROM chosen) GROUP BY 1),
+        SELECT group_id, 0, 0, 0, count(*), 0, min(dead_lettered_at), max(dead_lettered_at)
+        FROM dlq_messages WHERE group_id IN (SELECT id FROM chosen) GROUP BY 1
+        UNION ALL
+        SELECT group_id, 0, 0, 0, 0, count(*), NULL, NULL
+        FROM deliveries WHERE state = 'BLOCKED' AND group_id IN (SELECT id FROM chosen) GROUP BY 1),
     per_group AS (
         SELECT c.id, c.name, sum(k.ready)::bigint AS ready, sum(k.inflight)::bigint AS inflight,
-               sum(k.waiting)::bigint AS waiting, sum(k.dead)::bigint AS dead, min(k.oldest) AS oldest,
-               max(k.newest) AS newest
+               sum(k.waiting)::bigint AS waiting, sum(k.dead)::bigint AS dead,
+               sum(k.blocked)::bigint AS blocked, min(k.oldest) AS oldest, max(k.newest) AS newest
         FROM counts k JOIN chosen c ON c.id = k.group_id GROUP BY 1, 2)
-    SELECT id, name, ready, inflight, waiting, dead, oldest, newest, count(*) OVER ()
+    SELECT id, name, ready, inflight, waiting, dead, blocked, oldest, newest, count(*) OVER ()
     FROM per_group ORDER BY dead DESC, name LIMIT %(limit)s""")
-#: Keys the ordered subscriptions of the groups ``ids`` hold back: (group id, keys with a BLOCKED or
-#: HALTED row, BLOCKED rows, when the oldest BLOCKED row was written: the offset passed it).
+#: The keys an ordered subscription of the groups ``ids`` holds by a failure: its head waits for a
+#: retry (WAITING_RETRY) or is dead-lettered and holds the key (HALTED: ``on_exhausted`` halt); a
+#: head READY or in flight is busy, not held. At most ``limit`` a group, held longest first: (group
+#: id, topic, key, the head's message id, state, since (its first failure), its retry's due time,
+#: the messages BLOCKED behind it, the group's held keys in all). Through ``deliveries_held``, the
+#: BLOCKED ones by the key's digest (``deliveries_blocked``), the key compared exactly.
+PAGE_HELD_KEYS = _named("PAGE_HELD_KEYS", f"""
+    WITH held AS (
+      SELECT h.group_id, h.topic_id, h.key, h.message_id, h.state, h.first_failure_at, h.due_at,
+             row_number() OVER (PARTITION BY h.group_id ORDER BY h.first_failure_at, h.message_id) AS rank,
+             count(*) OVER (PARTITION BY h.group_id) AS total
+      FROM deliveries h
+      WHERE h.group_id = ANY(%(ids)s::int[]) AND h.key IS NOT NULL AND h.state IN ('WAITING_RETRY', 'HALTED'))
+    SELECT x.group_id, t.name, x.key, x.message_id, x.state::text, x.first_failure_at, x.due_at,
+           (SELECT count(*) FROM deliveries b
+            WHERE {_BLOCKED_OF.format("b", "x.topic_id", "x.group_id", "x.key")}),
+           x.total
+    FROM held x JOIN topics t ON t.id = x.topic_id
+    WHERE x.rank <= %(limit)s ORDER BY x.group_id, x.rank""")
+#: The ordered subscriptions' BLOCKED messages of the groups ``ids``: (group id, BLOCKED messages,
+#: when the oldest was written: the offset passed it), through ``deliveries_blocked``.
 PAGE_BLOCKED = _named("PAGE_BLOCKED", """
-    SELECT group_id, count(DISTINCT (topic_id, key)), count(*) FILTER (WHERE state = 'BLOCKED'),
-           min(created_at) FILTER (WHERE state = 'BLOCKED')
-    FROM deliveries
-    WHERE key IS NOT NULL AND state IN ('BLOCKED', 'HALTED') AND group_id = ANY(%(ids)s::int[])
+    SELECT group_id, count(*), min(created_at) FROM deliveries
+    WHERE state = 'BLOCKED' AND group_id = ANY(%(ids)s::int[])
     GROUP BY 1""")
 #: Retries waiting (WAITING_RETRY) per delay level of the groups ``ids``: (group id, level, count).
 PAGE_WAITING_PER_LEVEL = _named("PAGE_WAITING_PER_LEVEL", """
@@ -171,19 +192,19 @@ METRICS_DEAD_LETTERS = _named("METRICS_DEAD_LETTERS", """
     FROM (SELECT dlq_id, group_id, topic_id, reason, count(*) AS n FROM dlq_messages GROUP BY 1, 2, 3, 4) c
     JOIN dead_letter_queues dq ON dq.id = c.dlq_id JOIN topics t ON t.id = c.topic_id
     JOIN consumer_groups g ON g.id = c.group_id""")
-#: Ordered subscriptions' held keys: (topic, group, keys with a BLOCKED or HALTED row, BLOCKED rows,
-#: the age in seconds at ``at`` (default the database clock) of the oldest BLOCKED row: how long a
-#: message has waited behind its key's head, from when the offset passed it). Through the index
-#: deliveries_key, which holds only ordered subscriptions' rows.
+#: Ordered subscriptions' keys held by a failure and BLOCKED messages: (topic, group, keys whose head
+#: waits for a retry or is HALTED (``deliveries_held``; a head in flight or READY is busy, not held),
+#: BLOCKED messages, the age in seconds at ``at`` (default the database clock) of the oldest BLOCKED
+#: one: how long a message has waited behind its key's head, from when the offset passed it
+#: (``deliveries_blocked``)).
 METRICS_BLOCKED = _named("METRICS_BLOCKED", f"""
-    SELECT t.name, g.name, c.keys, c.blocked, c.oldest
-    FROM (SELECT topic_id, group_id, count(DISTINCT key) AS keys,
-                 count(*) FILTER (WHERE state = 'BLOCKED') AS blocked,
-                 coalesce(greatest(extract(epoch FROM {AT} - min(created_at)
-                                                               FILTER (WHERE state = 'BLOCKED')), 0),
-                          0)::float8 AS oldest
-          FROM deliveries WHERE key IS NOT NULL AND state IN ('BLOCKED', 'HALTED') GROUP BY 1, 2) c
-    JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id""")
+    SELECT t.name, g.name, coalesce(k.keys, 0), coalesce(b.blocked, 0), coalesce(b.oldest, 0)
+    FROM (SELECT topic_id, group_id, count(*) AS keys FROM deliveries
+          WHERE key IS NOT NULL AND state IN ('WAITING_RETRY', 'HALTED') GROUP BY 1, 2) k
+    FULL JOIN (SELECT topic_id, group_id, count(*) AS blocked,
+                      greatest(extract(epoch FROM {AT} - min(created_at)), 0)::float8 AS oldest
+               FROM deliveries WHERE state = 'BLOCKED' GROUP BY 1, 2) b USING (topic_id, group_id)
+    JOIN topics t ON t.id = topic_id JOIN consumer_groups g ON g.id = group_id""")
 METRICS_GROUP_TOTALS = _named("METRICS_GROUP_TOTALS", """
     SELECT name, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups""")
 METRICS_HISTOGRAMS = _named("METRICS_HISTOGRAMS", """
