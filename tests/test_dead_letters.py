@@ -425,6 +425,7 @@ def test_a_page_reads_its_rows_from_the_index_at_any_depth(client, topic_group, 
     columns = (
         "group_id, key, dead_lettered_at, message_id" if key else "group_id, dead_lettered_at, message_id"
     )
-    assert definition.endswith(f"btree ({columns})") and scan["Scan Direction"] == "Backward", scan
+    partial = " WHERE (octet_length(key) <= 2000)" if key else ""  # migration 0016: a key of any length
+    assert definition.endswith(f"btree ({columns}){partial}") and scan["Scan Direction"] == "Backward", scan
     assert scan["Actual Rows"] == 51 and scan.get("Rows Removed by Filter", 0) == 0
     assert not [n for n in nodes(top) if n["Node Type"] == "Sort"]

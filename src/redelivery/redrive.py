@@ -215,14 +215,25 @@ def _move_batch_once(
         # its HALTED heads too, when their dead letters leave for another topic
         conn.execute(S.LOCK_ORDERED_SUBSCRIPTIONS, {"group_id": params["group_id"]})
         room = _room(conn, lane) if lane is not None else None
+        holding = 0
+        if room is not None and room < size and params["dest"] is None:
+            # a dead letter holding its key goes back whatever the cap: its key's messages wait for it
+            holding = _move(conn, {**params, "holding_only": True})
+            size -= holding
         if room is not None:
-            if room == 0:
-                return 0, True
+            if room == 0 or size == 0:
+                return holding, room == 0
             params["batch_size"] = min(size, room)
-        removed, audited = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
-        if removed != audited:  # every move is audited: roll back, touch nothing
-            raise RedeliveryError(f"redrive batch removed {removed} dead letters but audited {audited} moves")
-    return audited, room is not None and audited >= room
+        moved = _move(conn, {**params, "holding_only": False})
+    return holding + moved, room is not None and moved >= room
+
+
+def _move(conn: psycopg.Connection, params: dict) -> int:
+    """One REDRIVE_MOVE_BATCH in the caller's transaction: how many dead letters it moved."""
+    removed, audited = conn.execute(S.REDRIVE_MOVE_BATCH, params).fetchone()
+    if removed != audited:  # every move is audited: roll back, touch nothing
+        raise RedeliveryError(f"redrive batch removed {removed} dead letters but audited {audited} moves")
+    return audited
 
 
 def _finish(

@@ -109,9 +109,10 @@ def test_blocked_messages_count_against_the_ready_backlog_cap(capped):
         capped.publish("orders", [Message({"n": 9}, key="c")], retry=False)
 
 
-def test_a_retry_is_promoted_only_into_room_that_blocked_messages_leave(capped):
-    """A tier run promotes a capped group's due retries up to the room under its cap: BLOCKED
-    messages take room as READY ones do (issue 36: five retries promoted beside four BLOCKED)."""
+def test_a_due_head_is_promoted_past_the_cap_its_blocked_messages_fill(capped):
+    """BLOCKED messages take room under the cap as READY ones do, but a key's due head is promoted
+    whatever the room: the messages waiting behind it are counted already, and holding it back could
+    leave nothing that makes room (test_ordered_cap.py). Keyless retries wait for room."""
     publish(capped, "abcde")
     capped.nack("billing", capped.receive("billing", "orders", 10, 30, at=at(0)), error="boom", at=at(0))
     publish(capped, "abcd", clock=1)
@@ -119,9 +120,9 @@ def test_a_retry_is_promoted_only_into_room_that_blocked_messages_leave(capped):
     result = run_tier_window(
         tier="seconds", window_end=at(20), run_key="w", url=capped.url, config=capped.config
     )
-    assert result["promoted"] == 1  # 4 BLOCKED + 1 READY: at the cap
+    assert result["promoted"] == 5  # 4 BLOCKED + 5 heads: one over the cap a held key
     states = capped.stats()["orders"]["billing"]
-    assert (states["READY"], states["BLOCKED"], states["WAITING_RETRY"]) == (1, 4, 4)
+    assert (states["READY"], states["BLOCKED"], states["WAITING_RETRY"]) == (5, 4, 0)
 
 
 def test_a_redrive_into_an_ordered_group_counts_its_blocked_rows_under_the_cap(capped):

@@ -90,9 +90,10 @@ def build_index(name: str, definition: str, *, replace: bool = False, unique: bo
         op.execute(f"ALTER INDEX {SCHEMA}.{building} RENAME TO {name}")
 
 
-def build_partitioned_index(name: str, table: str, columns: str) -> None:
+def build_partitioned_index(name: str, table: str, columns: str, where: str | None = None) -> None:
     """Build index ``redelivery.<name>`` on partitioned table ``redelivery.<table>`` (``columns``:
-    its column list) without blocking writes, as PostgreSQL allows it: the parent's index is made
+    its column list; ``where``: a partial index's predicate, written in code) without blocking
+    writes, as PostgreSQL allows it: the parent's index is made
     ``ON ONLY`` the parent (INVALID, and made by every partition created from then on), each
     existing partition's index is built CONCURRENTLY as ``<partition>_<name suffix>`` in the
     partition's schema and attached; the parent's index is valid once every partition's is.
@@ -104,7 +105,8 @@ def build_partitioned_index(name: str, table: str, columns: str) -> None:
         raise ValueError(f"index name {name!r} or table {table!r} is not a plain identifier")
     suffix = name.removeprefix(f"{table}_")
     bind = op.get_bind()
-    op.execute(f"CREATE INDEX IF NOT EXISTS {name} ON ONLY {SCHEMA}.{table} ({columns})")
+    predicate = f" WHERE {where}" if where else ""
+    op.execute(f"CREATE INDEX IF NOT EXISTS {name} ON ONLY {SCHEMA}.{table} ({columns}){predicate}")
     partitions = bind.execute(
         text(
             "SELECT n.nspname, c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
@@ -131,7 +133,9 @@ def build_partitioned_index(name: str, table: str, columns: str) -> None:
                 op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {qualified}")
                 state = None
             if state is None:
-                op.execute(f'CREATE INDEX CONCURRENTLY "{child}" ON "{schema}"."{partition}" ({columns})')
+                op.execute(
+                    f'CREATE INDEX CONCURRENTLY "{child}" ON "{schema}"."{partition}" ({columns}){predicate}'
+                )
         op.execute(f"ALTER INDEX {SCHEMA}.{name} ATTACH PARTITION {qualified}")
 
 

@@ -133,9 +133,13 @@ SELECT group_id, delay_level, floor(lateness * 1000 / %(bucket_ms)s)::int, count
        sum(lateness), {_LATENESS_BUCKET}
 FROM promoted GROUP BY 1, 2, 3, 6, 8"""
 
+#: The longest key (bytes) in the dead letters' key index (migration 0016's ``dlq_messages_short_key``,
+#: partial: a btree entry holds 2,704 bytes). A filter by a key this short says so, for the planner
+#: to use the index; a longer key is found among the group's rows.
+SHORT_KEY_BYTES = 2000
 #: A dead-letter filter of values (never SQL): every condition is a parameter, NULL = no condition;
 #: text matches with strpos, so '%' and '_' are plain characters.
-DLQ_FILTER = """q.group_id = %(group_id)s
+DLQ_FILTER = f"""q.group_id = %(group_id)s
     AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
     AND (%(dead_lettered_from)s::timestamptz IS NULL
          OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
@@ -144,6 +148,8 @@ DLQ_FILTER = """q.group_id = %(group_id)s
     AND (%(error_contains)s::text IS NULL
          OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
     AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
-    AND (%(key)s::text IS NULL OR q.key = %(key)s::text)"""
+    AND (%(key)s::text IS NULL
+         OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > {SHORT_KEY_BYTES}
+                                        OR octet_length(q.key) <= {SHORT_KEY_BYTES})))"""
 _DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id"
 # fmt: on

@@ -134,6 +134,11 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
         AND (%(low)s::bigint IS NULL OR (q.message_id >= %(low)s::bigint AND q.message_id < %(high)s::bigint))
         AND NOT EXISTS (SELECT 1 FROM redrive_moves rm WHERE rm.run_id = %(run)s
                         AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
+        -- only the dead letters that hold their key (a HALTED head), the ones a backlog cap never
+        -- holds back: the messages waiting for them are what fills it
+        AND (NOT %(holding_only)s::bool
+             OR EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
+                          AND h.message_id = q.message_id AND h.state = 'HALTED'))
       ORDER BY q.message_id LIMIT %(batch_size)s FOR UPDATE SKIP LOCKED),
     -- by their primary key, the picked ids as arrays (not a join the planner may make a scan of the
     -- whole DLQ table): a group has one dead letter of a message, in one DLQ

@@ -74,12 +74,21 @@ DEAD_LETTER_OVER_MAX = _named("DEAD_LETTER_OVER_MAX", f"""
       WHERE {_IN_RANGE} AND {_DUE} AND p.max_times <> -1 AND d.reconsume_times > p.max_times
       {_moved("d.last_failure_at", "d.last_error", "d.attempts")}),
     {_DLQ_COPY}""")
-#: Due retries of one capped subscription (topic_id, g), oldest due first, at most ``room``.
+#: Due retries of one capped subscription (topic_id, g), oldest due first, at most ``room``; but
+#: every due head of an ordered subscription's key (a keyed row that is not BLOCKED is its key's
+#: head), room or not: the messages behind it are counted already, and if they fill the cap nothing
+#: else could make room (publish refused, receive empty, the head never delivered again). The
+#: backlog may pass the cap by one a held key.
 PROMOTE_CAPPED = _named("PROMOTE_CAPPED", f"""
-    WITH {POLICIES_CTE}, chosen AS (
+    WITH {POLICIES_CTE}, heads AS (
       SELECT d.message_id FROM deliveries d
-      WHERE d.group_id = %(group_id)s AND d.topic_id = %(topic_id)s AND {_DUE}
-      ORDER BY d.due_at, d.message_id LIMIT %(room)s FOR UPDATE),
+      WHERE d.group_id = %(group_id)s AND d.topic_id = %(topic_id)s AND {_DUE} AND d.key IS NOT NULL
+      FOR UPDATE),
+    keyless AS (
+      SELECT d.message_id FROM deliveries d
+      WHERE d.group_id = %(group_id)s AND d.topic_id = %(topic_id)s AND {_DUE} AND d.key IS NULL
+      ORDER BY d.due_at, d.message_id LIMIT greatest(%(room)s - (SELECT count(*) FROM heads), 0) FOR UPDATE),
+    chosen AS (SELECT message_id FROM heads UNION ALL SELECT message_id FROM keyless),
     promoted AS (
       UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
       FROM policies p, chosen c

@@ -17,6 +17,13 @@ No index holds a key now, and every probe compares the key exactly:
 - ``deliveries_held``: the heads that hold their key by a failure (WAITING_RETRY, or HALTED: their
   dead letter holds it, ``on_exhausted`` halt), per group, held longest first: what the operator
   page lists and ``redelivery_blocked_keys`` counts (a head in flight is busy, not held).
+- ``dlq_messages_short_key`` replaces ``dlq_messages_key`` (0011), a btree on every key: a message
+  whose key is over the btree's limit could not be dead-lettered at all (a reject, a nack past its
+  retries, a tier run's expired lease: the whole statement failed, every group's rows with it). It
+  holds the keys of at most ``SHORT_KEY_BYTES`` (the page's search by key, ``DLQ_FILTER``, finds a
+  longer one by the group's rows). Partial on the key, not a digest of it: the page's order comes
+  from the index whatever the statistics (a digest has none until an ANALYZE, and its plan sorted).
+  Built partition by partition, concurrently.
 - ``""`` is no key (Pub/Sub: an empty ordering key is none): rows of an ordered subscription whose
   key is ``""`` become keyless, their BLOCKED ones READY, a HALTED head (its message a dead letter)
   deleted, and ``finish_ordered_heads`` leaves them alone.
@@ -28,11 +35,16 @@ Revises: 0015
 """
 
 from alembic import op
+from sqlalchemy import text
 
-from redelivery.store.migrations.online import build_index
+from redelivery.store.migrations.online import build_index, build_partitioned_index
 
 revision = "0016"
 down_revision = "0015"
+
+#: The longest key (bytes) the dead letters' key index holds: with the entry's other columns, under
+#: a btree entry's 2,704 bytes. The same number as ``statements._shared.SHORT_KEY_BYTES``.
+SHORT_KEY_BYTES = 2000
 
 #: The ordering unit of a delivery row, one text for the hash index: ``topic/group/key`` (the ids
 #: hold no "/", so two units are equal exactly when their parts are). Inlined by the planner, so a
@@ -157,6 +169,15 @@ def upgrade() -> None:
         "deliveries (group_id, topic_id, first_failure_at, message_id)"
         " WHERE key IS NOT NULL AND state IN ('WAITING_RETRY', 'HALTED')",
     )
+    build_partitioned_index(
+        "dlq_messages_short_key",
+        "dlq_messages",
+        "group_id, key, dead_lettered_at, message_id",
+        where=f"octet_length(key) <= {SHORT_KEY_BYTES}",
+    )
+    # An index of a partitioned table is dropped under its lock for an instant (the migration's
+    # lock_timeout, retried); no partition is read.
+    op.execute("DROP INDEX IF EXISTS redelivery.dlq_messages_key")
     op.execute(ORDERING_KEY)
     op.execute(FINISH_ORDERED_HEADS)
     op.execute(EMPTY_KEYS)
@@ -164,6 +185,34 @@ def upgrade() -> None:
     with op.get_context().autocommit_block():
         op.execute("DROP INDEX CONCURRENTLY IF EXISTS redelivery.deliveries_key_head")
         op.execute("DROP INDEX CONCURRENTLY IF EXISTS redelivery.deliveries_key")
+
+
+#: 0015's indexes hold the key itself: a btree entry takes 2,704 bytes at most (a third of a page).
+BTREE_ENTRY_LIMIT = 2704
+
+
+def refuse_long_keys() -> None:
+    """Refuse the downgrade, before it changes anything, while a key that 0015's btree indexes may
+    not hold is live or dead-lettered (their build would fail half-way, leaving an INVALID index).
+    Raises ``RuntimeError`` naming how many."""
+    limit = BTREE_ENTRY_LIMIT // 2  # a key that does not compress, beside the entry's other columns
+    live, dead = (
+        op.get_bind()
+        .execute(
+            text(
+                "SELECT (SELECT count(*) FROM redelivery.deliveries WHERE octet_length(key) > :limit),"
+                " (SELECT count(*) FROM redelivery.dlq_messages WHERE octet_length(key) > :limit)"
+            ),
+            {"limit": limit},
+        )
+        .one()
+    )
+    if live or dead:
+        raise RuntimeError(
+            f"cannot downgrade below 0016: {live} live and {dead} dead-lettered messages have keys over"
+            f" {limit:,} bytes, which 0015's btree indexes may not hold ({BTREE_ENTRY_LIMIT:,} bytes an"
+            " entry); finish or purge them first"
+        )
 
 
 def _0015():
@@ -179,6 +228,9 @@ def _0015():
 
 
 def downgrade() -> None:
+    refuse_long_keys()
+    build_partitioned_index("dlq_messages_key", "dlq_messages", "group_id, key, dead_lettered_at, message_id")
+    op.execute("DROP INDEX IF EXISTS redelivery.dlq_messages_short_key")
     build_index(
         "deliveries_key_head",
         "deliveries (topic_id, group_id, key) WHERE key IS NOT NULL AND state <> 'BLOCKED'",
