@@ -15,7 +15,7 @@ export REDELIVERY_HOME ?= $(CURDIR)/.redelivery
 export REDELIVERY_CONFIG ?= $(CURDIR)/config/redelivery.yaml
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test lint bench bench-publish bench-receive bench-drain bench-ordered bench-airflow soak-airflow live-bench chaos clean stop lock
+.PHONY: setup demo test lint docs docs-reference bench bench-publish bench-receive bench-drain bench-ordered bench-airflow soak-airflow live-bench chaos clean stop lock
 
 setup: $(VENV)/.installed $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -45,10 +45,21 @@ test: setup lint
 	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # ruff (configured in pyproject.toml): lint rules and formatting, as CI runs them.
-LINTED := src dags plugins spark_jobs tests bench chaos demo harness
+LINTED := src dags plugins spark_jobs tests bench chaos demo harness docs/hooks.py
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+
+# The documentation site (mkdocs.yml): README.md as its home page and the pages of docs/, built
+# into site/ (not committed) with --strict: a link to a page or an anchor that does not exist fails.
+# The configuration reference is written from the code first. `make test` checks both
+# (tests/system/test_docs.py).
+docs: docs-reference
+	$(VENV)/bin/mkdocs build --strict
+
+# docs/configuration.md's tables, from the models of redelivery.settings and redelivery.config.
+docs-reference: $(VENV)/.installed
+	$(PY) -m redelivery.reference docs/configuration.md
 
 bench: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_tier.py $(BENCH_ARGS)

@@ -53,7 +53,7 @@ ORDERED = (
 )
 FINAL = "after draining, every message ended exactly once per group (COMMITTED or DLQ)"
 
-#: Every invariant, in the order the README lists them.
+#: Every invariant, in the order docs/crash-suite.md lists them.
 INVARIANTS = (
     ONE_PLACE, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
     DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, COMMITTED_HANDED,

@@ -2,7 +2,7 @@
 (LocalExecutor), and the triggerer when asked for (``components=WITH_TRIGGERER``: asset watchers
 run there), with their own AIRFLOW_HOME and metadata database on the embedded PostgreSQL (a fresh
 copy of a migrated template at each start). The end-to-end tests and the live lateness benchmark
-use it; ``airflow standalone`` is what a person runs (README).
+use it; ``airflow standalone`` is what a person runs (docs/airflow.md).
 
     with LocalAirflow(home, metadata_db="airflow_e2e", env={...}) as airflow:
         requests.get(f"{airflow.url}/api/v2/dags")

@@ -13,12 +13,17 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-#: A fixed past instant: tests drive the clock explicitly (``at=``) and windows must not be in the future.
 #: The checkout (tests read its README, docs, dags/ and config/).
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: A fixed past instant: tests drive the clock explicitly (``at=``) and windows must not be in the future.
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 #: The installed ``redelivery`` command.
 CLI = shutil.which("redelivery") or os.path.join(os.path.dirname(os.sys.executable), "redelivery")
+
+
+def docs_page(name: str) -> str:
+    """The text of the page ``docs/<name>`` (README's sections moved there: README is a front door)."""
+    return (REPO_ROOT / "docs" / name).read_text()
 
 
 def configured(client, *entries, broker="rocketmq"):

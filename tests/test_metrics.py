@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import REPO_ROOT, at, overlapping_tier_runs, run_cli
+from helpers import at, docs_page, overlapping_tier_runs, run_cli
 from redelivery.config import cached_config
 from redelivery.metrics import CONTENT_TYPE, render
 from redelivery.redrive import RedriveRequest, redrive
@@ -297,8 +297,7 @@ def test_the_tier_paused_gauge_is_one_per_tier_airflow_has_paused(client, topic_
     assert value(samples, "redelivery_tier_paused", tier="seconds") == 1
     assert value(samples, "redelivery_tier_paused", tier="minutes") == 0
     assert not [k for k in scrape(client.conn) if k[0] == "redelivery_tier_paused"]
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert "`redelivery_tier_paused`" in readme
+    assert "`redelivery_tier_paused`" in docs_page("operating.md")  # the metrics table
 
 
 def test_up_is_one_when_the_state_store_answers(client, topic_group):

@@ -44,10 +44,19 @@ class TierConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z0-9_]{1,40}$")
-    levels: list[int] = Field(min_length=1)
-    window: str
-    run_span: str | None = None
+    name: str = Field(
+        pattern=r"^[a-z0-9_]{1,40}$", description="the suffix of its DAG id, `redelivery_tier_<name>`"
+    )
+    levels: list[int] = Field(min_length=1, description="the delay levels it promotes")
+    window: str = Field(
+        description="a duration (`10s`, `1m`): what is due by a window's end is promoted at that end"
+    )
+    run_span: str | None = Field(
+        None,
+        description="the time one scheduled DAG run of the tier covers, applying its windows in turn "
+        "(a whole number of windows, at most 1 day); equal to `window`: a DAG run per window",
+        json_schema_extra={"default_text": "1 h (or the window, when longer)"},
+    )
 
     @field_validator("window")
     @classmethod
@@ -92,11 +101,15 @@ class ProducerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    initial_backoff: float = Field(default=1.0, gt=0, le=3600, description="seconds")
-    multiplier: float = Field(default=1.6, ge=1.0, le=100)
-    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
-    max_backoff: float = Field(default=120.0, gt=0, le=3600, description="seconds")
-    attempts: int = Field(default=5, ge=1, le=100)
+    initial_backoff: float = Field(default=1.0, gt=0, le=3600, description="the first wait, seconds")
+    multiplier: float = Field(
+        default=1.6, ge=1.0, le=100, description="each later wait is the previous x multiplier ..."
+    )
+    jitter: float = Field(
+        default=0.2, ge=0.0, le=1.0, description="... moved by up to +- this share of itself (0.2: 20%) ..."
+    )
+    max_backoff: float = Field(default=120.0, gt=0, le=3600, description="... and at most this, seconds")
+    attempts: int = Field(default=5, ge=1, le=100, description="tries in all; then the last error is raised")
 
 
 #: The longest retention: 10 years.
@@ -127,15 +140,36 @@ class RetentionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    messages: str = "3d"
-    partition: str = "1h"
-    dead_letters: str | None = None
-    publish_batches: str = "7d"
-    tier_runs: str = "7d"
-    redrive_runs: str = "90d"
-    publish_staging: str = "1d"
-    settle_markers: str = "7d"
-    airflow_runs: str | None = "7d"
+    messages: str = Field(
+        "3d",
+        description="the log: a partition is dropped this long after it ended, once no group needs any of "
+        "its messages (RocketMQ's `fileReservedTime`, 72 h)",
+    )
+    partition: str = Field(
+        "1h",
+        description="the span of the log's partitions, ranges of publish times (1 minute to 7 days; a day "
+        "is a whole number of them, or they are whole days)",
+    )
+    dead_letters: str | None = Field(
+        None,
+        description="dead letters older than this (by dead-lettering time) are deleted (each group's "
+        "COMMITTED count stays); unset: kept until redriven",
+    )
+    publish_batches: str = Field("7d", description="publish batch ids: a batch id publishes once within it")
+    tier_runs: str = Field("7d", description="tier run records (`tier_runs`, the page's tiers)")
+    redrive_runs: str = Field("90d", description="redrive runs, with their per-message audit")
+    publish_staging: str = Field("1d", description="rows staged by publishes that never finished")
+    settle_markers: str = Field(
+        "7d",
+        description="the parts a Spark `settle` answered, so that a task Spark runs again within it "
+        "changes nothing twice (a repeat after it only meets stale receipts, counted as such)",
+    )
+    airflow_runs: str | None = Field(
+        "7d",
+        description="in Airflow: the finished runs of the tier DAGs and `redelivery_maintenance` (their "
+        "task instances, XComs and task logs), deleted by the maintenance DAG through the REST API; "
+        "`null` keeps them",
+    )
 
     @field_validator(
         "messages", "dead_letters", "publish_batches", "tier_runs", "redrive_runs", "publish_staging",
@@ -181,15 +215,41 @@ class RedeliveryConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    delay_levels: str = ROCKETMQ_RETRY_LEVELS
-    tiers: list[TierConfig] = Field(default_factory=default_tiers, min_length=1)
-    broker: Literal["rocketmq", "pulsar", "artemis"] = "rocketmq"
-    policies: list[PolicyConfig] = Field(default_factory=list)
-    producer: ProducerConfig = Field(default_factory=ProducerConfig)
-    retention: RetentionConfig = Field(default_factory=RetentionConfig)
-    #: A tier run or a redrive with at least this many messages to move runs on Spark; smaller ones
-    #: move in the task itself (a Spark round trip would cost more than it saves).
-    spark_threshold: int = Field(default=50_000, ge=0)
+    delay_levels: str = Field(
+        ROCKETMQ_RETRY_LEVELS,
+        description="the routing levels (RocketMQ 5's table): a retry is routed to the first level at "
+        "least as long as its wait; a table that drops a level some message waits at is refused, saying "
+        "how many wait there",
+    )
+    tiers: list[TierConfig] = Field(
+        default_factory=default_tiers,
+        min_length=1,
+        description="one DAG each; every level in exactly one tier",
+        json_schema_extra={
+            "default_text": "seconds (levels 1-2, every 10s), minutes (3-12, 1m), half_hours (13-14, 5m), "
+            "hours (15-16, 10m)"
+        },
+    )
+    broker: Literal["rocketmq", "pulsar", "artemis"] = Field(
+        "rocketmq", description="the defaults of every policy (Policies, below)"
+    )
+    policies: list[PolicyConfig] = Field(
+        default_factory=list, description="retry and dead-letter policies per topic and group (below)"
+    )
+    producer: ProducerConfig = Field(
+        default_factory=ProducerConfig, description="`publish` retries (Producer, below)"
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig,
+        description="how long records are kept (durations: `7d`, `12h`), deleted by `redelivery "
+        "cleanup` and the `redelivery_maintenance` DAG",
+    )
+    spark_threshold: int = Field(
+        default=50_000,
+        ge=0,
+        description="a tier run or a redrive with at least this many messages to move runs on Spark; "
+        "smaller ones move in the task itself (a Spark round trip would cost more than it saves)",
+    )
     _policy_cache: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("delay_levels")

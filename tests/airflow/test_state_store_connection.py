@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CLI, REPO_ROOT, at
+from helpers import CLI, REPO_ROOT, at, docs_page
 
 pytestmark = pytest.mark.airflow
 
@@ -156,7 +156,8 @@ def test_airflow_env_points_airflow_at_the_embedded_server(tmp_path, monkeypatch
 
 def test_the_provider_links_to_nothing_that_does_not_exist():
     """Its documentation link was PyPI's page of a package that is not there (a 404): gone. The
-    documentation is README's "Into an existing Airflow", the distribution's long description."""
+    documentation is README (the distribution's long description), which sends an existing
+    Airflow to docs/airflow.md, "Into an existing Airflow"."""
     import airflow
     import jsonschema
 
@@ -166,7 +167,8 @@ def test_the_provider_links_to_nothing_that_does_not_exist():
     info = get_provider_info()
     jsonschema.validate(info, json.loads(schema.read_text()))
     assert "http" not in json.dumps(info)
-    assert "### Into an existing Airflow" in (REPO_ROOT / "README.md").read_text()
+    assert "](docs/airflow.md)" in (REPO_ROOT / "README.md").read_text()
+    assert "## Into an existing Airflow" in docs_page("airflow.md")
 
 
 @pytest.fixture(scope="module")

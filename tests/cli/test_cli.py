@@ -190,7 +190,7 @@ def _one_error_line(done) -> str:
 )
 def test_a_usage_error_is_one_line_with_status_2(clean_db, args, needle):
     """Every parameter Typer or Click refuses, whatever the command and option: ``error: ...`` in
-    one line, exit 2, nothing changed (README: every bad input)."""
+    one line, exit 2, nothing changed (docs/using.md, CLI: every bad input)."""
     from helpers import snapshot
     from redelivery.store import db
 

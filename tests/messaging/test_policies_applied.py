@@ -67,8 +67,8 @@ def test_lease_expiry_follows_the_policy(client, topic_group, database_url):
 
 def test_a_jittered_wait_in_sql_is_at_most_864000_seconds(client, topic_group, database_url):
     """The nack's wait is computed in SQL (statements.NEXT_DELAY, collision avoidance included), as
-    is a lease expiry's: both hold README's bound of one wait at most 864,000 s for the longest
-    policy the config takes (delay 864,000,000 ms, collision avoidance factor 1.0)."""
+    is a lease expiry's: both hold the bound of one wait at most 864,000 s (docs/configuration.md)
+    for the longest policy the config takes (delay 864,000,000 ms, collision avoidance factor 1.0)."""
     from redelivery.tiers.run import run_tier_window
 
     config = configured(

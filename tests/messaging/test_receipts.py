@@ -139,7 +139,8 @@ def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_t
 
 
 def test_an_undecodable_dead_letter_is_selected_by_its_reason(client, topic_group, database_url):
-    """README lists UNDECODABLE among the redrive reasons: the filter, the redrive and the CLI take it."""
+    """docs/operating.md lists UNDECODABLE among the redrive reasons: the filter, the redrive and
+    the CLI take it."""
     import json
 
     from redelivery.dead_letters import DlqFilter, count

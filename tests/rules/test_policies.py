@@ -123,8 +123,8 @@ LONGEST_JITTERED = {
 
 
 def test_collision_avoidance_never_waits_longer_than_864000_seconds():
-    """README: one wait at most 864,000 s. The config takes this policy, whose waits moved up by
-    collision avoidance would reach ~1,727,000 s: they are cut to 864,000 s."""
+    """docs/configuration.md: one wait at most 864,000 s. The config takes this policy, whose waits
+    moved up by collision avoidance would reach ~1,727,000 s: they are cut to 864,000 s."""
     import random
 
     p = policy("artemis", "orders", "billing", LONGEST_JITTERED)

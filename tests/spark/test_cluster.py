@@ -1,10 +1,10 @@
-"""redelivery on a standalone Spark cluster whose workers have their own Python, set up as README
-"On a Spark cluster" says (issues 28, 37): a master and two workers (one core each) on 127.0.0.1,
+"""redelivery on a standalone Spark cluster whose workers have their own Python, set up as
+docs/spark-clusters.md says (issues 28, 37): a master and two workers (one core each) on 127.0.0.1,
 started from the pyspark of the workers' own virtual environment, which holds the executor
 install (the base wheel, no extras, built from a copy of the sources: its redelivery is another
 version, ``OLD``) and PySpark; nothing of the checkout is on their paths, and no executor Python is
 set: Spark's own ``python3`` is found first on the workers' PATH, in their environment. Beside it,
-the packed environment README's recipe makes (the base install with the driver's versions, no
+the packed environment the page's recipe makes (the base install with the driver's versions, no
 PySpark, built on the nodes' interpreter ``NODES_PYTHON``, packed by venv-pack), which a job ships
 as an archive and runs as ``./env/bin/python``.
 
@@ -73,9 +73,9 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def workers_python(tmp_path_factory) -> Path:
-    """The workers' own environment, as README says for standalone: ``uv venv`` and the executor
-    install (the wheel without extras) with PySpark; the wheel built from a copy of the sources
-    whose version is ``OLD``."""
+    """The workers' own environment, as docs/spark-clusters.md says for standalone: ``uv venv`` and
+    the executor install (the wheel without extras) with PySpark; the wheel built from a copy of the
+    sources whose version is ``OLD``."""
     import pyspark
 
     where = tmp_path_factory.mktemp("workers")
@@ -104,9 +104,10 @@ def workers_python(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def packed_env(workers_python, tmp_path_factory) -> Path:
-    """README's recipe for the executors' environment as an archive: the base install (here the
-    ``OLD`` wheel) with the driver's versions as constraints, no PySpark (the cluster's own serves),
-    in a virtual environment made on the nodes' interpreter, packed by venv-pack."""
+    """docs/spark-clusters.md's recipe for the executors' environment as an archive: the base
+    install (here the ``OLD`` wheel) with the driver's versions as constraints, no PySpark (the
+    cluster's own serves), in a virtual environment made on the nodes' interpreter, packed by
+    venv-pack."""
     if not NODES_PYTHON.exists():
         pytest.skip(f"{NODES_PYTHON} (the nodes' interpreter) is not on this machine")
     where = tmp_path_factory.mktemp("packed")

@@ -242,34 +242,3 @@ def test_the_libraries_an_executor_needs_are_the_base_install():
     names = {re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]}
     assert names == set(deploy.EXECUTOR_LIBRARIES)
     assert deploy.driver_pins()["pyarrow"] == pa.__version__
-
-
-def test_every_spark_setting_is_in_readmes_configuration_table_with_its_default():
-    """README's Configuration table, against ``redelivery.settings``: a row per ``REDELIVERY_SPARK*``
-    variable (``_BIND``-style names share their row's prefix), its default in the row, and the
-    settings' own docstring naming it too."""
-    from helpers import REPO_ROOT
-    from redelivery import settings as module
-    from redelivery.settings import Settings
-
-    readme = (REPO_ROOT / "README.md").read_text()
-    table = readme.split("\n## Configuration\n", 1)[1].split("\n\n", 2)[1]  # after "Environment (...):"
-    rows = {}
-    for row in table.splitlines()[2:]:
-        cells = [cell.strip() for cell in row.strip("|").split("|")]
-        names = re.findall(r"`(REDELIVERY_\w+|_\w+)`", cells[0])
-        for name in names:
-            full = name if name.startswith("REDELIVERY_") else names[0].rsplit("_", 1)[0] + name
-            rows[full] = cells[1]
-    for field, info in Settings.model_fields.items():
-        if not field.startswith("spark"):
-            continue
-        name = f"REDELIVERY_{field.upper()}"
-        assert name in rows, f"{name} has no row in README's Configuration table"
-        assert name in module.__doc__, f"{name} is not in redelivery.settings' docstring"
-        default = info.get_default(call_default_factory=True)
-        if default not in (None, {}):
-            shown = str(default).lower() if isinstance(default, bool) else str(default)
-            assert f"`{shown}`" in rows[name], (name, rows[name])
-        elif default == {}:
-            assert "`{}`" in rows[name], (name, rows[name])

@@ -1,8 +1,9 @@
-"""README's "Under a real Airflow", followed as written: its bash blocks run as they are (only
-the port is another free one, and AIRFLOW_HOME and Airflow's metadata database are the test's
-own), under ``airflow standalone``. Nothing is unpaused through the API: retries that a consumer
-nacked come back within their tier's window, and README's REST redrive runs with a token got as
-README says. A misspelt conf key is refused at trigger time."""
+"""The page "Under a real Airflow" (docs/airflow.md, moved there from README), followed as
+written: its bash blocks run as they are (only the port is another free one, and AIRFLOW_HOME and
+Airflow's metadata database are the test's own), under ``airflow standalone``. Nothing is unpaused
+through the API: retries that a consumer nacked come back within their tier's window, and the REST
+redrive of "Operating it" (docs/operating.md) runs with a token got as the Airflow page says. A
+misspelt conf key is refused at trigger time."""
 
 from __future__ import annotations
 
@@ -17,18 +18,17 @@ from pathlib import Path
 import pytest
 import requests
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, docs_page
 
 pytestmark = pytest.mark.airflow
 
-README = REPO_ROOT / "README.md"
 DEFAULT_PORT = "localhost:8080"
 
 
-def bash_blocks(heading: str) -> list[str]:
-    """The ```bash blocks of README's section (or paragraph) that starts with ``heading``, up to
-    the next heading of any level."""
-    text = README.read_text()
+def bash_blocks(page: str, heading: str) -> list[str]:
+    """The ```bash blocks of the section (or paragraph) of ``docs/<page>`` that starts with
+    ``heading``, up to the next heading of any level."""
+    text = docs_page(page)
     start = text.index(heading)
     end = re.search(r"^#{1,6} ", text[start + len(heading) :], re.M)
     section = text[start : start + len(heading) + (end.start() if end else len(text))]
@@ -36,21 +36,22 @@ def bash_blocks(heading: str) -> list[str]:
 
 
 def run_block(block: str, env: dict, port: int) -> str:
-    """A README block in bash (set -e) from the checkout's root, as a user pastes it; its output."""
+    """A page's block in bash (set -e) from the checkout's root, as a user pastes it; its output."""
     script = "set -euo pipefail\n" + block.replace(DEFAULT_PORT, f"localhost:{port}")
     done = subprocess.run(
         ["bash", "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == 0, f"README block failed:\n{block}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"the page's block failed:\n{block}\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory, database_url):
-    """README's first block (airflow-env, then ``airflow standalone``) running; yields (env, port)."""
+    """The Airflow page's first block (airflow-env, then ``airflow standalone``) running; yields
+    (env, port)."""
     from harness.local_airflow import free_port, fresh_metadata_db
 
-    [start, token, *_] = bash_blocks("### On this machine: `airflow standalone`")
+    [start, token, *_] = bash_blocks("airflow.md", "## On this machine: `airflow standalone`")
     assert "airflow standalone" in start and "/auth/token" in token
     home, port = tmp_path_factory.mktemp("standalone"), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER")}
@@ -147,8 +148,8 @@ def test_readme_rest_redrive_with_a_token_got_as_readme_says(standalone, client,
     env, port = standalone
     client.publish("orders", [{"n": i} for i in range(3)])
     client.reject("billing", client.receive("billing", "orders", 3, 30), error="schema violation")
-    [_, token_block, *_] = bash_blocks("### On this machine: `airflow standalone`")
-    [trigger_block] = bash_blocks("**Redrive them.**")
+    [_, token_block, *_] = bash_blocks("airflow.md", "## On this machine: `airflow standalone`")
+    [trigger_block] = bash_blocks("operating.md", "**Redrive them.**")
     answer = json.loads(run_block(token_block + "\n" + trigger_block, env, port))
     run_key = f"dlq_redrive/{answer['dag_run_id']}"
     status = wait_for(

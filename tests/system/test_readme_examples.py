@@ -1,8 +1,10 @@
-"""README's Python examples, run as written. The client example defines everything it uses (issue
-28.4: it used ``ok``, ``some`` and ``poison`` without defining them); the Spark one leaves the
-session and a table to the reader (``spark``, ``customers``), which the test provides. Each block's
-text runs unchanged, and the test checks what it did. README's public-API table names modules that
-exist and export what it says; its install lines install from what exists (not PyPI)."""
+"""README's Python examples, and those of the pages its sections moved to (docs/), run as written.
+The client example defines everything it uses (issue 28.4: it used ``ok``, ``some`` and ``poison``
+without defining them); the Spark one leaves the session and a table to the reader (``spark``,
+``customers``), which the test provides. Each block's text runs unchanged, and the test checks what
+it did; every ```python block of README and the pages is one of them. README's public-API table
+names modules that exist and export what it says; its install lines, and the Airflow page's,
+install from what exists (not PyPI)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,42 @@ import re
 
 import pytest
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, docs_page
 
 README = (REPO_ROOT / "README.md").read_text()
+#: Where each example is: the page, and a text its block follows.
+EXAMPLES = {
+    "client": ("README.md", "## Using it"),
+    "ordered": ("docs/using.md", "## Ordered subscriptions"),
+    "spark": ("docs/using.md", "## In Spark: lease, transform, settle"),
+    "message queue trigger": ("docs/airflow.md", "A consumer DAG of your own"),
+}
 
 
-def python_block(after: str) -> str:
-    """The first ```python block after the text ``after``."""
-    start = README.index(after)
-    return re.search(r"```python\n(.*?)```", README[start:], re.S).group(1)
+#: The pages README's sections moved to (issue 39.6).
+MOVED_FROM_README = ("using.md", "airflow.md", "spark-clusters.md", "operating.md", "crash-suite.md",
+                     "configuration.md", "performance.md", "layout.md")  # fmt: skip
+
+
+def page_text(page: str) -> str:
+    return README if page == "README.md" else docs_page(page.removeprefix("docs/"))
+
+
+def python_block(example: str) -> str:
+    """The first ```python block after the text that names ``example`` on its page."""
+    page, after = EXAMPLES[example]
+    text = page_text(page)
+    return re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S).group(1)
+
+
+def test_every_python_example_is_run():
+    """A ```python block added to README or a page is one of the examples these tests run."""
+    pages = ["README.md", *(f"docs/{p.name}" for p in sorted((REPO_ROOT / "docs").glob("*.md")))]
+    found = {
+        (page, block) for page in pages for block in re.findall(r"```python\n(.*?)```", page_text(page), re.S)
+    }
+    run = {(EXAMPLES[name][0], python_block(name)) for name in EXAMPLES}
+    assert found == run
 
 
 def test_the_public_api_table_names_what_exists():
@@ -37,7 +66,7 @@ def test_the_public_api_table_names_what_exists():
 def test_the_client_example(clean_db):
     from redelivery.client import Client, Message
 
-    block = python_block("## Using it")
+    block = python_block("client")
     exec(compile(block, "README.md", "exec"), {})  # nothing provided: it defines what it uses
     with Client(clean_db) as client:
         assert client.stats()["orders"]["billing"]["COMMITTED"] == 1
@@ -50,15 +79,20 @@ def test_the_ordered_example(clean_db):
 
     with Client(clean_db) as client:
         client.create_topic("orders")
-        block = python_block("### Ordered subscriptions")
-        exec(compile(block, "README.md", "exec"), {"Client": Client, "Message": Message})
+        block = python_block("ordered")
+        exec(compile(block, "docs/using.md", "exec"), {"Client": Client, "Message": Message})
         states = client.stats()["orders"]["shipping"]
         assert (states["WAITING_RETRY"], states["BLOCKED"], states["INFLIGHT"]) == (1, 1, 0)
 
 
-def test_the_install_lines_install_what_exists():
-    """redelivery is not on PyPI: README installs it from the checkout or a wheel built from it."""
-    section = README[README.index("### Into an existing Airflow") :].split("\n### ")[0]
+@pytest.mark.parametrize(
+    ("page", "heading"), [("README.md", "## Install"), ("docs/airflow.md", "## Into an existing Airflow")]
+)
+def test_the_install_lines_install_what_exists(page, heading):
+    """redelivery is not on PyPI: README and the Airflow page install it from the checkout or a wheel
+    built from it, and no page that was README's says otherwise."""
+    text = page_text(page)
+    section = text[text.index(heading) :].split("\n## ")[0]
     installs = re.findall(r"^pip install (.+?)\s*(?:#.*)?$", section, re.M)
     checkout, wheel = (
         re.compile(r"'?\.(\[[a-z,]+\])?'?"),
@@ -66,8 +100,10 @@ def test_the_install_lines_install_what_exists():
     )
     assert len(installs) >= 2 and checkout.fullmatch(installs[0]) and wheel.match(installs[1]), installs
     assert all(checkout.fullmatch(target) or "dist/redelivery-" in target for target in installs)
-    assert "redelivery[embedded]" not in README and not re.search(r"pip install '?redelivery\b", README)
     assert "uv build --wheel" in section
+    for other in ["README.md", *(f"docs/{name}" for name in MOVED_FROM_README)]:
+        every = page_text(other)
+        assert "redelivery[embedded]" not in every and not re.search(r"pip install '?redelivery\b", every)
 
 
 @pytest.mark.spark
@@ -78,7 +114,7 @@ def test_the_spark_example(client, spark):
     client.publish("orders", [{"customer": 1}, {"customer": 2}, {"customer": 9}])
     customers = spark.createDataFrame([(1,), (2,)], "id int")
     names = {"spark": spark, "customers": customers}
-    exec(compile(python_block("### In Spark: lease, transform, settle"), "README.md", "exec"), names)
+    exec(compile(python_block("spark"), "docs/using.md", "exec"), names)
     assert client.stats()["orders"]["billing"] == {
         "READY": 0,
         "INFLIGHT": 0,
@@ -92,7 +128,7 @@ def test_the_spark_example(client, spark):
 @pytest.mark.airflow
 def test_the_message_queue_trigger_example():
     names: dict = {}
-    exec(compile(python_block("A consumer DAG of your own"), "README.md", "exec"), names)
+    exec(compile(python_block("message queue trigger"), "docs/airflow.md", "exec"), names)
     watcher = names["orders"].watchers[0]
     assert type(watcher.trigger).__name__ == "MessageQueueTrigger"
     assert type(watcher.trigger.trigger).__name__ == "ReadyMessagesTrigger"  # the provider's

@@ -14,16 +14,16 @@ from helpers import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "redelivery"
 #: The layers bottom to top: folders of the package, and the modules at its top. A layer imports
-#: only the layers before it (docs/ARCHITECTURE.md, "Map"; README's "Layout").
+#: only the layers before it (docs/ARCHITECTURE.md, "Map"; docs/layout.md).
 LAYERS = [
-    "errors", "settings", "fields", "rules", "config", "store", "messaging", "dead_letters", "client",
-    "spark", "tiers", "redrive", "metrics", "jobs", "airflow", "cli", "__main__",
+    "errors", "settings", "fields", "rules", "config", "reference", "store", "messaging", "dead_letters",
+    "client", "spark", "tiers", "redrive", "metrics", "jobs", "airflow", "cli", "__main__",
 ]  # fmt: skip
 #: Modules bottom to top, layer by layer: each may import only modules before it.
 ORDER = [
     "errors", "settings", "fields",
     "rules.levels", "rules.names", "rules.policies", "rules.ordering",
-    "config",
+    "config", "reference",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.ordered",
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",

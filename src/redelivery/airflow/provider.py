@@ -26,8 +26,9 @@ def get_provider_info() -> dict:
         "a delivery count that survives crashes, dead-letter queues per consumer group, redrive.",
         "versions": [__version__],
         # no "external-doc-url": the package is not published anywhere a link could point to;
-        # its documentation is README's "Into an existing Airflow", the distribution's long
-        # description (importlib.metadata.metadata("redelivery")["Description"], `pip show`)
+        # its documentation is README, the distribution's long description
+        # (importlib.metadata.metadata("redelivery")["Description"], `pip show`), which sends an
+        # existing Airflow to the checkout's docs/airflow.md, "Into an existing Airflow"
         "integrations": [{"integration-name": "redelivery", "tags": ["software"]}],
         "hooks": [{"integration-name": "redelivery", "python-modules": ["redelivery.airflow.hooks"]}],
         "triggers": [{"integration-name": "redelivery", "python-modules": ["redelivery.airflow.triggers"]}],

@@ -118,7 +118,7 @@ class LevelsBackoff(_LevelTableBackoff):
     (RocketMQ 5, "Consumption retry")."""
 
     kind: Literal["levels"]
-    levels: str = ROCKETMQ_RETRY_LEVELS
+    levels: str = Field(ROCKETMQ_RETRY_LEVELS, description="the level string retries walk")
 
     def base_delay(self, retry: int) -> float:
         table = self.table()
@@ -131,7 +131,7 @@ class BrokerLevelsBackoff(_LevelTableBackoff):
     min(n + 2, 18)."""
 
     kind: Literal["rocketmq_broker"]
-    levels: str = ROCKETMQ_BROKER_LEVELS
+    levels: str = Field(ROCKETMQ_BROKER_LEVELS, description="the broker's level string")
 
     def base_delay(self, retry: int) -> float:
         table = self.table()
@@ -146,10 +146,20 @@ class ArtemisBackoff(_Strict):
     (``EffectivePolicy.delay``)."""
 
     kind: Literal["exponential"]
-    redelivery_delay_ms: int = Field(default=0, ge=0, le=MAX_DELAY_MS)
-    redelivery_delay_multiplier: float = Field(default=1.0, ge=1.0, le=MAX_MULTIPLIER)
-    max_redelivery_delay_ms: int | None = Field(default=None, ge=0, le=MAX_DELAY_MS)
-    redelivery_collision_avoidance_factor: float = Field(default=0.0, ge=0.0, le=1.0)
+    redelivery_delay_ms: int = Field(default=0, ge=0, le=MAX_DELAY_MS, description="the first wait, ms")
+    redelivery_delay_multiplier: float = Field(
+        default=1.0, ge=1.0, le=MAX_MULTIPLIER, description="each later wait is the previous x this"
+    )
+    max_redelivery_delay_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DELAY_MS,
+        description="the longest wait, ms",
+        json_schema_extra={"default_text": "the delay x 10"},
+    )
+    redelivery_collision_avoidance_factor: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="a wait moves up or down by delay x factor x U[0,1)"
+    )
 
     def base_delay(self, retry: int) -> float:
         cap = (
@@ -166,9 +176,11 @@ class RocketMQExponentialBackoff(_Strict):
     Defaults (not in the source documents: ours): initial 1s, multiplier 2, max 2h."""
 
     kind: Literal["rocketmq_exponential"]
-    initial: str = "1s"
-    multiplier: float = Field(default=2.0, ge=1.0, le=MAX_MULTIPLIER)
-    max: str = "2h"
+    initial: str = Field("1s", description="the first wait, a duration")
+    multiplier: float = Field(
+        default=2.0, ge=1.0, le=MAX_MULTIPLIER, description="each later wait is the previous x this"
+    )
+    max: str = Field("2h", description="the longest wait, a duration")
 
     @field_validator("initial", "max")
     @classmethod
@@ -188,7 +200,7 @@ class FixedBackoff(_Strict):
     value; ours)."""
 
     kind: Literal["fixed"]
-    interval: str = "3s"
+    interval: str = Field("3s", description="the wait before every retry, a duration")
 
     @field_validator("interval")
     @classmethod
@@ -214,10 +226,18 @@ class Naming(_Strict):
     ``<topic>-<group>-DLQ`` / ``-RETRY``; ``artemis`` prefix + topic + suffix (DLQ prefix default
     ``DLQ.``; Artemis redelivers in place, so its retry name is the topic); ``explicit`` ``name``."""
 
-    style: Literal["rocketmq", "pulsar", "artemis", "explicit"] = "rocketmq"
-    prefix: str | None = None
-    suffix: str = ""
-    name: str | None = None
+    style: Literal["rocketmq", "pulsar", "artemis", "explicit"] = Field(
+        "rocketmq", description="how the name is made from the topic and the group"
+    )
+    prefix: str | None = Field(
+        None,
+        description="`artemis`: what goes before the topic",
+        json_schema_extra={"default_text": "`DLQ.` for a DLQ, nothing for a retry"},
+    )
+    suffix: str = Field("", description="`artemis`: what goes after the topic")
+    name: str | None = Field(
+        None, description="`explicit`: the name (1-63 letters, digits, `_`, `.`, `%`, `-`)"
+    )
 
     @model_validator(mode="after")
     def _explicit_needs_name(self) -> Naming:
@@ -259,23 +279,49 @@ class Naming(_Strict):
 class PolicyConfig(_Strict):
     """One entry of ``policies:`` in the config file. Unset fields come from less specific matches."""
 
-    topic: str = "#"
-    group: str = "#"
-    backoff: Backoff | None = None
-    max_reconsume_times: int | None = Field(default=None, ge=-1, le=MAX_INT)
-    max_delivery_attempts: int | None = Field(default=None, ge=-1, le=MAX_INT)
-    dead_letter: Naming | None = None
-    retry_naming: Naming | None = None
-    max_ready_backlog: int | None = Field(default=None, ge=1, le=MAX_INT)
-    #: The table ``reconsume_later(level=n)`` indexes (a level string), and whether a level above
-    #: it means its last level (RocketMQ) or is refused.
-    explicit_levels: str | None = None
-    clamp_explicit_levels: bool | None = None
-    #: Whether a subscription made for a matching (topic, group) is ordered per message key, and
-    #: what a dead-lettered head does to its key (``Administration.subscribe``; read when the
-    #: subscription is made: it keeps its ordering for life).
-    ordered: bool | None = None
-    on_exhausted: Literal["continue", "halt"] | None = None
+    topic: str = Field("#", description="the topics it applies to, an Artemis wildcard pattern")
+    group: str = Field("#", description="the consumer groups it applies to, an Artemis wildcard pattern")
+    backoff: Backoff | None = Field(None, description="the wait before each retry, by its `kind`")
+    max_reconsume_times: int | None = Field(
+        default=None,
+        ge=-1,
+        le=MAX_INT,
+        description="retries before the next failed delivery dead-letters (RocketMQ); `-1` unlimited",
+    )
+    max_delivery_attempts: int | None = Field(
+        default=None,
+        ge=-1,
+        le=MAX_INT,
+        description="deliveries in all (Artemis; max reconsume times + 1); `-1` unlimited; not with "
+        "`max_reconsume_times`",
+    )
+    dead_letter: Naming | None = Field(None, description="the DLQ's name, its table's too")
+    retry_naming: Naming | None = Field(
+        None, description="the `RETRY_TOPIC` property of redelivered messages"
+    )
+    max_ready_backlog: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INT,
+        description="cap on a group's messages waiting on the topic (READY, and BLOCKED)",
+    )
+    explicit_levels: str | None = Field(
+        None,
+        description="the table `reconsume_later(level=n)` indexes (a level string); unset: the routing table",
+    )
+    clamp_explicit_levels: bool | None = Field(
+        None, description="a level above that table means its last level (RocketMQ), else it is refused"
+    )
+    #: ``Administration.subscribe`` reads these when the subscription is made: it keeps its ordering
+    #: for life.
+    ordered: bool | None = Field(
+        None, description="a subscription made for a matching (topic, group) is ordered per message key"
+    )
+    on_exhausted: Literal["continue", "halt"] | None = Field(
+        None,
+        description="an ordered subscription's dead-lettered head: `continue` releases its key, `halt` "
+        "holds it until the dead letter is redriven",
+    )
 
     @field_validator("explicit_levels")
     @classmethod

@@ -251,8 +251,8 @@ EXECUTOR_LIBRARIES = {
 
 def driver_pins() -> dict[str, str | None]:
     """``{distribution: version}`` of ``EXECUTOR_LIBRARIES`` as installed here, the driver (None
-    for one not installed): what an executor should have (README: the executors' environment is
-    installed with the driver's versions as constraints)."""
+    for one not installed): what an executor should have (docs/spark-clusters.md: the executors'
+    environment is installed with the driver's versions as constraints)."""
     from importlib.metadata import PackageNotFoundError, version
 
     pins: dict[str, str | None] = {}
@@ -301,7 +301,7 @@ def environment_check(deploy: Deployment | None = None) -> Callable[[], str | No
             wanted = ", ".join(f"{name}=={pins[name]}" if pins.get(name) else name for name in missing)
             return (
                 f"{', '.join(missing)} missing {where}: install the driver's {wanted} there "
-                "(README, On a Spark cluster: the executors' environment)"
+                "(docs/spark-clusters.md: the executors' environment)"
             )
         try:
             import redelivery
@@ -365,7 +365,7 @@ def executor_errors():
             raise ExecutorEnvironmentError(
                 f"a Spark executor cannot start its Python {python.group(1)} ({python.group(2).strip()}): "
                 "the executors' Python (REDELIVERY_SPARK_EXECUTOR_PYTHON, executor_python) must exist on "
-                "every executor, and an interpreter it links to too (README, On a Spark cluster)"
+                "every executor, and an interpreter it links to too (docs/spark-clusters.md)"
             ) from None
         raise
 

@@ -56,7 +56,7 @@ def submit_environment(
     A driver in the cluster (cluster mode on YARN, Kubernetes): ``env`` is the driver's environment
     there, which the provider puts on spark-submit's command line: ``REDELIVERY_DATABASE_URL``
     without its password (the cluster gives it to every node, e.g. ``PGPASSWORD`` from a secret,
-    README "On a Spark cluster"). ``conf``: ``spark.pyspark.python`` for the executors and the
+    docs/spark-clusters.md). ``conf``: ``spark.pyspark.python`` for the executors and the
     driver both (spark-submit's ``PythonRunner`` takes it for the driver when no driver Python is
     set), nothing of this machine.
 
