@@ -57,9 +57,11 @@ lint: $(VENV)/.installed
 docs: docs-reference
 	$(VENV)/bin/mkdocs build --strict
 
-# docs/configuration.md's tables, from the models of redelivery.settings and redelivery.config.
+# docs/configuration.md's tables, from the models of redelivery.settings and redelivery.config;
+# docs/statements.sql, every statement whole.
 docs-reference: $(VENV)/.installed
 	$(PY) -m redelivery.reference docs/configuration.md
+	$(VENV)/bin/redelivery db sql > docs/statements.sql
 
 bench: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_tier.py $(BENCH_ARGS)

@@ -59,6 +59,17 @@ def db_url(
     typer.echo((found.url or embedded.url()) if password else found.shown)
 
 
+@db_app.command("sql")
+def db_sql(
+    name: Annotated[str | None, typer.Argument(help="a statement's name, e.g. RECEIVE; none: all")] = None,
+) -> None:
+    """Print a statement whole, as the code sends it to PostgreSQL, or all of them (what
+    docs/statements.sql holds). Starts nothing."""
+    from redelivery.store import statements
+
+    typer.echo(statements.sql(name) if name else statements.reference(), nl=bool(name))
+
+
 @db_app.command("stop")
 def db_stop() -> None:
     """Stop the embedded PostgreSQL."""
