@@ -22,7 +22,7 @@ LAYERS = [
 #: Modules bottom to top, layer by layer: each may import only modules before it.
 ORDER = [
     "errors", "settings", "fields",
-    "rules.levels", "rules.names", "rules.policies", "rules.ordering",
+    "rules.words", "rules.levels", "rules.names", "rules.policies", "rules.ordering",
     "config", "reference",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.ordered",
