@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Literal, get_args
+from typing import Annotated
 
 import psycopg
 from pydantic import (
@@ -27,15 +27,9 @@ from redelivery.errors import ConfigError
 from redelivery.fields import Time
 from redelivery.messaging.codec import BINARY, JSON, decode, retry_properties
 from redelivery.rules.names import NAME_REGEX, check_name
+from redelivery.rules.words import Reason
 from redelivery.store import statements as S
 from redelivery.store.catalog import group, topic_id
-
-#: Why a message was dead-lettered (the database enum ``dlq_reason``): retries used up, a lease
-#: expired with retries used up, rejected, a negative delay level (RocketMQ), a body Python cannot
-#: decode (``Client.receive``).
-Reason = Literal["MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED", "REJECTED", "NEGATIVE_LEVEL", "UNDECODABLE"]
-REASONS: tuple[str, ...] = get_args(Reason)
-
 
 MAX_MESSAGE_ID = 2**63 - 1  # bigint
 MessageId = Annotated[int, Field(ge=1, le=MAX_MESSAGE_ID)]

@@ -61,13 +61,14 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from redelivery.errors import DatabaseUnavailableError, SchemaNotMigratedError
+from redelivery.rules.words import COUNTED_STATES
 from redelivery.store import log
 from redelivery.store import statements as S
 
 #: The content type of ``render``'s text (the HTTP route's ``Content-Type``).
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The delivery states ``redelivery_messages`` counts (COMMITTED is history: see above).
-LIVE_STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "DLQ", "BLOCKED")
+LIVE_STATES = tuple(s for s in COUNTED_STATES if s != "COMMITTED")
 #: Counter name -> column of METRICS_GROUP_TOTALS (after the group name) and help text.
 COUNTERS = {
     "redelivery_promoted_messages": (1, "Retries promoted to READY by tier runs."),

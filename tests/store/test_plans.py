@@ -4,12 +4,15 @@ A queue's delivery rows churn: the table is empty after a drain (and autovacuum 
 full during a backlog, and full of dead rows between two vacuums. Each hot statement is captured
 with its real parameters (and the session settings it ran with) while the client, a tier run and a
 redrive do their work on 500-message batches, then planned (``EXPLAIN``, nothing executed) under
-three statistics states of ``deliveries``, the log's partition and the DLQ table: analyzed while
-empty (dead rows left), analyzed with a million rows, and never analyzed with dead rows. No plan
-may read those tables with a sequential scan (its cost is the table's size, dead rows included,
-not the batch's), nor join the receipts in a nested loop whose inner side is their ``unnest``
-(quadratic in the batch: the plan the issue found, 249,500 rows removed by the join filter for
-500 receipts).
+four statistics states of ``deliveries``, the log's partition and the DLQ table: analyzed while
+empty (dead rows left), analyzed with a million rows, never analyzed with dead rows, and analyzed
+empty with a million rows come since. No plan may read those tables with a sequential scan (its
+cost is the table's size, dead rows included, not the batch's), nor join the receipts in a nested
+loop whose inner side is their ``unnest`` (quadratic in the batch: the plan the issue found,
+249,500 rows removed by the join filter for 500 receipts). And each statement is run (EXPLAIN
+ANALYZE, rolled back): no scan of those tables may read more than a few times the rows the
+statement needs (issue 39: an index condition on the topic alone, its partition hashed, passed
+a check of node types and conditions).
 """
 
 from __future__ import annotations
@@ -140,7 +143,9 @@ def tables(conn) -> list[str]:
 def set_state(conn, state: str) -> None:
     """``empty``: many rows made and deleted, then analyzed (autovacuum's view after a drain);
     ``million``: a million more rows, analyzed; ``never``: emptied (TRUNCATE leaves the statistics
-    of a table never analyzed), then rows made and deleted. Autovacuum is kept off meanwhile."""
+    of a table never analyzed), then rows made and deleted; ``burst``: ``empty``, then a million
+    rows more that no ANALYZE saw (a backlog that came after a drain: the plan expects few rows, a
+    scan that reads the topic's whole partition finds a million). Autovacuum is kept off meanwhile."""
     n = MILLION if state == "million" else 200_000
     for table in tables(conn):
         conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
@@ -153,6 +158,9 @@ def set_state(conn, state: str) -> None:
     if state != "never":
         for table in tables(conn):
             conn.execute(f"ANALYZE {table}")
+    if state == "burst":
+        for _, fill, _ in _FILLS:
+            conn.execute(fill, {"n": MILLION, "at": at(0)})
 
 
 # ---- what a plan may not do -----------------------------------------------------------------------
@@ -196,21 +204,91 @@ def _index_condition(node: dict) -> bool:
     return "Index Cond" in node
 
 
-def plan_problems(conn, captured: Captured) -> dict[str, list[str]]:
+#: A scan of a churning table may read at most this many times the rows its statement needs.
+READ_FACTOR = 4
+#: Statements known to read far more than they need in a statistics state (found by the read check,
+#: not fixed yet), by state: the lease expiry of a tier run's range, when ``deliveries`` was
+#: analyzed empty and a million expired leases of another group came after, reads all of them by
+#: the index on ``invisible_until`` (its index condition the window end alone) to find those of its
+#: range. The test requires them to be still found, so that a fix removes them here.
+KNOWN_OVERREADS = {"burst": ("EXPIRE_LEASES_DEAD_LETTER", "EXPIRE_LEASES_RETRY")}
+
+
+def _churning(node: dict) -> bool:
+    return node.get("Relation Name") == "deliveries" or node.get("Schema") in (
+        "redelivery_log",
+        "redelivery_dlq",
+    )
+
+
+def _nodes(plan: dict):
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.get("Plans", []))
+
+
+def rows_read(node: dict) -> int:
+    """The rows a scan node read (EXPLAIN ANALYZE's JSON): those it returned, those its filter and
+    its index recheck removed, over all its loops (EXPLAIN gives each per loop)."""
+    per_loop = sum(
+        node.get(k, 0) for k in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Index Recheck")
+    )
+    return round(per_loop * node.get("Actual Loops", 1))
+
+
+def rows_needed(plan: dict, params: dict) -> int:
+    """The rows a statement needs (EXPLAIN ANALYZE's JSON): the most of the rows it returns, the
+    rows each of its writes takes, the rows its parameters ask for (a batch, a receipt per id, an
+    ordered receive's ``scan``, a tier run's range of ids), and a batch."""
+    writes = [
+        round(child["Actual Rows"] * child.get("Actual Loops", 1))
+        for node in _nodes(plan)
+        if node["Node Type"] == "ModifyTable"
+        for child in node.get("Plans", [])[:1]
+    ]
+    asked = [params[k] for k in ("max_messages", "scan") if isinstance(params.get(k), int)]
+    asked += [len(v) for v in params.values() if isinstance(v, list)]
+    if isinstance(params.get("low"), int) and isinstance(params.get("high"), int):
+        asked.append(params["high"] - params["low"])  # a tier run's range of message ids
+    return max([BATCH, round(plan["Actual Rows"]), *writes, *asked])
+
+
+def scans_reading_too_much(plan: dict, params: dict) -> list[str]:
+    """Scans of deliveries, the log's partitions or DLQ tables in ``plan`` (EXPLAIN ANALYZE's JSON,
+    VERBOSE) that read more than READ_FACTOR times the rows the statement needs: a hash of a whole
+    partition reached by its topic, a filter that throws most of what an index gave away."""
+    needed = rows_needed(plan, params)
+    return [
+        f"{node['Node Type']} of {node.get('Schema')}.{node['Relation Name']} read {rows_read(node):,} rows"
+        f" for {needed:,} ({node.get('Index Cond') or node.get('Filter') or 'no condition'})"
+        for node in _nodes(plan)
+        if _churning(node) and "Scan" in node["Node Type"] and rows_read(node) > READ_FACTOR * needed
+    ]
+
+
+def plan_problems(conn, captured: Captured, analyze: bool = False) -> dict[str, list[str]]:
+    """What each captured statement's plan does wrong: whole scans and loops over the receipts;
+    with ``analyze``, also scans that read far more rows than the statement needs (the statement
+    is run, with EXPLAIN ANALYZE, and rolled back)."""
     problems = {}
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON, VERBOSE) " if analyze else "EXPLAIN (FORMAT JSON, VERBOSE) "
     for name, (text, params, settings) in sorted(captured.runs.items()):
         with conn.transaction() as planning:
             for setting, value in settings.items():
                 conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
-            [[plan]] = conn.execute("EXPLAIN (FORMAT JSON, VERBOSE) " + text, params).fetchall()
-            raise psycopg.Rollback(planning)  # the settings go with it
+            [[plan]] = conn.execute(explain + text, params).fetchall()
+            raise psycopg.Rollback(planning)  # the settings and the statement's changes go with it
         found = scans_of_churning_tables(plan[0]["Plan"])
+        if analyze:
+            found += scans_reading_too_much(plan[0]["Plan"], params)
         if found:
             problems[name] = sorted(set(found))
     return problems
 
 
-@pytest.mark.parametrize("state", ["empty", "million", "never"])
+@pytest.mark.parametrize("state", ["empty", "million", "never", "burst"])
 def test_hot_statements_plan_lookups_whatever_the_statistics(client, clean_db, monkeypatch, state):
     captured = Captured()
     work(client, clean_db, captured, monkeypatch)
@@ -220,11 +298,35 @@ def test_hot_statements_plan_lookups_whatever_the_statistics(client, clean_db, m
     with psycopg.connect(clean_db, autocommit=True, options="-c search_path=redelivery") as conn:
         try:
             set_state(conn, state)
-            problems = plan_problems(conn, captured)
+            problems = plan_problems(conn, captured, analyze=True)
         finally:
             for table in tables(conn):
                 conn.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+    known = {name: problems.pop(name, None) for name in KNOWN_OVERREADS.get(state, ())}
     assert problems == {}, json.dumps(problems, indent=1)
+    # strict: when a statement is fixed, its entry goes
+    assert all(found and all(" read " in f for f in found) for found in known.values()), known
+
+
+def test_the_read_check_sees_a_hash_of_a_whole_partition_by_its_topic():
+    """The plan the issue found: the topic's whole partition read through an index condition on the
+    topic alone and hashed, for a few hundred rows. Not a whole scan by its node types (it has an
+    index condition); a million rows read for 500."""
+    partition = {"Relation Name": "messages_20260301t120000", "Schema": "redelivery_log"}
+    scan = {"Node Type": "Index Scan", **partition, "Index Cond": "(m.topic_id = 1)",
+            "Actual Rows": 1_000_000, "Actual Loops": 1}  # fmt: skip
+    ready = {"Node Type": "Index Scan", "Relation Name": "deliveries", "Schema": "redelivery",
+             "Index Cond": "(d.message_id = ANY ($1))", "Actual Rows": 300, "Actual Loops": 1}  # fmt: skip
+    hashed = {"Node Type": "Hash", "Actual Rows": 1_000_000, "Actual Loops": 1, "Plans": [scan]}
+    plan = {"Node Type": "Hash Join", "Actual Rows": 300, "Actual Loops": 1, "Plans": [ready, hashed]}
+    assert scans_of_churning_tables(plan) == []
+    assert scans_reading_too_much(plan, {"max_messages": 500}) == [
+        "Index Scan of redelivery_log.messages_20260301t120000 read 1,000,000 rows for 500 ((m.topic_id = 1))"
+    ]
+    filtered = {**ready, "Actual Rows": 2, "Rows Removed by Filter": 1_500, "Actual Loops": 2}
+    assert rows_read(filtered) == 3_004
+    small = {**hashed, "Plans": [{**scan, "Actual Rows": 1_900}]}  # within 4 x the batch
+    assert scans_reading_too_much({**plan, "Plans": [ready, small]}, {"max_messages": 500}) == []
 
 
 def test_the_plan_check_sees_whole_scans_and_loops_over_the_receipts():

@@ -22,7 +22,7 @@ LAYERS = [
 #: Modules bottom to top, layer by layer: each may import only modules before it.
 ORDER = [
     "errors", "settings", "fields",
-    "rules.levels", "rules.names", "rules.policies", "rules.ordering",
+    "rules.words", "rules.levels", "rules.names", "rules.policies", "rules.ordering",
     "config", "reference",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.ordered",
@@ -191,13 +191,61 @@ def test_one_default_configuration():
     assert not (PACKAGE / "defaults.yaml").exists()
 
 
+#: Statements that write delivery rows but change no state.
+NOT_STATE_CHANGES = {"EXTEND_LEASE"}  # the lease only
+
+
+def state_change_rows(text: str) -> list[str]:
+    """The names the "State changes" table of ``text`` (docs/ARCHITECTURE.md) lists: the first
+    cell of every row of the table, whatever follows the name in it."""
+    section = text[text.index("## State changes") :].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # header, rule
+    names = [re.match(r"^\| `(\w+)`[^|]*\|", row) for row in rows]
+    assert all(names), [row for row, name in zip(rows, names, strict=True) if not name]
+    return [name[1] for name in names]
+
+
+def triggers_on_deliveries() -> set[str]:
+    """The functions the migrations' triggers on ``deliveries`` execute."""
+    trigger = re.compile(
+        r"CREATE TRIGGER \w+\s+(?:AFTER|BEFORE|INSTEAD OF)\b[^;]*?\bON (?:redelivery\.)?deliveries\b"
+        r"[^;]*?EXECUTE (?:FUNCTION|PROCEDURE) (?:redelivery\.)?(\w+)\(",
+        re.S,
+    )
+    versions = sorted((PACKAGE / "store" / "migrations" / "versions").glob("*.py"))
+    return {name for path in versions for name in trigger.findall(path.read_text())}
+
+
 def test_the_state_changes_table_lists_every_state_change():
+    """The table, ``STATE_CHANGES``, the statements that write delivery rows and the triggers on
+    them name the same: a new statement or trigger that changes deliveries is listed in both."""
+    from psycopg.sql import Composable
+
     from redelivery.store import statements as S
 
-    text = (REPO_ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    table = text[text.index("## State changes") :].split("\n## ")[0]
-    assert re.findall(r"^\| `([A-Z_]+)` \|", table, re.M) == list(S.STATE_CHANGES)
-    assert set(S.STATE_CHANGES) <= set(S.ALL)
+    assert state_change_rows((REPO_ROOT / "docs" / "ARCHITECTURE.md").read_text()) == list(S.STATE_CHANGES)
+    writes = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM) deliveries\b")
+    writers = {name for name, text in S.ALL.items() if writes.search(text)}
+    assert writers - NOT_STATE_CHANGES == set(S.STATE_CHANGES) - set(S.STATE_CHANGE_TRIGGERS)
+    assert set(S.STATE_CHANGE_TRIGGERS) == triggers_on_deliveries() == set(S.STATE_CHANGES) - set(S.ALL)
+    composed = [n for n, v in vars(S).items() if isinstance(v, Composable) and writes.search(str(v))]
+    assert composed == [], "a composed statement that writes deliveries: name it in STATE_CHANGES"
+
+
+def test_the_state_changes_table_is_read_row_by_row():
+    table = """## State changes
+
+| statement | from | to | guard |
+|---|---|---|---|
+| `ACK` | INFLIGHT | COMMITTED | same delivery count |
+| `RECEIVE_ORDERED` (after `LOCK_ORDERED_SUBSCRIPTION`, ...) | READY rows | INFLIGHT | ... |
+| `finish_ordered_heads` (trigger, after any DELETE) | a head | READY | ... |
+
+## Next
+| `NOT_A_ROW` | x | y | z |"""
+    assert state_change_rows(table) == ["ACK", "RECEIVE_ORDERED", "finish_ordered_heads"]
+    with pytest.raises(AssertionError):
+        state_change_rows(table.replace("| `ACK` |", "| ACK |"))
 
 
 def test_the_head_revision_read_from_the_files_is_alembics():

@@ -33,6 +33,7 @@ from redelivery.cli.common import (
     with_fields,
 )
 from redelivery.errors import DatabaseUnavailableError, RedeliveryError
+from redelivery.rules.words import COUNTED_STATES, DEFAULT_ON_EXHAUSTED, ON_EXHAUSTED, ON_EXHAUSTED_HELP
 from redelivery.tiers.run import TierRunRequest
 
 
@@ -194,8 +195,9 @@ def subscribe(
     on_exhausted: Annotated[
         str | None,
         typer.Option(
-            help="ordered only: continue (a dead-lettered message releases its key) or halt (its key "
-            "waits until the dead letter is redriven). Default: the config's policy, else continue"
+            help=f"ordered only: {ON_EXHAUSTED_HELP}. Default: the config's policy, else "
+            f"{DEFAULT_ON_EXHAUSTED}",
+            metavar="[" + "|".join(ON_EXHAUSTED) + "]",
         ),
     ] = None,
 ) -> None:
@@ -265,12 +267,10 @@ def publish(
 def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Counts per topic, group and state."""
     data = _client(reading=True).stats()
-    from redelivery.messaging.codec import STATES  # every count stats gives, BLOCKED included
-
-    lines = [f"{'topic':<20} {'group':<24} " + " ".join(f"{s:>13}" for s in STATES)]
+    lines = [f"{'topic':<20} {'group':<24} " + " ".join(f"{s:>13}" for s in COUNTED_STATES)]
     for topic, groups in data.items():
         for group, counts in groups.items():
-            lines.append(f"{topic:<20} {group:<24} " + " ".join(f"{counts[s]:>13}" for s in STATES))
+            lines.append(f"{topic:<20} {group:<24} " + " ".join(f"{counts[s]:>13}" for s in COUNTED_STATES))
     _emit(data, as_json, "\n".join(lines))
 
 

@@ -4,10 +4,10 @@ topics, groups and subscriptions created, updated and deleted, policies, ``stats
 from __future__ import annotations
 
 from redelivery.errors import ConfigError, InvalidNameError, UnknownTopicError
-from redelivery.messaging.codec import STATES
 from redelivery.messaging.context import Role
 from redelivery.rules.names import check_name
 from redelivery.rules.policies import MAX_INT, EffectivePolicy
+from redelivery.rules.words import COUNTED_STATES, DEFAULT_ON_EXHAUSTED, ON_EXHAUSTED, OnExhausted, one_of
 from redelivery.store import db
 from redelivery.store import statements as S
 from redelivery.store.log import RETENTION_LOCK
@@ -22,10 +22,6 @@ def check_max_reconsume_times(limit: object) -> int | None:
             f"max_reconsume_times must be an integer from -1 (unlimited) to {MAX_INT}, or None; got {limit!r}"
         )
     return limit
-
-
-#: What an ordered subscription's dead-lettered message does to its key (``subscribe``).
-ON_EXHAUSTED = ("continue", "halt")
 
 
 def _ordering_text(ordered: bool, on_exhausted: str) -> str:
@@ -83,7 +79,7 @@ class Administration(Role):
         start: str = "latest",
         *,
         ordered: bool | None = None,
-        on_exhausted: str | None = None,
+        on_exhausted: OnExhausted | None = None,
     ) -> None:
         """Subscribe ``group`` to ``topic`` (idempotent: an existing subscription keeps its
         offset). ``start`` (Kafka's ``auto.offset.reset``): ``"latest"``, messages published from
@@ -109,8 +105,8 @@ class Administration(Role):
         if ordered is not None and not isinstance(ordered, bool):
             raise ValueError(f"ordered must be true or false, got {ordered!r}")
         if on_exhausted is not None and on_exhausted not in ON_EXHAUSTED:
-            raise ValueError(f"on_exhausted must be 'continue' or 'halt', got {on_exhausted!r}")
-        if on_exhausted not in (None, "continue") and ordered is False:
+            raise ValueError(f"on_exhausted must be {one_of(ON_EXHAUSTED)}, got {on_exhausted!r}")
+        if on_exhausted not in (None, DEFAULT_ON_EXHAUSTED) and ordered is False:
             raise ValueError("on_exhausted applies to an ordered subscription only (ordered=True)")
         group_id, own_max = self.context.group(group)
         self.context.topic_renamed(topic)  # a rare call: never subscribe a topic id that is gone
@@ -121,8 +117,8 @@ class Administration(Role):
             raise InvalidNameError(f"cannot subscribe group {group!r} to topic {topic!r}: {exc}") from None
         ordered = policy.ordered if ordered is None else ordered
         if on_exhausted is None:
-            on_exhausted = policy.on_exhausted if ordered else "continue"
-        elif on_exhausted != "continue" and not ordered:
+            on_exhausted = policy.on_exhausted if ordered else DEFAULT_ON_EXHAUSTED
+        elif on_exhausted != DEFAULT_ON_EXHAUSTED and not ordered:
             raise ValueError(
                 f"on_exhausted applies to an ordered subscription only, and the config's policy for "
                 f"topic {topic!r} and group {group!r} is unordered (ordered=True to order it)"
@@ -172,5 +168,5 @@ class Administration(Role):
         "WAITING_RETRY": n, "COMMITTED": n, "DLQ": n}}}`` for every subscription."""
         out: dict = {}
         for topic, group, *counts in self.conn.execute(S.SUBSCRIPTION_STATES):
-            out.setdefault(topic, {})[group] = dict(zip(STATES, counts, strict=True))
+            out.setdefault(topic, {})[group] = dict(zip(COUNTED_STATES, counts, strict=True))
         return out

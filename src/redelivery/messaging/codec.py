@@ -1,6 +1,6 @@
 """Messages as callers see them: what a producer publishes (``Message``), what a consumer receives
 (``ReceivedMessage``), and how bodies and properties are stored (``encode``) and read back
-(``decode``). Also the delivery states and the reserved retry property names."""
+(``decode``). Also the reserved retry property names."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ from typing import Any, NamedTuple
 import orjson
 
 from redelivery.errors import MalformedMessageError
+from redelivery.rules.words import COUNTED_STATES
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
 TEXT = "text/plain"
 CONTENT_TYPES = (JSON, BINARY, TEXT)
-#: The states of a delivery, RocketMQ 5's PushConsumer (RocketMQ 5, "Consumption retry").
-STATES = ("READY", "INFLIGHT", "WAITING_RETRY", "COMMITTED", "DLQ", "BLOCKED")
+#: The states a subscription's messages are counted in (``redelivery.rules.words``, where every
+#: state is declared).
+STATES = COUNTED_STATES
 #: Properties set on a redelivered message, Pulsar's retry letter (TDMQ Pulsar, "Message retry and
 #: dead-letter mechanism"); publishers may not set them.
 RETRY_PROPERTIES = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUMETIMES")

@@ -31,6 +31,7 @@ from redelivery.rules.levels import (
     parse_duration,
 )
 from redelivery.rules.names import is_valid_queue_name
+from redelivery.rules.words import DEFAULT_ON_EXHAUSTED, ON_EXHAUSTED_HELP, OnExhausted
 
 #: Characters allowed in a DLQ or retry name: it becomes a (quoted) table name, at most 63 bytes.
 #: Bounds that keep every computed wait finite and storable: one wait at most 864000 s (Pulsar's
@@ -317,10 +318,10 @@ class PolicyConfig(_Strict):
     ordered: bool | None = Field(
         None, description="a subscription made for a matching (topic, group) is ordered per message key"
     )
-    on_exhausted: Literal["continue", "halt"] | None = Field(
+    on_exhausted: OnExhausted | None = Field(
         None,
-        description="an ordered subscription's dead-lettered head: `continue` releases its key, `halt` "
-        "holds it until the dead letter is redriven",
+        description=f"what an ordered subscription's dead-lettered message does to its key: "
+        f"{ON_EXHAUSTED_HELP}",
     )
 
     @field_validator("explicit_levels")
@@ -404,7 +405,7 @@ class EffectivePolicy:
     explicit_levels: str | None = None
     clamp_explicit_levels: bool = False
     ordered: bool = False
-    on_exhausted: str = "continue"
+    on_exhausted: OnExhausted = DEFAULT_ON_EXHAUSTED
 
     @property
     def jitter(self) -> float:
@@ -534,5 +535,5 @@ def resolve(
         explicit_levels=merged.get("explicit_levels"),
         clamp_explicit_levels=bool(merged.get("clamp_explicit_levels")),
         ordered=bool(merged.get("ordered")),
-        on_exhausted=merged.get("on_exhausted") or "continue",
+        on_exhausted=merged.get("on_exhausted") or DEFAULT_ON_EXHAUSTED,
     )

@@ -16,8 +16,10 @@ replaces the database clock (``None``: ``now()``); durations are float8 seconds.
 ``reference()`` all of them, the text of docs/statements.sql, which a test keeps equal to the code:
 a reviewer reads a statement's diff there, not the pieces it is put together from.
 
-``STATE_CHANGES`` names the statements that move a delivery from one state to another; the table in
-docs/ARCHITECTURE.md ("State changes") lists the same, with the guard of each.
+``STATE_CHANGES`` names every statement that writes a delivery row (a new one, its state, or its
+end), but ``EXTEND_LEASE`` (its lease only), and the trigger that does (``finish_ordered_heads``, of
+the migrations, after every DELETE of delivery rows); the table in docs/ARCHITECTURE.md ("State
+changes") lists the same, with the guard of each, and a test requires both to name every one.
 """
 
 from __future__ import annotations
@@ -36,10 +38,13 @@ from redelivery.store.statements.tiers import *  # noqa: F403
 from redelivery.store.statements.topology import *  # noqa: F403
 
 # fmt: off
-#: The statements that move deliveries between states (docs/ARCHITECTURE.md, "State changes").
+#: The statements and the trigger that change deliveries (docs/ARCHITECTURE.md, "State changes").
 STATE_CHANGES = ("RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",
                  "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
-                 "REDRIVE_MOVE_BATCH")
+                 "RECEIVE_ORDERED", "finish_ordered_heads", "REDRIVE_MOVE_BATCH", "CLEANUP_DEAD_LETTERS",
+                 "DELETE_TOPIC_DELIVERIES")
+#: Of them, the trigger functions (of the migrations): not statements of ``ALL``.
+STATE_CHANGE_TRIGGERS = ("finish_ordered_heads",)
 #: Every statement by name (psycopg.sql compositions excepted): the EXPLAIN test runs them all.
 ALL: dict[str, str] = {name: value for name, value in dict(globals()).items()
                        if isinstance(value, str) and value.startswith("/* redelivery:")}
