@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.dead_letters import DlqFilter, select
@@ -41,12 +42,20 @@ from redelivery.store import catalog, db
 MAX_LIST_LIMIT = 10_000
 
 
-def _offered(role: str, function: Callable) -> Callable:
-    """``function`` of the client's ``role`` as a method of the client itself (its name, signature
-    and docstring kept, for ``help(Client)``)."""
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _offered(
+    role: str, function: Callable[Concatenate[Any, _P], _R]
+) -> Callable[Concatenate[Client, _P], _R]:
+    """``function`` of the client's ``role`` as a method of the client itself: its name, signature
+    and docstring kept for ``help(Client.settle)`` (``functools.wraps``), and its parameters and
+    return type for a type checker or an IDE (``ParamSpec``), so ``client.settle(`` shows what
+    ``Consumer.settle`` takes."""
 
     @functools.wraps(function)
-    def method(self, *args, **kwargs):
+    def method(self: Client, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         return function(getattr(self, role), *args, **kwargs)
 
     return method

@@ -249,3 +249,22 @@ def test_the_roles_share_the_clients_connection_when_a_caller_replaces_it(client
     [received] = client.receive(group, topic)
     assert received.message_id == message_id and client.ack(group, received) == 1
     assert client.stats()[topic][group]["COMMITTED"] == 1
+
+
+def test_every_call_the_client_offers_shows_its_roles_signature_and_docstring():
+    """help(Client.settle) and an IDE show what Consumer.settle takes (issue 39.4): each call a
+    role offers through the client keeps its parameters, return type and docstring."""
+    import inspect
+
+    from redelivery.client import Client
+    from redelivery.messaging.admin import Administration
+    from redelivery.messaging.consuming import Consumer
+    from redelivery.messaging.publishing import Publisher
+
+    roles = (Administration, Publisher, Consumer)
+    offered = [name for name, value in vars(Client).items() if hasattr(value, "__wrapped__")]
+    assert {"settle", "receive", "publish", "nack", "subscribe", "stats"} <= set(offered)
+    for name in offered:
+        [role] = [r for r in roles if getattr(r, name, None) is getattr(Client, name).__wrapped__]
+        assert inspect.signature(getattr(Client, name)) == inspect.signature(getattr(role, name)), name
+        assert getattr(Client, name).__doc__ and getattr(Client, name).__doc__ == getattr(role, name).__doc__

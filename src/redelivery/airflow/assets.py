@@ -37,7 +37,11 @@ def asset_uri(topic: str, group: str) -> str:
 def asset_for(topic: str, group: str, watchers: list | None = None) -> Asset:
     """The Asset of subscription (``topic``, ``group``): name and URI both
     ``redelivery://<topic>/<group>`` (Airflow identifies an asset by the two together, so every
-    producer and consumer must build it here). ``watchers``: ``AssetWatcher`` objects, for a DAG
-    scheduled on it. Raises ``InvalidNameError``."""
+    producer and consumer must build it here). Raises ``InvalidNameError``.
+
+    :param topic: the subscription's topic.
+    :param group: the subscription's consumer group.
+    :param watchers: ``AssetWatcher`` objects, for a DAG scheduled on it.
+    """
     uri = asset_uri(topic, group)
     return Asset(name=uri, uri=uri, watchers=watchers or [])

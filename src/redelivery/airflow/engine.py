@@ -87,7 +87,13 @@ def connect_url(conn_id: str) -> str:
 class EngineHook(BaseHook):
     """Runs tier windows (``run_tier``) and redrives (``run_redrive``) where their size and the
     Spark connection ``spark_conn_id`` say (module docstring), on the application database of
-    ``database`` (default: ``RedeliveryHook()``). ``on_kill`` stops a spark-submit."""
+    ``database``. ``on_kill`` stops a spark-submit.
+
+    :param spark_conn_id: the Spark connection (type ``spark_connect``: a Spark Connect server;
+        ``spark``: a spark-submit to its master; default ``redelivery_spark``).
+    :param database: the state store's hook (default ``RedeliveryHook()``).
+    :param config: the configuration (default: the config file's, ``cached_config()``).
+    """
 
     conn_name_attr = "spark_conn_id"
     default_conn_name = SPARK_CONN_ID

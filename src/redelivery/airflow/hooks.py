@@ -39,8 +39,13 @@ def missing_connection(conn_id: str) -> str:
 
 
 class RedeliveryHook(BaseHook):
-    """The application database of ``redelivery_conn_id`` (default ``redelivery_db``; for the
-    default one, ``REDELIVERY_DATABASE_URL`` wins when set)."""
+    """The application database (the state store) of an Airflow connection, for tasks, triggers and
+    the page: ``get_conn`` (a psycopg connection, checked: one line naming the connection and the
+    fix when it cannot be had), ``get_ready_url``, ``test_connection`` (the form's Test button).
+
+    :param redelivery_conn_id: the connection (type ``redelivery`` or ``postgres``; default
+        ``redelivery_db``, for which ``REDELIVERY_DATABASE_URL`` wins when set).
+    """
 
     conn_name_attr = "redelivery_conn_id"
     default_conn_name = DB_CONN_ID

@@ -176,8 +176,11 @@ class RedriveOperator(BaseOperator):
     ``dlq_redrive/<run id>``, so a retried or cleared task resumes its run, and returns its audit
     record (``redelivery.redrive.redrive``; ``engine`` after a spark-submit). Marking the task
     failed stops it between batches (Airflow calls ``on_kill``, then kills the task 5 s later if it
-    is still running; a batch is one transaction either way). ``conn_id``: the Spark connection for
-    selections of at least the config's ``spark_threshold`` (no max)."""
+    is still running; a batch is one transaction either way).
+
+    :param conn_id: the Spark connection a selection of at least the config's ``spark_threshold``
+        dead letters runs on (``redelivery_spark`` by default).
+    """
 
     def __init__(self, *, conn_id: str = SPARK_CONN_ID, **kwargs):
         super().__init__(**kwargs)

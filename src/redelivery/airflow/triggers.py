@@ -67,11 +67,14 @@ class ReadyMessagesTrigger(BaseEventTrigger):
     event: messages new in the log (past the group's consume offset), or delivery rows READY again
     (a retry promoted, a redrive). See the module's documentation for the watermarks.
 
-    ``poll_interval``: seconds between polls (0.1 to 3600, default 5). ``settle_timeout``: seconds
-    an open transaction may hold the time watermark of the READY delivery rows back (at least
-    ``poll_interval``, at most 86400, default 120; new log messages are told by id, which no open
-    transaction holds back). ``conn_id``: the Airflow connection of the application database (default
-    ``redelivery_db``, for which ``REDELIVERY_DATABASE_URL`` wins when set: ``RedeliveryHook``).
+    :param topic: the topic whose messages it watches.
+    :param group: the consumer group they became READY for.
+    :param poll_interval: seconds between polls (0.1 to 3600, default 5).
+    :param settle_timeout: seconds an open transaction may hold the time watermark of the READY
+        delivery rows back (at least ``poll_interval``, at most 86400, default 120; new log
+        messages are told by id, which no open transaction holds back).
+    :param conn_id: the Airflow connection of the application database (default ``redelivery_db``,
+        for which ``REDELIVERY_DATABASE_URL`` wins when set: ``RedeliveryHook``).
 
     Each event's payload: ``{"topic", "group", "ready": n, "since": ISO time or None, "until": ISO
     time, "since_id": int or None, "until_id": int or None}``: n messages became READY, the delivery

@@ -94,10 +94,18 @@ def http_consumer_dag(
     body_field: str = "body",
     poll_interval: float = DEFAULT_POLL_SECONDS,
 ) -> DAG:
-    """The DAG ``dag_id`` delivering ``group``'s messages of ``topic`` to connection ``conn_id``
-    (at path ``endpoint`` when the connection's extra names none), each body under
-    ``body_field``; its watcher polls every ``poll_interval`` seconds. Raises
-    ``InvalidNameError`` / ``ValueError`` for bad arguments."""
+    """The DAG ``dag_id`` delivering ``group``'s messages of ``topic`` over HTTP, scheduled on the
+    subscription's asset (its watcher, ``ReadyMessagesTrigger``). Raises ``InvalidNameError`` /
+    ``ValueError`` for bad arguments.
+
+    :param topic: the topic to consume.
+    :param group: the consumer group it consumes as.
+    :param conn_id: the Airflow HTTP connection the messages are posted to.
+    :param dag_id: the DAG's id.
+    :param endpoint: the path posted to, when the connection's extra names none.
+    :param body_field: the JSON field each message's body goes under.
+    :param poll_interval: seconds between the watcher's polls (0.1 to 3600).
+    """
     watcher = AssetWatcher(
         name="redelivery_ready",
         trigger=ReadyMessagesTrigger(topic=topic, group=group, poll_interval=poll_interval),
