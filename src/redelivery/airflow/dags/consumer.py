@@ -17,15 +17,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG, AssetWatcher, Param, get_current_context, task
+from airflow.sdk import DAG, AssetWatcher, get_current_context, task
+from pydantic import BaseModel, ConfigDict, Field
 
 from redelivery.airflow.assets import asset_for
 from redelivery.airflow.dags.tiers import system_dag
 from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.airflow.http_delivery import HttpEndpoint, drain
-from redelivery.airflow.params import check_run_conf
+from redelivery.airflow.params import check_run_conf, params_of
 from redelivery.airflow.triggers import DEFAULT_POLL_SECONDS, ReadyMessagesTrigger
 from redelivery.client import Client
+from redelivery.messaging.consuming import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS
 
 
 def endpoint_url(conn_id: str, endpoint: str = "/") -> str:
@@ -53,35 +55,55 @@ def endpoint_url(conn_id: str, endpoint: str = "/") -> str:
     return f"{base}/{endpoint.lstrip('/')}"
 
 
+class ConsumerRun(BaseModel):
+    """What a run of a consumer DAG takes: its Params (``consumer_params``), the trigger form's
+    fields. The lease is named as Airflow's SQS users know it, ``visibility_timeout`` (RocketMQ's
+    invisible duration, ``Client.receive``'s ``invisible_duration``); the old Param name is taken
+    for one release (``lease_seconds``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int = Field(
+        100, ge=1, le=10_000, title="Batch size", description="Messages per lease and per HTTP request."
+    )
+    max_messages: int | None = Field(
+        None,
+        ge=1,
+        title="Max messages",
+        description="Stop after receiving this many. Empty: until nothing is READY "
+        "(what is left waits for the next run).",
+    )
+    visibility_timeout: float = Field(
+        60,
+        ge=MIN_INVISIBLE_SECONDS,
+        le=MAX_INVISIBLE_SECONDS,
+        title="Visibility timeout (seconds)",
+        description="How long each leased batch stays invisible to other consumers (SQS's visibility "
+        "timeout, RocketMQ's invisible duration): a message not answered within it counts as a failed "
+        "delivery.",
+    )
+    invisible_duration: float | None = Field(
+        None,
+        ge=MIN_INVISIBLE_SECONDS,
+        le=MAX_INVISIBLE_SECONDS,
+        title="Lease (seconds), old name",
+        description="Renamed Visibility timeout; taken for one release, when set, with a hint in the "
+        "task's log.",
+    )
+
+
 def consumer_params() -> dict:
-    """The consumer DAG's Params: batch size, a cap on messages per run, the lease (seconds)."""
-    return {
-        "batch_size": Param(
-            100,
-            type="integer",
-            minimum=1,
-            maximum=10_000,
-            title="Batch size",
-            description="Messages per lease and per HTTP request.",
-        ),
-        "max_messages": Param(
-            None,
-            type=["null", "integer"],
-            minimum=1,
-            title="Max messages",
-            description="Stop after receiving this many. Empty: until nothing is READY "
-            "(what is left waits for the next run).",
-        ),
-        "invisible_duration": Param(
-            60,
-            type="number",
-            minimum=1,
-            maximum=43_200,
-            title="Lease (seconds)",
-            description="Invisible duration of each batch: a message not answered within it "
-            "counts as a failed delivery.",
-        ),
-    }
+    """The consumer DAG's Params, from ``ConsumerRun``'s fields (bounds, titles, defaults)."""
+    return params_of(ConsumerRun)
+
+
+def lease_seconds(run: ConsumerRun, log=print) -> float:
+    """The lease of each batch, seconds: ``visibility_timeout``, or the old ``invisible_duration``
+    when a run still sets it (``log`` gets the hint to rename it)."""
+    if run.invisible_duration is None:
+        return run.visibility_timeout
+    log("the Param invisible_duration is now visibility_timeout: it is taken in this release, rename it")
+    return run.invisible_duration
 
 
 def http_consumer_dag(
@@ -135,7 +157,7 @@ Airflow connection `{conn_id}` and acks, retries or rejects every message by the
             for asset, events in (context.get("triggering_asset_events") or {}).items():
                 for event in events:
                     print(f"started by an event of {asset}: {event.extra}")
-            params = context["params"]
+            run = ConsumerRun(**{name: context["params"].get(name) for name in ConsumerRun.model_fields})
             target = HttpEndpoint(endpoint_url(conn_id, endpoint), body_field=body_field)
             with Client(RedeliveryHook().get_ready_url()) as client:  # a store that cannot serve: one line
                 counts = drain(
@@ -143,9 +165,9 @@ Airflow connection `{conn_id}` and acks, retries or rejects every message by the
                     topic,
                     group,
                     target,
-                    batch_size=params["batch_size"],
-                    max_messages=params["max_messages"],
-                    invisible_duration=params["invisible_duration"],
+                    batch_size=run.batch_size,
+                    max_messages=run.max_messages,
+                    invisible_duration=lease_seconds(run),
                 )
             print(f"delivered to {target.url}: {counts}")
             return counts
