@@ -219,7 +219,7 @@ def _move_batch_once(
         if room is not None and room < size and params["dest"] is None:
             # a dead letter holding its key goes back whatever the cap: its key's messages wait for it
             holding = _move(conn, {**params, "holding_only": True})
-            size -= holding
+            size, room = size - holding, max(room - holding, 0)  # they wait now too
         if room is not None:
             if room == 0 or size == 0:
                 return holding, room == 0

@@ -75,3 +75,27 @@ def test_a_capped_ordered_group_promotes_its_keyless_retries_only_into_room(capp
     states = capped.stats()["orders"]["billing"]
     # the head of key a takes the one place left; the keyless retries wait for room
     assert (states["READY"], states["WAITING_RETRY"]) == (4 + 1, 3), states
+
+
+def test_a_redrive_at_the_cap_brings_back_the_dead_letters_holding_their_keys_only(client):
+    """Near the cap, a redrive moves the dead letters that hold their keys (their BLOCKED messages
+    are what fills it), which take the room left, and leaves the others in the DLQ, held by the cap."""
+    from redelivery.redrive import RedriveRequest, redrive
+
+    configured(client, {"topic": "orders", "group": "billing", "max_ready_backlog": 5})
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders", ordered=True, on_exhausted="halt")
+    [keyless] = client.publish("orders", [Message({"n": 0})], at=at(0))
+    client.reject("billing", client.receive("billing", "orders", 10, 30, at=at(0)), error="bad")
+    client.publish("orders", [Message({"n": n}, key=k) for n, k in enumerate("aaabb", 1)], at=at(1))
+    heads = client.receive("billing", "orders", 10, 30, at=at(1))  # a1, b1; 3 BLOCKED behind them
+    client.reject("billing", heads, error="bad")  # both HALTED: their dead letters hold a and b
+    client.publish("orders", [Message({"n": 9})], at=at(2))  # 3 + 1: room for one
+    # a1 and b1 go back whatever the room, and take it: the keyless dead letter stays
+    done = redrive(RedriveRequest(group="billing", dry_run=False), run_key="r", url=client.url,
+                   log=lambda *_: 0, config=client.config)  # fmt: skip
+    assert (done["moved"], done["held_by_backlog_cap"]) == (2, 1), done
+    got = client.receive("billing", "orders", 10, 30, at=at(3))
+    assert sorted(m.message_id for m in got if m.key) == sorted(m.message_id for m in heads)
+    assert keyless not in [m.message_id for m in got]
