@@ -163,7 +163,8 @@ def verdict(samples: list[tuple[float, dict]], warmup: float) -> None:
     print(f"\nafter {reference[0]:.1f} min (reference) against the largest later sample:")
     for key in (*JUDGED, "audit_log_rows"):
         top = max([f[key] for f in later] or [reference[1][key]])
-        ratio = top / reference[1][key] if reference[1][key] else float("inf")
+        # none then and none since is flat (no XCom at all); none then and some since grows
+        ratio = top / reference[1][key] if reference[1][key] else (1.0 if top == 0 else float("inf"))
         judged = key in JUDGED
         ok = ratio <= 1.25
         result[key] = {"reference": reference[1][key], "largest_later": top, "ratio": round(ratio, 3)}
