@@ -33,8 +33,9 @@ from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.dead_letters import DlqFilter, select
 from redelivery.messaging.admin import Administration
 from redelivery.messaging.codec import Message, Receipt, ReceivedMessage
-from redelivery.messaging.consuming import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS, Consumer, Outcome
+from redelivery.messaging.consuming import Consumer, Outcome
 from redelivery.messaging.context import ClientContext
+from redelivery.messaging.leasing import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS, Receiver
 from redelivery.messaging.publishing import Publisher
 from redelivery.store import catalog, db
 
@@ -64,12 +65,13 @@ def _offered(
 class Client:
     """A connection to the state store. ``url``: libpq URL (default: ``database_url()``).
 
-    A client holds three roles over one connection, as the Kafka and Pulsar clients hold a
+    A client holds four roles over one connection, as the Kafka and Pulsar clients hold a
     producer, a consumer and an admin client: ``admin`` (``messaging.admin.Administration``:
     topics, groups, subscriptions, policies, stats), ``publisher`` (``messaging.publishing``:
-    ``publish``) and ``consumer`` (``messaging.consuming``: ``receive``, ``ack``, ``nack`` /
-    ``reconsume_later``, ``reject``, ``extend_lease``, ``settle``). The client offers their public
-    calls as its own, and ``dlq_list``.
+    ``publish``), ``receiver`` (``messaging.leasing``: ``receive``, ``lease_rows``) and
+    ``consumer`` (``messaging.consuming``: ``ack``, ``nack`` / ``reconsume_later``, ``reject``,
+    ``extend_lease``, ``settle``). The client offers their public calls as its own, and
+    ``dlq_list``.
 
     Raises ``SchemaNotMigratedError`` when the database was never migrated or is at an older
     migration (run ``redelivery db upgrade``: a client never migrates), ``ConfigError`` when
@@ -88,6 +90,7 @@ class Client:
         self.context = ClientContext(url, config, conn)
         self.admin = Administration(self.context)
         self.publisher = Publisher(self.context)
+        self.receiver = Receiver(self.context)
         self.consumer = Consumer(self.context)
 
     @property
@@ -129,8 +132,8 @@ class Client:
     policy = _offered("admin", Administration.policy)
     stats = _offered("admin", Administration.stats)
     publish = _offered("publisher", Publisher.publish)
-    receive = _offered("consumer", Consumer.receive)
-    lease_rows = _offered("consumer", Consumer.lease_rows)
+    receive = _offered("receiver", Receiver.receive)
+    lease_rows = _offered("receiver", Receiver.lease_rows)
     ack = _offered("consumer", Consumer.ack)
     extend_lease = _offered("consumer", Consumer.extend_lease)
     nack = _offered("consumer", Consumer.nack)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from redelivery.airflow.dags.consumer import ConsumerRun, consumer_params, lease_seconds
 from redelivery.airflow.params import conf_problems
-from redelivery.messaging.consuming import MAX_INVISIBLE_SECONDS
+from redelivery.messaging.leasing import MAX_INVISIBLE_SECONDS
 
 
 def test_the_params_are_the_models_fields_with_the_clients_bounds():

@@ -259,9 +259,10 @@ def test_every_call_the_client_offers_shows_its_roles_signature_and_docstring():
     from redelivery.client import Client
     from redelivery.messaging.admin import Administration
     from redelivery.messaging.consuming import Consumer
+    from redelivery.messaging.leasing import Receiver
     from redelivery.messaging.publishing import Publisher
 
-    roles = (Administration, Publisher, Consumer)
+    roles = (Administration, Publisher, Receiver, Consumer)
     offered = [name for name, value in vars(Client).items() if hasattr(value, "__wrapped__")]
     assert {"settle", "receive", "publish", "nack", "subscribe", "stats"} <= set(offered)
     for name in offered:

@@ -120,7 +120,7 @@ def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_t
     """The lease is committed before the bodies are decoded: when dead-lettering the undecodable one
     fails (a lost connection, say), the caller still gets the others, and the undecodable one stays
     in flight until its lease ends, as after a consumer's crash."""
-    from redelivery.messaging.consuming import Consumer
+    from redelivery.messaging.leasing import Receiver
 
     ids = client.publish("orders", [{"n": 1}, {"n": 2}])
     client.conn.execute(
@@ -131,7 +131,7 @@ def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_t
     def fails(*_) -> None:
         raise psycopg.OperationalError("the connection was lost")
 
-    monkeypatch.setattr(Consumer, "_dead_letter_undecodable", fails)
+    monkeypatch.setattr(Receiver, "_dead_letter_undecodable", fails)
     got = client.receive("billing", "orders", 10, 30)
     assert [m.message_id for m in got] == [ids[0]]
     assert delivery(client, ids[1])[:2] == ("INFLIGHT", 1)

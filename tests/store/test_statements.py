@@ -4,6 +4,7 @@ statement that no longer fits the schema fails here first."""
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 
 import pytest
 from psycopg.types.json import Jsonb
@@ -64,11 +65,15 @@ def test_every_statement_is_named_after_its_constant():
     assert len(S.ALL) > 50
 
 
-def test_receive_returns_the_columns_its_callers_unpack(database_url):
-    """``consuming._leased`` hands RECEIVE's rows over as tuples unpacked under RECEIVE_COLUMNS."""
-    from redelivery.messaging.consuming import RECEIVE_COLUMNS
+@pytest.mark.parametrize("name", ["RECEIVE", "RECEIVE_ORDERED"])
+def test_a_receive_returns_the_columns_of_the_leased_row(database_url, name):
+    """``leasing._leased`` hands a receive's rows over as tuples of RECEIVE_COLUMNS, the fields of
+    ``ReceivedMessage`` read from a row, in their order (both receives: ``rules.leased_row``)."""
+    from redelivery.rules.leased_row import CALL_FIELDS, RECEIVE_COLUMNS, ReceivedMessage
 
+    assert [f.name for f in fields(ReceivedMessage)] == [*CALL_FIELDS, *RECEIVE_COLUMNS]
+    statement = S.ALL[name]
     with db.connect(database_url) as conn:
-        cursor = conn.execute(S.RECEIVE, {k: SAMPLES[k] for k in set(re.findall(r"%\((\w+)\)s", S.RECEIVE))})
+        cursor = conn.execute(statement, {k: SAMPLES[k] for k in set(re.findall(r"%\((\w+)\)s", statement))})
         assert tuple(column.name for column in cursor.description) == RECEIVE_COLUMNS
         conn.rollback()

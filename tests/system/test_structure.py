@@ -22,7 +22,7 @@ LAYERS = [
 #: Modules bottom to top, layer by layer: each may import only modules before it.
 ORDER = [
     "errors", "settings", "fields",
-    "rules.words", "rules.levels", "rules.names", "rules.policies", "rules.ordering",
+    "rules.words", "rules.leased_row", "rules.levels", "rules.names", "rules.policies", "rules.ordering",
     "config", "reference",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.ordered",
@@ -31,7 +31,7 @@ ORDER = [
     "store.catalog", "store.maintenance",
     "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer",
     "messaging.context", "messaging.admin", "messaging.publishing", "messaging.ordered",
-    "messaging.consuming",
+    "messaging.leasing", "messaging.consuming",
     "dead_letters", "client",
     "spark.deploy", "spark.tasks", "spark.cds_warmup", "spark.jvm", "spark.connect_server", "spark.session",
     "spark.publishing", "spark.consuming", "spark.dataframes",

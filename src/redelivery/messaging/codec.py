@@ -1,6 +1,7 @@
 """Messages as callers see them: what a producer publishes (``Message``), what a consumer receives
-(``ReceivedMessage``), and how bodies and properties are stored (``encode``) and read back
-(``decode``). Also the reserved retry property names."""
+(``ReceivedMessage``, declared with the leased row in ``rules.leased_row``), and how bodies and
+properties are stored (``encode``) and read back (``decode``). Also the reserved retry property
+names."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from redelivery.errors import MalformedMessageError
+from redelivery.rules.leased_row import ReceivedMessage  # noqa: F401  (declared with the leased row)
 from redelivery.rules.words import COUNTED_STATES
 
 JSON = "application/json"
@@ -133,42 +134,6 @@ class Message:
     def __reduce__(self):  # pickle and deepcopy through the constructor (a mappingproxy pickles not)
         properties = None if self.properties is NO_PROPERTIES else self.properties
         return Message, (self.body, self.key, properties, self.content_type)
-
-
-@dataclass(frozen=True)
-class ReceivedMessage:
-    """A message handed to a consumer of ``group``. ``body`` is decoded by content type (JSON
-    value, ``bytes`` or ``str``). ``delivery_count`` counts this delivery; ``reconsume_times`` the
-    retries scheduled before it. A retried message's ``properties`` carry REAL_TOPIC,
-    ORIGIN_MESSAGE_ID, RETRY_TOPIC and RECONSUMETIMES (TDMQ Pulsar, "Message retry and dead-letter
-    mechanism"). ``redrive_count``: how many times an operator redrove it from the DLQ. The
-    receipt of this delivery is (``group``, ``message_id``, ``delivery_count``)."""
-
-    message_id: int
-    group: str
-    topic: str
-    key: str | None
-    body: Any
-    content_type: str
-    properties: dict
-    published_at: datetime
-    delivery_count: int
-    reconsume_times: int
-    delay_level: int | None
-    invisible_until: datetime
-    origin_message_id: int
-    last_error: str | None
-    redrive_count: int = 0
-
-    @classmethod
-    def of(cls, fields: dict[str, Any]) -> ReceivedMessage:
-        """The message with ``fields`` (a value for every field, by name), as frozen as one made by
-        the constructor. A receive makes one per message: the frozen dataclass's ``__init__`` sets
-        its 15 fields one ``object.__setattr__`` at a time (1.6 µs a message, a third of the
-        client's share of a receive); this sets them in one step (0.3 µs)."""
-        message = object.__new__(cls)
-        object.__setattr__(message, "__dict__", fields)
-        return message
 
 
 class Receipt(NamedTuple):

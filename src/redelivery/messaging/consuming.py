@@ -1,25 +1,18 @@
-"""Consuming of the client: ``receive`` / ``lease_rows`` (the delivery count persisted before
-any message is returned: Artemis, "Message redelivery and undelivered messages"), and every answer
-to a receipt: ``ack``, ``nack`` / ``reconsume_later``, ``reject``, ``settle``."""
+"""Consuming of the client: every answer to a receipt (``ack``, ``nack`` / ``reconsume_later``,
+``reject``, ``settle``) and ``extend_lease``. The leases themselves (``receive``, ``lease_rows``)
+are ``messaging.leasing``'s."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 import psycopg
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
-from redelivery.messaging.codec import (
-    BINARY,
-    Receipt,
-    ReceivedMessage,
-    decode,
-    received_properties,
-)
+from redelivery.messaging.codec import Receipt, ReceivedMessage
 from redelivery.messaging.context import Role
-from redelivery.messaging.ordered import lease_ordered
+from redelivery.messaging.leasing import check_lease
 from redelivery.messaging.receipts import (
     Outcome,
     check_at,
@@ -32,29 +25,13 @@ from redelivery.messaging.receipts import (
     receipts_of,
     retry_mode,
 )
-from redelivery.rules.policies import MAX_INT
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
 
-#: Lease bounds in seconds (ours; RocketMQ's SimpleConsumer takes an invisible duration per receive).
-MIN_INVISIBLE_SECONDS, MAX_INVISIBLE_SECONDS = 1, 43_200
-
-
-UNDECODABLE_OUTCOME = "undecodable"
-log = logging.getLogger(__name__)
-
-
-#: The columns of ``RECEIVE``, in its order: ``_leased`` hands its rows over as tuples that the
-#: callers unpack under these names (a test compares them with the statement's own).
-RECEIVE_COLUMNS = (
-    "message_id", "key", "body", "content_type", "properties", "published_at", "delivery_count",
-    "reconsume_times", "delay_level", "invisible_until", "origin_message_id", "last_error",
-    "redrive_count",
-)  # fmt: skip
-
 
 class Consumer(Role):
-    """The consumer of a client (``Client.consumer``; ``Client`` offers its public calls as its own)."""
+    """The answering role of a client (``Client.consumer``; ``Client`` offers its public calls as
+    its own)."""
 
     #: mode -> (outcome in the attempt history, dead-letter reason, dead-letter without a retry)
     _MODES = {
@@ -64,187 +41,6 @@ class Consumer(Role):
         "reject": ("rejected", "REJECTED", True),
         "negative": ("negative_level", "NEGATIVE_LEVEL", True),
     }
-
-    def receive(
-        self,
-        group: str,
-        topic: str,
-        max_messages: int = 32,
-        invisible_duration: float = 60,
-        at: datetime | None = None,
-    ) -> list[ReceivedMessage]:
-        """Claim up to ``max_messages`` READY messages of ``topic`` for ``group``, oldest first.
-
-        ``invisible_duration``: the lease in seconds (1..43200); unacknowledged past it, a message
-        counts as a failed delivery. The incremented delivery count is committed before this
-        returns. A message whose body cannot be decoded (JSON that PostgreSQL stores but Python
-        refuses: nesting deeper than the interpreter allows, integers over 4300 digits) is
-        dead-lettered with reason UNDECODABLE before this returns, so that nothing is left in
-        flight for a message the caller does not get (a crash in between leaves it in flight until
-        its lease ends). Raises ``UnknownGroupError``,
-        ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError`` (max_messages < 1 or a lease
-        out of range), what ``check_at`` raises for a bad ``at``."""
-        group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
-        policy, table = self.context.policy(topic_id, group_id, topic, group)  # NotSubscribedError
-
-        rows = self._leased(params)
-        if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
-            return self.receive(group, topic, max_messages, invisible_duration, at)
-        out, bad = self._decode_received(rows, group, topic, policy.retry_name)
-        if bad:
-            try:
-                self._dead_letter_undecodable(bad, group_id, table, at)
-            except psycopg.Error as exc:  # the lease is committed: hand out what decoded
-                log.warning(
-                    "%d undecodable messages of group %r stay in flight until their lease ends (%s)",
-                    len(bad), group, exc,
-                )  # fmt: skip
-        return out
-
-    @staticmethod
-    def _check_lease(max_messages, invisible_duration) -> None:
-        if (
-            isinstance(max_messages, bool)
-            or not isinstance(max_messages, int)
-            or not 1 <= max_messages <= MAX_INT
-        ):
-            raise ValueError(f"max_messages must be a positive integer, got {max_messages!r}")
-        if isinstance(invisible_duration, bool) or not (
-            isinstance(invisible_duration, (int, float))
-            and MIN_INVISIBLE_SECONDS <= invisible_duration <= MAX_INVISIBLE_SECONDS
-        ):
-            raise ValueError(
-                f"invisible_duration must be {MIN_INVISIBLE_SECONDS}..{MAX_INVISIBLE_SECONDS} seconds, "
-                f"got {invisible_duration!r}"
-            )
-
-    def lease_rows(
-        self, group: str, topic: str, max_messages: int, invisible_duration: float, at: datetime | None = None
-    ) -> list[dict]:
-        """``receive`` for DataFrames: the leased messages as dicts of plain values, bodies not
-        decoded (``body``: the text of a JSON or text body; ``body_binary``: the bytes of a binary
-        one). Committed before this returns; same arguments and errors as ``receive``."""
-        group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
-        policy = self.context.effective_policy(topic_id, group_id, topic, group)
-
-        leased = []
-        rows = self._leased(params)
-        if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
-            return self.lease_rows(group, topic, max_messages, invisible_duration, at)
-        for (message_id, key, body, content_type, properties, published_at, delivery_count,
-             reconsume_times, _, _, origin_message_id, last_error, redrive_count) in rows:  # fmt: skip
-            binary = content_type == BINARY
-            properties = received_properties(
-                properties, reconsume_times, origin_message_id, topic, policy.retry_name
-            )
-            leased.append({
-                "group": group, "topic": topic, "message_id": message_id,
-                "delivery_count": delivery_count, "reconsume_times": reconsume_times, "key": key,
-                "body": None if binary else bytes(body).decode("utf-8", errors="replace"),
-                "body_binary": bytes(body) if binary else None, "content_type": content_type,
-                "properties": list(properties.items()), "published_at": published_at,
-                "origin_message_id": origin_message_id, "last_error": last_error,
-                "redrive_count": redrive_count,
-            })  # fmt: skip
-        return leased
-
-    def _lease_params(
-        self, group: str, topic: str, max_messages, invisible_duration, at
-    ) -> tuple[int, int, dict]:
-        """(group id, topic id, the parameters of ``RECEIVE``) of a lease, every argument checked
-        (``receive`` and ``lease_rows`` alike)."""
-        group_id, _ = self.context.group(group)
-        topic_id = self.context.topic_id(topic)
-        self._check_lease(max_messages, invisible_duration)
-        check_at(at)
-        params = {
-            "group_id": group_id,
-            "topic_id": topic_id,
-            "max_messages": max_messages,
-            "invisible_duration": float(invisible_duration),
-            "at": at,
-        }
-        return group_id, topic_id, params
-
-    def _leased(self, params: dict) -> list[tuple]:
-        """The rows ``RECEIVE`` leased, as tuples of ``RECEIVE_COLUMNS``. One statement outside any
-        transaction of ours: it commits before its answer arrives (psycopg returns once PostgreSQL
-        reported the statement's transaction ended), so the delivery counts are persisted before a
-        caller sees a message, and the subscription row is locked only while it runs, not while
-        the rows travel and are decoded. Results in PostgreSQL's binary format: bodies arrive as
-        their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again. An
-        ordered subscription's: ``messaging.ordered.lease_ordered``, committed before the rows
-        return too."""
-        key = (params["topic_id"], params["group_id"])
-
-        def lease() -> list[tuple]:
-            with self.conn.cursor(binary=True) as cursor:
-                return cursor.execute(S.RECEIVE, params).fetchall()
-
-        if self.context.is_ordered(*key):
-            rows, self.context.free_shares[key] = lease_ordered(
-                self.conn, params, self.context.free_shares.get(key, 1.0)
-            )
-        else:
-            rows = db.retry_lock_conflicts(lease)
-        if not rows:  # the subscription may have been made again with the other ordering
-            self.context.ordered.pop(key, None)
-        return rows
-
-    @staticmethod
-    def _decode_received(rows, group, topic, retry_topic) -> tuple[list[ReceivedMessage], list[tuple]]:
-        """ReceivedMessages of the RECEIVE rows whose body decodes, and (id, delivery count, error)
-        of those whose body does not."""
-        out, bad = [], []
-        for (message_id, key, body, content_type, properties, published_at, delivery_count,
-             reconsume_times, delay_level, invisible_until, origin_message_id, last_error,
-             redrive_count) in rows:  # fmt: skip
-            try:
-                value = decode(body, content_type)
-            except (ValueError, RecursionError) as exc:
-                error = f"body is not decodable as {content_type}: {type(exc).__name__}: {exc}"
-                bad.append((message_id, delivery_count, error[:1000]))
-                continue
-            properties = received_properties(
-                properties, reconsume_times, origin_message_id, topic, retry_topic
-            )
-            out.append(ReceivedMessage.of({
-                "message_id": message_id, "group": group, "topic": topic, "key": key, "body": value,
-                "content_type": content_type, "properties": properties, "published_at": published_at,
-                "delivery_count": delivery_count, "reconsume_times": reconsume_times,
-                "delay_level": delay_level, "invisible_until": invisible_until,
-                "origin_message_id": origin_message_id, "last_error": last_error,
-                "redrive_count": redrive_count,
-            }))  # fmt: skip
-        return out, bad
-
-    def _dead_letter_undecodable(self, bad: list[tuple], group_id: int, table: dict, at) -> None:
-        """Dead-letter the deliveries ``bad`` (message id, delivery count, error) just leased, reason
-        UNDECODABLE, before ``receive`` returns: one transaction after the lease's, guarded by the
-        receipts as any answer is. A crash between the two leaves them in flight until their lease
-        ends, as a consumer's crash would."""
-        catalog.ensure_dlq_tables(self.conn, {table["p_dlq"][0]})
-        params = {
-            **table,
-            "group_id": group_id,
-            "topic_id": table["p_topic"][0],
-            "at": at,
-            "dead_lettered_at": at,
-            "outcome": UNDECODABLE_OUTCOME,
-        }
-        params.update(reason="UNDECODABLE", force_dead_letter=True, level=None, delay=None)
-        params.update(
-            ids=int_array(b[0] for b in bad),
-            receipts=receipt_lookup((b[0], b[1], params["topic_id"]) for b in bad),
-            errors=error_lookup((b[0] for b in bad), (b[2] for b in bad)),
-        )
-
-        def dead_letter() -> None:
-            with self.conn.transaction():
-                dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
-                catalog.add_group_totals(self.conn, dead_lettered={group_id: dead})
-
-        db.retry_lock_conflicts(dead_letter)
 
     def ack(self, group: str, messages: ReceivedMessage | Iterable[ReceivedMessage]) -> int:
         """Commit received messages; return how many were acknowledged.
@@ -282,7 +78,7 @@ class Consumer(Role):
         receipt, a receipt's number not an int: ``check_receipt``), what ``check_at`` raises,
         ``ForeignReceiptError`` (a receipt of another group, or naming another topic than its
         message's)."""
-        self._check_lease(1, invisible_duration)
+        check_lease(1, invisible_duration)
         check_at(at)
         group_id, _ = self.context.group(group)
         items = receipts_of(group, messages, also=Receipt)

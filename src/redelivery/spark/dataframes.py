@@ -28,6 +28,7 @@ from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import MalformedMessageError
 from redelivery.messaging.codec import Receipt
 from redelivery.messaging.receipts import check_at
+from redelivery.rules.leased_row import LEASE_SCHEMA, SPARK_COLUMNS
 from redelivery.spark.deploy import map_partitions
 from redelivery.spark.publishing import publish_dataframe
 from redelivery.spark.session import functions_for, local_checkpoint
@@ -35,12 +36,6 @@ from redelivery.store import db
 
 __all__ = ["lease", "settle", "extend_lease", "publish_dataframe"]
 
-#: The columns of a leased DataFrame (Spark DDL).
-LEASE_SCHEMA = (
-    "group string, topic string, message_id long, delivery_count int, reconsume_times int, key string, "
-    "body string, body_binary binary, content_type string, properties map<string,string>, "
-    "published_at timestamp, origin_message_id long, last_error string, redrive_count int"
-)
 SETTLE_COLUMNS = {
     "message_id": "long",
     "delivery_count": "int",
@@ -53,26 +48,14 @@ SETTLED_SCHEMA = "part long, acked long, retried long, dead_lettered long, stale
 
 
 def _arrow_schema():
+    """The leased DataFrame's Arrow schema, its columns' (``rules.leased_row.SPARK_COLUMNS``)."""
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("group", pa.string()),
-            ("topic", pa.string()),
-            ("message_id", pa.int64()),
-            ("delivery_count", pa.int32()),
-            ("reconsume_times", pa.int32()),
-            ("key", pa.string()),
-            ("body", pa.string()),
-            ("body_binary", pa.binary()),
-            ("content_type", pa.string()),
-            ("properties", pa.map_(pa.string(), pa.string())),
-            ("published_at", pa.timestamp("us", tz="UTC")),
-            ("origin_message_id", pa.int64()),
-            ("last_error", pa.string()),
-            ("redrive_count", pa.int32()),
-        ]
-    )
+    arrow = {
+        "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "binary": pa.binary(),
+        "map<string,string>": pa.map_(pa.string(), pa.string()), "timestamp": pa.timestamp("us", tz="UTC"),
+    }  # fmt: skip
+    return pa.schema([(name, arrow[kind]) for name, kind in SPARK_COLUMNS])
 
 
 def lease(
@@ -86,7 +69,8 @@ def lease(
     at: datetime | None = None,
 ):
     """Lease up to ``max_messages`` READY messages of ``topic`` for ``group`` (oldest first) for
-    ``invisible_duration`` seconds and return them as a DataFrame (``LEASE_SCHEMA``): ``body`` is
+    ``invisible_duration`` seconds and return them as a DataFrame (``LEASE_SCHEMA``, the fields of
+    ``ReceivedMessage`` that declare a Spark column: ``rules.leased_row``): ``body`` is
     the text of a JSON or text body, ``body_binary`` the bytes of an application/octet-stream one;
     ``properties`` carry the retry properties of a redelivered message. An empty lease is an empty
     DataFrame. Raises what ``Client.receive`` raises."""

@@ -27,7 +27,7 @@ from redelivery.airflow.http_delivery import HttpEndpoint, drain
 from redelivery.airflow.params import check_run_conf, params_of
 from redelivery.airflow.triggers import DEFAULT_POLL_SECONDS, ReadyMessagesTrigger
 from redelivery.client import Client
-from redelivery.messaging.consuming import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS
+from redelivery.messaging.leasing import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS
 
 
 def endpoint_url(conn_id: str, endpoint: str = "/") -> str:

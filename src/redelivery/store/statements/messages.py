@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from redelivery.rules.leased_row import receive_select
 from redelivery.store.statements._shared import (
     _ANSWERS_RECEIPT,
     _DLQ_COPY,
@@ -212,18 +213,19 @@ _RECEIVE_MOVED = """moved AS (
       WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))"""
 
 
+_AGAIN_COLUMNS, _TAKEN_COLUMNS = receive_select(_LEASE_END)
+
+
 def _receive_rows(handed: str) -> str:
-    """The rows a receive returns (``RECEIVE_COLUMNS``): the READY rows it leased, then the messages
-    of the CTE ``handed`` (every one leased with delivery count 1; their lease the same expression:
-    now() is the transaction's start)."""
-    return f"""SELECT a.message_id, m.key, m.body, m.content_type, m.properties::text AS properties,
-           m.published_at, a.delivery_count, a.reconsume_times, a.delay_level, a.invisible_until,
-           coalesce(m.origin_message_id, m.id) AS origin_message_id, a.last_error, a.redrive_count
+    """The rows a receive returns (``RECEIVE_COLUMNS``, declared with ``ReceivedMessage``: its
+    select lists come from ``rules.leased_row``): the READY rows it leased, then the messages of the
+    CTE ``handed`` (every one leased with delivery count 1; their lease the same expression: now()
+    is the transaction's start)."""
+    return f"""SELECT {_AGAIN_COLUMNS}
     FROM again a JOIN messages m
       ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
     UNION ALL
-    SELECT n.id, n.key, n.body, n.content_type, n.properties::text, n.published_at,
-           1, 0, NULL::smallint, {_LEASE_END}, coalesce(n.origin_message_id, n.id), NULL::text, 0
+    SELECT {_TAKEN_COLUMNS}
     FROM {handed} n
     ORDER BY 1"""
 
