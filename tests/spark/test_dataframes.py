@@ -264,3 +264,34 @@ def test_an_ordered_lease_holds_a_key_once_and_settle_keeps_its_order(client, da
     again = lease(spark, "billing", "orders", max_messages=100, url=database_url).collect()
     assert sorted((r["key"], r["message_id"]) for r in again) == [("k1", ids[4]), ("k2", ids[5])]
     assert client.stats()["orders"]["billing"]["BLOCKED"] == 4  # k0's two behind its retry, k1's, k2's last
+
+
+def test_a_leased_dataframe_has_the_columns_the_leased_row_declares(client, topic_group, database_url, spark):
+    """The DataFrame's columns come from ``ReceivedMessage``'s declaration (issue 39.1): a lease with
+    messages and an empty one have the schema ``LEASE_SCHEMA`` says, and every field that declares
+    a Spark column is one, with the value a receive would give it."""
+    from dataclasses import fields
+
+    from redelivery.rules.leased_row import LEASE_SCHEMA, SPARK_COLUMNS, ReceivedMessage
+
+    declared = [name for f in fields(ReceivedMessage) for name in ([f.name] if f.metadata["spark"] else [])]
+    assert set(declared) <= {name for name, _ in SPARK_COLUMNS}
+    [message_id] = client.publish("orders", [Message({"n": 1}, key="k", properties={"p": "v"})])
+    leased = lease(spark, "billing", "orders", url=database_url)
+    empty = lease(spark, "billing", "orders", url=database_url)
+    expected = spark.createDataFrame([], LEASE_SCHEMA).schema
+    assert leased.schema == expected and empty.schema == expected
+    assert leased.columns == [name for name, _ in SPARK_COLUMNS]
+    row = leased.first().asDict()
+    assert (row["group"], row["topic"], row["message_id"], row["delivery_count"]) == (
+        "billing",
+        "orders",
+        message_id,
+        1,
+    )
+    assert (row["key"], row["body"], row["properties"], row["origin_message_id"]) == (
+        "k",
+        '{"n":1}',
+        {"p": "v"},
+        message_id,
+    )
