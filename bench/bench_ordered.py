@@ -9,7 +9,7 @@ Messages: ``--messages`` JSON bodies of about 220 B (``{"n": i, "payload": ...}`
 number of times, in a shuffled order: the same with every run). A share ``--fail-share`` of them
 (chosen by ``n``, the same in every drain) fails on its first delivery: ``Client.nack`` dated an hour
 back, so its retry (the policy's first level) is due at once; every later delivery is acked. A tier
-window (``run_tier_window``, in this process) of the tier that holds that level, ending at the
+window (``run_tier``, in this process) of the tier that holds that level, ending at the
 database's clock, runs every ``--tier-every`` seconds and after a receive that got nothing: it
 promotes the nacked messages back to READY. Each group is drained by one consumer (``Client.receive``
 of ``--batch`` with a lease of 300 s, ``Client.ack`` of the rest of the batch after the nack of its
@@ -309,15 +309,15 @@ class Consumer:
 
     def tier_window(self) -> int:
         """The retry tiers' windows ending at the database's clock: how many messages they promoted."""
-        from redelivery.tiers.run import run_tier_window
+        from redelivery.tiers.run import TierRunRequest, run_tier
 
         window_end = self.client.conn.execute("SELECT clock_timestamp()").fetchone()[0]
         promoted = 0
         for tier in self.tiers:
             run_key = f"bench-ordered-{self.topic}-{self.group}-{self.result.tier_runs}"
-            promoted += run_tier_window(tier=tier, window_end=window_end, run_key=run_key, url=self.url)[
-                "promoted"
-            ]
+            promoted += run_tier(
+                TierRunRequest(tier=tier, window_end=window_end, run_key=run_key), url=self.url
+            )["promoted"]
         self.result.tier_runs += 1
         return promoted
 

@@ -103,13 +103,11 @@ def run_sql(url: str) -> float:
 
 
 def run_spark_warm(url: str, spark) -> float:
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     start = time.perf_counter()
-    run_tier_window(
-        tier="seconds",
-        window_end=WINDOW_END,
-        run_key=f"bench-{time.time()}",
+    run_tier(
+        TierRunRequest(tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}"),
         spark=spark,
         url=url,
         spark_threshold=0,
@@ -150,10 +148,10 @@ def request(run_key: str) -> str:
 
 def run_in_task(url: str) -> float:
     """The tier job with its ranges in this process (what a window under spark_threshold costs)."""
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     start = time.perf_counter()
-    run_tier_window(tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}", url=url)
+    run_tier(TierRunRequest(tier="seconds", window_end=WINDOW_END, run_key=f"bench-{time.time()}"), url=url)
     return time.perf_counter() - start
 
 

@@ -141,10 +141,12 @@ class Soak:
                 job(conn, conn.execute("SELECT now()").fetchone()[0])
 
     def tier(self, conn, now: datetime) -> None:
-        from redelivery.tiers.run import run_tier_window
+        from redelivery.tiers.run import TierRunRequest, run_tier
 
-        run_tier_window(
-            url=self.url, config=self.config, tier="seconds", window_end=now, run_key=f"soak {now}"
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=now, run_key=f"soak {now}"),
+            url=self.url,
+            config=self.config,
         )
 
     def maintenance(self, conn, now: datetime) -> None:

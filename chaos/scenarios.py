@@ -88,13 +88,11 @@ class KillPoints(BatchKillPoints):
 
     def tier_run_now(self, purpose: str) -> None:
         """A tier run in this process (never killed) for a window ending at the database's now."""
-        from redelivery.tiers.run import run_tier_window
+        from redelivery.tiers.run import TierRunRequest, run_tier
 
         now = self.conn.execute("SELECT now()").fetchone()[0]
-        run_tier_window(
-            tier="fast",
-            window_end=now,
-            run_key=f"{purpose}-{uuid.uuid4().hex[:8]}",
+        run_tier(
+            TierRunRequest(tier="fast", window_end=now, run_key=f"{purpose}-{uuid.uuid4().hex[:8]}"),
             url=self.url(),
             config=self.client.client.config,
         )

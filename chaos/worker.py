@@ -140,15 +140,15 @@ def consume(args) -> None:
 
 
 def tier(args) -> None:
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     with psycopg.connect(os.environ["REDELIVERY_DATABASE_URL"]) as conn:
         now = conn.execute("SELECT now()").fetchone()[0]
     summary = own_ledger().record(
         "tier",
         {"run_key": args.run_key},
-        lambda: run_tier_window(
-            tier="fast", window_end=now, run_key=args.run_key, max_partitions=args.partitions
+        lambda: run_tier(
+            TierRunRequest(tier="fast", window_end=now, run_key=args.run_key), max_partitions=args.partitions
         ),
         tier_answer(args.run_key),
     )
@@ -230,7 +230,7 @@ def spark(args) -> None:
     from redelivery.spark.consuming import consume as spark_consume
     from redelivery.spark.publishing import publish_dataframe
     from redelivery.spark.session import get_spark
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     # the warm Spark Connect server of the suite (local[cores,3]: a failed task is tried again)
     session = get_spark("redelivery-chaos")
@@ -264,10 +264,8 @@ def spark(args) -> None:
                 "tier",
                 {"run_key": command["run_key"]},
                 functools.partial(
-                    run_tier_window,
-                    tier="fast",
-                    window_end=now,
-                    run_key=command["run_key"],
+                    run_tier,
+                    TierRunRequest(tier="fast", window_end=now, run_key=command["run_key"]),
                     spark=session,
                     max_partitions=3,
                     spark_threshold=0,  # in Spark tasks however small the window: the task kill point

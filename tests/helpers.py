@@ -246,17 +246,17 @@ def page_state(client, url) -> None:
     window ending at 56 s (5 s late), then a window ending at 60 s that promotes nothing.
     orders -> billing: 30 messages received at 100 s: 10 rejected, 6 nacked (level 1), 4 retried
     after 60 s (level 3), 3 acked, 7 left in flight; then 5 more published (READY)."""
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     client.create_topic("payments")
     client.create_group("audit")
     client.subscribe("audit", "payments")
     client.publish("payments", [{"n": i} for i in range(4)], at=at(0))
     client.nack("audit", client.receive("audit", "payments", 4, 30, at=at(0)), error="timeout", at=at(1))
-    assert run_tier_window(tier="seconds", window_end=at(13), run_key="t1", url=url)["promoted"] == 4
+    assert run_tier(TierRunRequest(tier="seconds", window_end=at(13), run_key="t1"), url=url)["promoted"] == 4
     client.nack("audit", client.receive("audit", "payments", 4, 30, at=at(20)), error="timeout", at=at(21))
-    assert run_tier_window(tier="seconds", window_end=at(56), run_key="t2", url=url)["promoted"] == 4
-    assert run_tier_window(tier="seconds", window_end=at(60), run_key="t3", url=url)["promoted"] == 0
+    assert run_tier(TierRunRequest(tier="seconds", window_end=at(56), run_key="t2"), url=url)["promoted"] == 4
+    assert run_tier(TierRunRequest(tier="seconds", window_end=at(60), run_key="t3"), url=url)["promoted"] == 0
     client.publish("orders", [{"n": i} for i in range(30)], at=at(100))
     got = client.receive("billing", "orders", 30, 30, at=at(100))
     client.reject("billing", got[:10], error="schema violation", at=at(101))
@@ -270,16 +270,14 @@ def overlapping_tier_runs(url: str, window_end: datetime, runs: int = 3) -> list
     """The summaries of ``runs`` tier runs of the seconds tier for the same window, started at once
     in threads (4 ranges each); raises the first error any of them raised."""
     from redelivery.config import cached_config
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     config, results, errors = cached_config(), [], []
 
     def run(name):
         try:
-            results.append(
-                run_tier_window(tier="seconds", window_end=window_end, run_key=name, url=url,
-                                config=config, max_partitions=4)
-            )  # fmt: skip
+            request = TierRunRequest(tier="seconds", window_end=window_end, run_key=name)
+            results.append(run_tier(request, url=url, config=config, max_partitions=4))
         except Exception as exc:
             errors.append(exc)
 

@@ -263,9 +263,9 @@ def test_properties_attempts_and_redrives(client, topic_group, database_url):
     [m] = client.receive("billing", "orders", 1, 30, at=at(50))
     client.nack("billing", m, error="second", at=at(51))
     client.conn.execute("UPDATE deliveries SET due_at = %s WHERE message_id = %s", (at(52), mid))
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
-    run_tier_window(tier="seconds", window_end=at(70), run_key="t1", url=database_url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(70), run_key="t1"), url=database_url)
     [m] = client.receive("billing", "orders", 1, 30, at=at(71))
     assert m.properties["RECONSUMETIMES"] == "1"
     client.reject("billing", m, error="third <script>", at=at(72))

@@ -13,7 +13,7 @@ from redelivery.metrics import CONTENT_TYPE, render
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.store import maintenance
 from redelivery.store import statements as S
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 from redelivery.tiers.window import LATENESS_BOUNDS
 
 
@@ -85,7 +85,7 @@ def state(client, topic_group, database_url):
     client.reject("billing", got[5], error="bad", at=at(0))
     assert client.nack("billing", got[5], at=at(1)) == 0  # stale
     client.receive("audit", "orders", 3, 5, at=at(0))
-    summary = run_tier_window(tier="seconds", window_end=at(12.5), run_key="m-1", url=database_url)
+    summary = run_tier(TierRunRequest(tier="seconds", window_end=at(12.5), run_key="m-1"), url=database_url)
     assert (summary["promoted"], summary["dead_lettered"]) == (2, 3)
     return client, summary
 
@@ -151,9 +151,11 @@ def test_counters_go_up_by_exactly_each_change_and_never_for_a_rerun_or_a_dry_ru
     client, _ = state
     before = scrape(client.conn)
     # nothing new: a re-run of the window (same key), another key, a dry run, a dry-run redrive
-    again = run_tier_window(tier="seconds", window_end=at(12.5), run_key="m-1", url=database_url)
-    other = run_tier_window(tier="seconds", window_end=at(12.5), run_key="m-2", url=database_url)
-    dry = run_tier_window(tier="minutes", window_end=at(70), run_key="m-dry", dry_run=True, url=database_url)
+    again = run_tier(TierRunRequest(tier="seconds", window_end=at(12.5), run_key="m-1"), url=database_url)
+    other = run_tier(TierRunRequest(tier="seconds", window_end=at(12.5), run_key="m-2"), url=database_url)
+    dry = run_tier(
+        TierRunRequest(tier="minutes", window_end=at(70), run_key="m-dry", dry_run=True), url=database_url
+    )
     assert (again["promoted"], other["promoted"], dry["promoted"]) == (0, 0, 1)
     assert (
         redrive(RedriveRequest(group="billing"), run_key="r-dry", url=database_url, log=lambda *_: None)[
@@ -172,7 +174,7 @@ def test_counters_go_up_by_exactly_each_change_and_never_for_a_rerun_or_a_dry_ru
     assert histogram(unchanged, "redelivery_tier_run_duration_seconds", "minutes")["count"] is None
 
     # the changes: the level-3 retry promoted 10 s late, 2 rejects, a redrive of 2 dead letters
-    minutes = run_tier_window(tier="minutes", window_end=at(70), run_key="m-3", url=database_url)
+    minutes = run_tier(TierRunRequest(tier="minutes", window_end=at(70), run_key="m-3"), url=database_url)
     assert minutes["promoted"] == 1
     client.reject("billing", client.receive("billing", "orders", 2, 30, at=at(100)), at=at(100))
     moved = redrive(

@@ -5,7 +5,7 @@ What a user imports: ``from redelivery import Client, Message`` (``redelivery.cl
 ``Message``, ``ReceivedMessage``, ``Receipt``, ``Outcome``), ``redelivery.errors``,
 ``redelivery.config``, ``redelivery.redrive`` (``RedriveRequest``, ``redrive``),
 ``redelivery.dead_letters`` (``DlqFilter``), ``redelivery.spark.dataframes`` (``publish_dataframe``,
-``lease``, ``settle``), ``redelivery.tiers.run`` (``TierRunRequest``, ``run_tier_window``),
+``lease``, ``settle``), ``redelivery.tiers.run`` (``TierRunRequest``, ``run_tier``),
 ``redelivery.airflow`` (the provider: hooks, operators, triggers, DAG factories). The layers,
 bottom to top, are in docs/ARCHITECTURE.md ("Map").
 """

@@ -11,7 +11,7 @@ import pytest
 from helpers import TriggerWatch, at
 from redelivery.messaging.codec import Message
 from redelivery.messaging.receipts import Outcome
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 pytestmark = pytest.mark.airflow  # Airflow's trigger base class
 
@@ -46,8 +46,8 @@ def test_the_watchers_event_drains_a_free_key_and_a_released_key_fires_again(cli
             assert [k for k, _ in delivered] == ["cold"]
             # the head's retry comes due and is promoted: an event, and a drain delivers it; its ack
             # makes the key's next message READY (finish_ordered_heads): an event of its own
-            promote = {"tier": "seconds", "window_end": at(20), "run_key": "w", "url": client.url}
-            await asyncio.to_thread(run_tier_window, **promote)
+            promote = TierRunRequest(tier="seconds", window_end=at(20), run_key="w")
+            await asyncio.to_thread(run_tier, promote, url=client.url)
             await watch.until(2)
             got = await asyncio.to_thread(client.receive, "billing", "orders", 10, 30)
             assert [m.message_id for m in got] == [head]

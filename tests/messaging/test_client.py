@@ -91,13 +91,13 @@ def test_reconsume_later_with_delay_level_and_next_level(client, topic_group):
 
 
 def test_retry_properties_on_redelivery(client, topic_group, database_url):
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     [mid] = client.publish("orders", [Message({"n": 1}, properties={"tenant": "a"})], at=at(0))
     [first] = client.receive("billing", "orders", 1, 30, at=at(0))
     assert first.properties == {"tenant": "a"}
     client.nack("billing", first, error="e", at=at(0))
-    run_tier_window(tier="seconds", window_end=at(10), run_key="props", url=database_url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="props"), url=database_url)
     [again] = client.receive("billing", "orders", 1, 30, at=at(10))
     assert again.delivery_count == 2 and again.reconsume_times == 1
     assert again.properties == {
@@ -111,7 +111,7 @@ def test_retry_properties_on_redelivery(client, topic_group, database_url):
 
 
 def test_max_reconsume_times_17th_failure_dead_letters(client, topic_group, database_url):
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     [mid] = client.publish("orders", [{"n": 1}], at=at(0))
     clock = 0
@@ -125,7 +125,7 @@ def test_max_reconsume_times_17th_failure_dead_letters(client, topic_group, data
         assert state == "WAITING_RETRY" and reconsumed == attempt and level == min(attempt, 16)
         clock = (due - at(0)).total_seconds()
         tier = next(t.name for t in client.config.tiers if level in t.levels)
-        run_tier_window(tier=tier, window_end=due, run_key=f"r{attempt}", url=database_url)
+        run_tier(TierRunRequest(tier=tier, window_end=due, run_key=f"r{attempt}"), url=database_url)
     assert state_of(client, mid)[:3] == ("DLQ", 17, 16)
     [dead] = client.dlq_list("billing")
     assert dead["reason"] == "MAX_DELIVERIES_EXCEEDED" and dead["reconsume_times"] == 16
@@ -165,12 +165,12 @@ def test_reject_dead_letters_at_once_and_creates_the_dlq_table_then(client, topi
 
 
 def test_ack_of_a_lost_lease_is_ignored(client, topic_group, database_url):
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     client.publish("orders", [{"n": 1}], at=at(0))
     [stale] = client.receive("billing", "orders", 1, 5, at=at(0))
-    run_tier_window(
-        tier="seconds", window_end=at(20), run_key="lease", url=database_url
+    run_tier(
+        TierRunRequest(tier="seconds", window_end=at(20), run_key="lease"), url=database_url
     )  # lease ended at 5 s
     [fresh] = client.receive("billing", "orders", 1, 30, at=at(20))
     assert fresh.delivery_count == 2

@@ -11,7 +11,7 @@ import pytest
 from helpers import at, message_state, snapshot
 from redelivery.client import Receipt
 from redelivery.errors import ForeignReceiptError
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 
 def test_an_extended_lease_outlives_the_tier_run_of_its_old_end(client, topic_group, database_url):
@@ -22,7 +22,7 @@ def test_an_extended_lease_outlives_the_tier_run_of_its_old_end(client, topic_gr
     assert (state["state"], state["delivery_count"], state["invisible_until"]) == (
         "INFLIGHT", 1, at(5) + timedelta(seconds=600),
     )  # fmt: skip
-    run_tier_window(tier="seconds", window_end=at(20), run_key="old-end", url=database_url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="old-end"), url=database_url)
     assert message_state(client.conn, mid)["state"] == "INFLIGHT"  # not expired at the old end
     assert client.ack("billing", got) == 1
     assert client.stale_receipts("billing") == 0
@@ -32,8 +32,8 @@ def test_a_stale_receipt_extends_nothing_and_is_counted(client, topic_group, dat
     client.publish("orders", [{"n": 1}, {"n": 2}], at=at(0))
     first, second = client.receive("billing", "orders", 2, 10, at=at(0))
     client.ack("billing", first)
-    run_tier_window(
-        tier="seconds", window_end=at(20), run_key="expire", url=database_url
+    run_tier(
+        TierRunRequest(tier="seconds", window_end=at(20), run_key="expire"), url=database_url
     )  # second's lease ends
     [again] = client.receive("billing", "orders", 1, 30, at=at(40))  # its retry, promoted and received again
     assert again.message_id == second.message_id and again.delivery_count == 2

@@ -9,7 +9,7 @@ import pytest
 from helpers import at, snapshot
 from redelivery.messaging.codec import Message
 from redelivery.redrive import RedriveRequest, redrive
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 
 @pytest.fixture()
@@ -66,7 +66,7 @@ def test_the_retry_wait_keeps_the_key_blocked_and_the_head_goes_first(ordered):
     [head] = received(ordered)
     ordered.nack("billing", head, error="boom", at=at(0))
     assert received(ordered, clock=5) == []  # a2 is not handed out while a1 waits
-    run_tier_window(tier="seconds", window_end=at(10), run_key="w", url=ordered.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="w"), url=ordered.url)
     [again] = received(ordered, clock=10)
     assert (again.message_id, again.delivery_count) == (a1, 2)
     ordered.ack("billing", again)
@@ -79,9 +79,9 @@ def test_a_lease_expiry_counts_the_failed_delivery_and_keeps_the_key(ordered):
     the next of its queue; the expiry is a failed delivery, as for any subscription."""
     a1, a2 = publish(ordered, "aa")
     received(ordered, lease=5)
-    run_tier_window(tier="seconds", window_end=at(6), run_key="w", url=ordered.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(6), run_key="w"), url=ordered.url)
     assert rows(ordered) == {a1: "WAITING_RETRY", a2: "BLOCKED"}
-    run_tier_window(tier="seconds", window_end=at(20), run_key="w2", url=ordered.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="w2"), url=ordered.url)
     [again] = received(ordered, clock=20)
     assert (again.message_id, again.delivery_count, again.reconsume_times) == (a1, 2, 1)
 
@@ -284,7 +284,7 @@ def test_a_key_whose_head_is_leased_again_holds_its_new_messages(ordered):
     first = received(ordered)
     ordered.nack("billing", [m for m in first if m.key == "a"], error="boom", at=at(0))
     ordered.ack("billing", [m for m in first if m.key == "b"])
-    run_tier_window(tier="seconds", window_end=at(10), run_key="w", url=ordered.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="w"), url=ordered.url)
     a2, b2 = publish(ordered, "ab", clock=10)
     got = received(ordered, clock=10)
     assert sorted(m.message_id for m in got) == [a1, b2]

@@ -11,7 +11,7 @@ import pytest
 from helpers import at, configured
 from redelivery.errors import TooManyRequestsError
 from redelivery.messaging.codec import Message
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 
 @pytest.fixture()
@@ -30,11 +30,15 @@ def test_a_held_key_full_of_blocked_messages_never_gets_its_head_back(capped):
     capped.publish("orders", [Message({"n": 9}, key="a")], at=at(1))  # 5 waiting: at the cap
     assert capped.receive("billing", "orders", 10, 30, at=at(1)) == []  # 5 BLOCKED behind the retry
     for clock in (20, 40, 3600, 7200):
-        run_tier_window(
-            tier="seconds", window_end=at(clock), run_key=f"w{clock}", url=capped.url, config=capped.config
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=at(clock), run_key=f"w{clock}"),
+            url=capped.url,
+            config=capped.config,
         )
-        run_tier_window(
-            tier="minutes", window_end=at(clock), run_key=f"m{clock}", url=capped.url, config=capped.config
+        run_tier(
+            TierRunRequest(tier="minutes", window_end=at(clock), run_key=f"m{clock}"),
+            url=capped.url,
+            config=capped.config,
         )
     states = capped.stats()["orders"]["billing"]
     with pytest.raises(TooManyRequestsError):
@@ -71,7 +75,9 @@ def test_a_capped_ordered_group_promotes_its_keyless_retries_only_into_room(capp
     got = capped.receive("billing", "orders", 10, 30, at=at(0))
     capped.nack("billing", got, error="boom", at=at(0))  # 4 retries due at 10 s
     capped.publish("orders", [Message({"n": i}) for i in range(4, 8)], at=at(1))  # 4 waiting: room 1
-    run_tier_window(tier="seconds", window_end=at(20), run_key="w20", url=capped.url, config=capped.config)
+    run_tier(
+        TierRunRequest(tier="seconds", window_end=at(20), run_key="w20"), url=capped.url, config=capped.config
+    )
     states = capped.stats()["orders"]["billing"]
     # the head of key a takes the one place left; the keyless retries wait for room
     assert (states["READY"], states["WAITING_RETRY"]) == (4 + 1, 3), states

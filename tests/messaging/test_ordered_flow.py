@@ -10,7 +10,7 @@ from redelivery.errors import TooManyRequestsError
 from redelivery.messaging.codec import Message
 from redelivery.messaging.receipts import Outcome
 from redelivery.redrive import RedriveRequest, redrive
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 FAR = 864_000  # seconds: a retry never due in a test
 
@@ -117,8 +117,8 @@ def test_a_due_head_is_promoted_past_the_cap_its_blocked_messages_fill(capped):
     capped.nack("billing", capped.receive("billing", "orders", 10, 30, at=at(0)), error="boom", at=at(0))
     publish(capped, "abcd", clock=1)
     assert capped.receive("billing", "orders", 10, 30, at=at(1)) == []  # all four behind a retry
-    result = run_tier_window(
-        tier="seconds", window_end=at(20), run_key="w", url=capped.url, config=capped.config
+    result = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(20), run_key="w"), url=capped.url, config=capped.config
     )
     assert result["promoted"] == 5  # 4 BLOCKED + 5 heads: one over the cap a held key
     states = capped.stats()["orders"]["billing"]

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import at
 from redelivery.messaging.codec import Message
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 
 @pytest.fixture()
@@ -41,7 +41,7 @@ def test_a_long_incompressible_key_is_a_key_like_any_other(ordered):
     ordered.nack("billing", [m for m in first if m.message_id == l1], error="boom", at=at(0))
     ordered.ack("billing", [m for m in first if m.message_id == o1])
     assert received(ordered, clock=1) == []  # l2 waits behind its head's retry
-    run_tier_window(tier="seconds", window_end=at(10), run_key="w", url=ordered.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="w"), url=ordered.url)
     [again] = received(ordered, clock=10)
     assert (again.message_id, again.key, again.delivery_count) == (l1, long, 2)
     ordered.ack("billing", again)

@@ -12,7 +12,7 @@ import random
 from helpers import at
 from redelivery.messaging.codec import Message
 from redelivery.redrive import RedriveRequest, redrive
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 
 def test_a_long_keyed_head_can_be_rejected(client):
@@ -37,9 +37,9 @@ def test_a_tier_run_dead_letters_a_long_keyed_message_and_the_others(client):
     long = os.urandom(1500).hex()
     client.publish("orders", [Message({"n": 1}, key=long), Message({"n": 2}, key="short")], at=at(0))
     client.nack("billing", client.receive("billing", "orders", 10, 30, at=at(0)), error="e", at=at(0))
-    run_tier_window(tier="seconds", window_end=at(20), run_key="w1", url=client.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="w1"), url=client.url)
     client.nack("billing", client.receive("billing", "orders", 10, 30, at=at(20)), error="e", at=at(20))
-    result = run_tier_window(tier="minutes", window_end=at(4000), run_key="w2", url=client.url)
+    result = run_tier(TierRunRequest(tier="minutes", window_end=at(4000), run_key="w2"), url=client.url)
     states = client.stats()["orders"]["billing"]
     assert states["DLQ"] == 2, (result, states)
 
@@ -56,10 +56,10 @@ def test_a_tier_run_is_not_stopped_by_one_long_key(client):
     client.publish("orders", [Message({"n": 1}, key=long)], at=at(0))
     for g in ("billing", "audit"):
         client.nack(g, client.receive(g, "orders", 10, 30, at=at(0)), error="e", at=at(0))
-    run_tier_window(tier="seconds", window_end=at(20), run_key="w1", url=client.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="w1"), url=client.url)
     for g in ("billing", "audit"):
         assert len(client.receive(g, "orders", 10, 5, at=at(20))) == 1  # leases run out at 25 s
-    result = run_tier_window(tier="seconds", window_end=at(60), run_key="w2", url=client.url)
+    result = run_tier(TierRunRequest(tier="seconds", window_end=at(60), run_key="w2"), url=client.url)
     assert result["dead_lettered"] == 2, result
     stats = client.stats()["orders"]
     assert stats["billing"]["DLQ"] == 1 and stats["audit"]["DLQ"] == 1, stats

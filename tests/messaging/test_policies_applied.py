@@ -15,7 +15,7 @@ def due_and_level(client, mid):
 
 
 def test_artemis_backoff_and_naming_on_nack(client, topic_group, database_url):
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     config = configured(
         client,
@@ -38,8 +38,10 @@ def test_artemis_backoff_and_naming_on_nack(client, topic_group, database_url):
         client.nack("billing", got, error="nope", at=at(clock))
         due, level = due_and_level(client, mid)
         assert due == at(clock + expected) and level == 1
-        run_tier_window(
-            tier="seconds", window_end=due, run_key=f"a{expected}", url=database_url, config=config
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=due, run_key=f"a{expected}"),
+            url=database_url,
+            config=config,
         )
         clock += expected
     [third] = client.receive("billing", "orders", 1, 30, at=at(clock))
@@ -51,15 +53,17 @@ def test_artemis_backoff_and_naming_on_nack(client, topic_group, database_url):
 
 
 def test_lease_expiry_follows_the_policy(client, topic_group, database_url):
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     config = configured(
         client, {"backoff": {"kind": "fixed", "interval": "3s"}, "dead_letter": {"style": "pulsar"}}
     )
     [mid] = client.publish("orders", [{"n": 1}], at=at(0))
     client.receive("billing", "orders", 1, 20, at=at(0))
-    summary = run_tier_window(
-        tier="seconds", window_end=at(20), run_key="lease-policy", url=database_url, config=config
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(20), run_key="lease-policy"),
+        url=database_url,
+        config=config,
     )
     assert summary["retried_after_lease_expiry"] == 1
     assert due_and_level(client, mid) == (at(23), 1)
@@ -69,7 +73,7 @@ def test_a_jittered_wait_in_sql_is_at_most_864000_seconds(client, topic_group, d
     """The nack's wait is computed in SQL (statements.NEXT_DELAY, collision avoidance included), as
     is a lease expiry's: both hold the bound of one wait at most 864,000 s (docs/configuration.md)
     for the longest policy the config takes (delay 864,000,000 ms, collision avoidance factor 1.0)."""
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     config = configured(
         client,
@@ -86,8 +90,8 @@ def test_a_jittered_wait_in_sql_is_at_most_864000_seconds(client, topic_group, d
     ids = client.publish("orders", [{"n": i} for i in range(200)], at=at(0))
     got = client.receive("billing", "orders", 200, 30, at=at(0))
     client.nack("billing", got[:100], error="nope", at=at(0))  # 100 waits computed by the nack
-    summary = run_tier_window(
-        tier="seconds", window_end=at(30), run_key="jitter", url=database_url, config=config
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(30), run_key="jitter"), url=database_url, config=config
     )
     assert summary["retried_after_lease_expiry"] == 100  # 100 by the lease expiry, from at(30)
     waits = client.conn.execute(

@@ -47,7 +47,7 @@ def test_publish_gives_up_after_the_configured_attempts(client, topic_group, cle
 
 def test_flow_control_on_publish_and_promotion(client, topic_group, database_url):
     from redelivery.errors import TooManyRequestsError
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     config = configured(client, {"topic": "orders", "max_ready_backlog": 10})
     client.publish("orders", [{"n": i} for i in range(8)], at=at(0))
@@ -58,15 +58,15 @@ def test_flow_control_on_publish_and_promotion(client, topic_group, database_url
     # all 8 fail and wait; meanwhile 6 more are published: promotion may fill only 4 places
     client.nack("billing", client.receive("billing", "orders", 8, 30, at=at(0)), at=at(0))
     client.publish("orders", [{"n": i} for i in range(6)], at=at(1))
-    summary = run_tier_window(
-        tier="seconds", window_end=at(10), run_key="cap-1", url=database_url, config=config
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(10), run_key="cap-1"), url=database_url, config=config
     )
     assert summary["promoted"] == 4 and summary["held_back_by_backlog_cap"] == 4
     stats = client.stats()["orders"]["billing"]
     assert (stats["READY"], stats["WAITING_RETRY"]) == (10, 4)
     client.ack("billing", client.receive("billing", "orders", 10, 30, at=at(10)))
-    summary = run_tier_window(
-        tier="seconds", window_end=at(20), run_key="cap-2", url=database_url, config=config
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(20), run_key="cap-2"), url=database_url, config=config
     )
     assert summary["promoted"] == 4 and summary["held_back_by_backlog_cap"] == 0
     assert summary["lateness_seconds"]["max"] == 10.0  # held back one window, promoted late but never early

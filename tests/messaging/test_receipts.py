@@ -20,7 +20,7 @@ from helpers import (
 from redelivery.client import Outcome, Receipt
 from redelivery.errors import ForeignReceiptError
 from redelivery.redrive import RedriveRequest, redrive
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 
 def delivery(client, message_id, group="billing"):
@@ -40,7 +40,7 @@ def test_a_late_receipt_after_a_redrive_changes_nothing(client, database_url):
     client.subscribe("billing", "orders")
     [mid] = client.publish("orders", [{"n": 1}], at=at(0))
     [c1] = client.receive("billing", "orders", 1, 5, at=at(0))
-    run_tier_window(tier="seconds", window_end=at(10), run_key="expire", url=database_url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="expire"), url=database_url)
     assert delivery(client, mid)[0] == "DLQ"
     redrive(
         RedriveRequest(group="billing", dry_run=False), run_key="again", url=database_url, log=lambda *_: None
@@ -228,7 +228,7 @@ def test_a_tier_range_that_meets_a_deadlock_is_retried(client, topic_group, clea
         ids[-1],
         ids[0],
         "PROMOTE",
-        lambda: run_tier_window(tier="seconds", window_end=at(10), run_key="dl", url=database_url),
+        lambda: run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="dl"), url=database_url),
     )
     assert deadlocked == 1  # the range's first transaction was the victim: its retry promoted
     assert summary["promoted"] == 4
@@ -357,8 +357,8 @@ def test_a_receipt_answers_its_delivery_count_and_topic_exactly(client, database
     receipts = [client.receive("billing", "orders", 1, 30, at=at(0))[0]]
     for count in (2, 3):
         client.nack("billing", receipts[-1], at=at(10 * count))
-        run_tier_window(tier="seconds", window_end=at(10 * count + 5), run_key=f"r{count}", url=database_url,
-                        config=client.config)  # fmt: skip
+        window = TierRunRequest(tier="seconds", window_end=at(10 * count + 5), run_key=f"r{count}")
+        run_tier(window, url=database_url, config=client.config)
         receipts.append(client.receive("billing", "orders", 1, 30, at=at(10 * count + 5))[0])
     assert [r.delivery_count for r in receipts] == [1, 2, 3]
     for stale in receipts[:2]:

@@ -22,7 +22,7 @@ from redelivery.errors import (
     UnknownTopicError,
 )
 from redelivery.store import embedded, maintenance
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 LONG_GROUP = "g" * 56  # fits the name rule; "orders-<group>-DLQ" (Pulsar naming) does not fit 63 bytes
 
@@ -53,8 +53,8 @@ def test_one_unresolvable_subscription_never_stops_the_others(client, topic_grou
     client.nack("billing", client.receive("billing", "orders", 3, 30, at=at(0)), at=at(0))
     client.receive(LONG_GROUP, "orders", 3, 5, at=at(0))
     changed = configured(client, {"group": LONG_GROUP, "dead_letter": {"style": "pulsar"}})
-    summary = run_tier_window(
-        tier="seconds", window_end=at(10), run_key="bad", url=database_url, config=changed
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(10), run_key="bad"), url=database_url, config=changed
     )
     assert summary["promoted"] == 3 and summary["retried_after_lease_expiry"] == 0
     [problem] = summary["unresolved_subscriptions"]
@@ -66,11 +66,15 @@ def test_one_unresolvable_subscription_never_stops_the_others(client, topic_grou
 def test_a_window_never_ends_after_the_database_clock(client, topic_group, database_url):
     now = client.conn.execute("SELECT now()").fetchone()[0]
     with pytest.raises(InvalidWindowError, match="after the database's clock"):
-        run_tier_window(
-            tier="seconds", window_end=now + timedelta(seconds=1), run_key="early", url=database_url
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=now + timedelta(seconds=1), run_key="early"),
+            url=database_url,
         )
     assert client.conn.execute("SELECT count(*) FROM tier_runs").fetchone()[0] == 0
-    assert run_tier_window(tier="seconds", window_end=now, run_key="now", url=database_url)["promoted"] == 0
+    assert (
+        run_tier(TierRunRequest(tier="seconds", window_end=now, run_key="now"), url=database_url)["promoted"]
+        == 0
+    )
 
 
 def test_a_level_table_that_drops_waiting_levels_is_refused(client, topic_group, database_url):
@@ -82,7 +86,11 @@ def test_a_level_table_that_drops_waiting_levels_is_refused(client, topic_group,
         {"delay_levels": "10s 30s 1m", "tiers": [{"name": "seconds", "levels": [1, 2, 3], "window": "10s"}]}
     )
     with pytest.raises(ConfigError, match="2 at level 15"):
-        run_tier_window(tier="seconds", window_end=at(10), run_key="shrunk", url=database_url, config=shrunk)
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=at(10), run_key="shrunk"),
+            url=database_url,
+            config=shrunk,
+        )
     with pytest.raises(ConfigError, match="levels beyond it"):
         Client(database_url, config=shrunk)
 
@@ -113,7 +121,7 @@ def test_repeated_calls_use_up_no_identity_values(client, topic_group):
 def test_cleanup_deletes_only_what_is_past_its_retention(client, topic_group, database_url):
     [first] = client.publish("orders", [{"n": 1}], batch_id="old")
     client.publish("orders", [{"n": 2}], batch_id="new")
-    run_tier_window(tier="seconds", window_end=at(10), run_key="old-run", url=database_url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="old-run"), url=database_url)
     client.conn.execute(
         "UPDATE publish_batches SET published_at = now() - interval '8 days' WHERE batch_id = 'old'"
     )

@@ -199,7 +199,7 @@ def flows(spark, url: str) -> dict:
     from redelivery.spark.dataframes import lease, publish_dataframe, settle
     from redelivery.spark.session import functions_for
     from redelivery.spark.tasks import run_in_tasks
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     def probe(_):  # pickled by value: nothing of this module on the executors
         import os
@@ -225,8 +225,11 @@ def flows(spark, url: str) -> dict:
         client.create_topic("events")
         client.create_group("audit")
         client.subscribe("audit", "events")
-    window = {"tier": "seconds", "window_end": at(10), "spark": spark, "url": url, "spark_threshold": 0}
-    out["tier"] = [run_tier_window(run_key=f"cluster-{n}", **window) for n in (1, 2)]
+    window = {"spark": spark, "url": url, "spark_threshold": 0}
+    out["tier"] = [
+        run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key=f"cluster-{n}"), **window)
+        for n in (1, 2)
+    ]
     rows = [(f"k{i}", json.dumps({"n": i})) for i in range(1000)]
     df = spark.createDataFrame(rows, "key string, body string").repartition(4)
     out["published"] = [publish_dataframe(df, "events", "cluster-batch", url=url) for _ in range(2)]

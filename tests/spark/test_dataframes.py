@@ -57,7 +57,7 @@ def test_leased_rows_still_worked_on_get_a_longer_lease(client, topic_group, dat
     """A job that needs more time extends the lease of the rows it still works on: those stay in
     flight past their first lease end, with the same delivery count; the others' leases end (the
     tier run counts a failed delivery and, their 10 s wait past, makes them READY again)."""
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     client.publish("orders", [{"n": i} for i in range(6)])
     past = client.conn.execute("SELECT now()").fetchone()[0] - timedelta(seconds=120)
@@ -67,7 +67,7 @@ def test_leased_rows_still_worked_on_get_a_longer_lease(client, topic_group, dat
     slow = leased.filter("get_json_object(body, '$.n') >= 3")
     assert extend_lease(slow, "billing", "orders", 3600, url=database_url, at=past) == 3
     now = client.conn.execute("SELECT now()").fetchone()[0]
-    run_tier_window(tier="seconds", window_end=now, run_key="e", url=database_url)
+    run_tier(TierRunRequest(tier="seconds", window_end=now, run_key="e"), url=database_url)
     states = client.conn.execute(
         "SELECT state::text, delivery_count, count(*) FROM deliveries GROUP BY 1, 2 ORDER BY 1"
     ).fetchall()

@@ -7,7 +7,7 @@ from helpers import at
 from redelivery.errors import MalformedMessageError, UnknownTopicError
 from redelivery.spark.consuming import consume
 from redelivery.spark.publishing import publish_dataframe
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 
 def test_tier_job_on_spark_moves_each_message_once_across_partitions(
@@ -19,10 +19,8 @@ def test_tier_job_on_spark_moves_each_message_once_across_partitions(
     for _ in range(4):
         client.nack("billing", client.receive("billing", "orders", 5000, 30, at=at(0)), error="x", at=at(0))
     client.receive("strict", "orders", 20_000, 5, at=at(0))
-    summary = run_tier_window(
-        tier="seconds",
-        window_end=at(10),
-        run_key="spark-1",
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(10), run_key="spark-1"),
         spark=any_spark,
         url=database_url,
         spark_threshold=0,
@@ -33,10 +31,8 @@ def test_tier_job_on_spark_moves_each_message_once_across_partitions(
     assert sum(summary["lateness_histogram"]["counts"].values()) == 20_000
     stats = client.stats()["orders"]
     assert stats["billing"]["READY"] == 20_000 and stats["strict"]["DLQ"] == 20_000
-    again = run_tier_window(
-        tier="seconds",
-        window_end=at(10),
-        run_key="spark-2",
+    again = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(10), run_key="spark-2"),
         spark=any_spark,
         url=database_url,
         spark_threshold=0,

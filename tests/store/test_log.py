@@ -17,7 +17,7 @@ from redelivery.metrics import render
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.store import db, log, maintenance
 from redelivery.store import statements as S
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 HOUR = 3600
 DAY = 86400
@@ -106,9 +106,9 @@ def test_retention_drops_what_every_group_finished_and_a_lagging_group_holds_the
     [retry] = client.receive("audit", "orders", 1, 30, at=at(2 * DAY + 300))  # no tier run yet:
     assert retry.body["n"] == 9  # the retry waits, the log's next message comes
     client.ack("audit", [retry])
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
-    run_tier_window(tier="seconds", window_end=at(2 * DAY + 400), run_key="t", url=client.url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(2 * DAY + 400), run_key="t"), url=client.url)
     [again] = client.receive("audit", "orders", 1, 30, at=at(2 * DAY + 400))
     assert again.message_id == old[0] and again.delivery_count == 2
     client.ack("audit", [again])
@@ -374,7 +374,7 @@ def test_a_receive_caught_in_a_deadlock_with_a_topic_delete_runs_again(
     of failing with a deadlock (then finds nothing, looks the topic up again and says it is gone)."""
     [mid] = client.publish("orders", [{"n": 1}], at=at(0))
     client.nack("billing", client.receive("billing", "orders", 1, 30, at=at(0)), at=at(0))
-    run_tier_window(tier="seconds", window_end=at(20), run_key="due", url=database_url)
+    run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="due"), url=database_url)
     assert message_state(client.conn, mid)["state"] == "READY"
     topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
     errors, got = [], []

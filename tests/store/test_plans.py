@@ -26,7 +26,7 @@ from helpers import at, configured
 from redelivery.client import Message, Outcome
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.store import log
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -93,7 +93,9 @@ def work(client, url: str, captured: Captured, monkeypatch) -> None:
     capped = client.receive("capped", "orders", BATCH, 30, at=at(0))
     client.nack("capped", capped, error="later", at=at(1))
     client.create_group("billing", max_reconsume_times=0)  # the retries of billing are now past it
-    run_tier_window(tier="seconds", window_end=at(600), run_key="plans", url=url, config=client.config)
+    run_tier(
+        TierRunRequest(tier="seconds", window_end=at(600), run_key="plans"), url=url, config=client.config
+    )
     client.create_group("billing", max_reconsume_times=None)
     client.receive("capped", "orders", BATCH, 30, at=at(600))
     client.ack("sequence", client.receive("sequence", "orders", BATCH, 30, at=at(600)))

@@ -33,7 +33,7 @@ class State:
     def __init__(self, client, database_url, tmp_path):
         from redelivery.client import Message
         from redelivery.redrive import RedriveRequest, redrive
-        from redelivery.tiers.run import run_tier_window
+        from redelivery.tiers.run import TierRunRequest, run_tier
 
         self.client, self.url, self.dir = client, database_url, tmp_path / "ledger"
         self.ledger = ledger_module.Ledger(self.dir, "consumer-1")
@@ -52,7 +52,7 @@ class State:
         self.spark_answer("ack", "billing", got[3:4])
         self.ledger.record(
             "tier", {"run_key": "t1"},
-            lambda: run_tier_window(tier="seconds", window_end=at(20), run_key="t1", url=database_url),
+            lambda: run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="t1"), url=database_url),  # noqa: E501
             lambda s: {"run_key": "t1", "promoted": s["promoted"]},
         )  # fmt: skip
         self.again = lc.receive("billing", TOPIC, 1, 30, at=at(21))
@@ -354,13 +354,13 @@ def test_a_failed_message_acked_at_a_later_delivery_ends_committed_cleanly(state
     task acks (outcome unknown). Both COMMITTED: nothing reported."""
     import psycopg
 
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     s = state
     s.lc.answer("nack", "billing", s.got[4:5], error="later", at=at(25))
     s.ledger.record(
         "tier", {"run_key": "t2"},
-        lambda: run_tier_window(tier="seconds", window_end=at(40), run_key="t2", url=database_url),
+        lambda: run_tier(TierRunRequest(tier="seconds", window_end=at(40), run_key="t2"), url=database_url),
         lambda summary: {"run_key": "t2", "promoted": summary["promoted"]},
     )  # fmt: skip
     again = {m.message_id: m for m in s.lc.receive("billing", TOPIC, 6, 30, at=at(41))}

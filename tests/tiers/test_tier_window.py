@@ -11,7 +11,7 @@ from helpers import T0, at, overlapping_tier_runs
 from redelivery.config import cached_config
 from redelivery.errors import InvalidWindowError
 from redelivery.store.catalog import effective_policies, policy_table
-from redelivery.tiers.run import run_tier_window
+from redelivery.tiers.run import TierRunRequest, run_tier
 from redelivery.tiers.window import apply_window_range, plan_window
 
 
@@ -31,12 +31,12 @@ def test_promotes_what_is_due_by_window_end_and_nothing_early(client, topic_grou
     client.publish("orders", [{"n": i} for i in range(10)], at=at(0))
     fail_all(client, 4, clock=0)  # due at 10 s
     fail_all(client, 6, clock=5)  # due at 15 s
-    summary = run_tier_window(tier="seconds", window_end=at(10), run_key="w1", url=database_url)
+    summary = run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="w1"), url=database_url)
     assert summary["promoted"] == 4
     assert summary["by_group"]["billing"]["promoted"] == {"1": 4}
     assert summary["lateness_seconds"] == {"p50": 0.0, "p99": 0.0, "max": 0.0}
     assert states(client)["READY"] == 4 and states(client)["WAITING_RETRY"] == 6
-    summary = run_tier_window(tier="seconds", window_end=at(20), run_key="w2", url=database_url)
+    summary = run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="w2"), url=database_url)
     assert summary["promoted"] == 6 and summary["lateness_seconds"]["max"] == 5.0
 
 
@@ -46,10 +46,16 @@ def test_a_tier_promotes_only_its_own_levels(client, topic_group, database_url):
     client.reconsume_later("billing", a, delay=10, at=at(0))  # level 1: seconds tier
     client.reconsume_later("billing", b, delay=60, at=at(0))  # level 3: minutes tier
     assert (
-        run_tier_window(tier="seconds", window_end=at(3600), run_key="s", url=database_url)["promoted"] == 1
+        run_tier(TierRunRequest(tier="seconds", window_end=at(3600), run_key="s"), url=database_url)[
+            "promoted"
+        ]
+        == 1
     )
     assert (
-        run_tier_window(tier="minutes", window_end=at(3600), run_key="m", url=database_url)["promoted"] == 1
+        run_tier(TierRunRequest(tier="minutes", window_end=at(3600), run_key="m"), url=database_url)[
+            "promoted"
+        ]
+        == 1
     )
 
 
@@ -58,20 +64,24 @@ def test_levels_subset(client, topic_group, database_url):
     a, b = client.receive("billing", "orders", 2, 30, at=at(0))
     client.reconsume_later("billing", a, delay=10, at=at(0))  # level 1
     client.reconsume_later("billing", b, delay=30, at=at(0))  # level 2
-    summary = run_tier_window(tier="seconds", window_end=at(60), run_key="sub", levels=[2], url=database_url)
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(60), run_key="sub", levels=[2]), url=database_url
+    )
     assert summary["promoted"] == 1 and summary["by_group"]["billing"]["promoted"] == {"2": 1}
     from redelivery.errors import InvalidLevelError
 
     with pytest.raises(InvalidLevelError, match="not in tier"):
-        run_tier_window(tier="seconds", window_end=at(60), run_key="bad", levels=[3], url=database_url)
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=at(60), run_key="bad", levels=[3]), url=database_url
+        )
 
 
 def test_rerunning_a_window_moves_nothing_twice(client, topic_group, database_url):
     client.publish("orders", [{"n": i} for i in range(50)], at=at(0))
     fail_all(client, 50)
-    first = run_tier_window(tier="seconds", window_end=at(10), run_key="again", url=database_url)
+    first = run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="again"), url=database_url)
     client.receive("billing", "orders", 20, 30, at=at(10))  # some move on again
-    second = run_tier_window(tier="seconds", window_end=at(10), run_key="again", url=database_url)
+    second = run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="again"), url=database_url)
     assert (first["promoted"], second["promoted"]) == (50, 0)
     assert states(client)["READY"] == 30 and states(client)["INFLIGHT"] == 20
     runs = client.conn.execute(
@@ -126,8 +136,8 @@ def test_dry_run_changes_nothing(client, topic_group, database_url):
     # a dry run changes nothing but its own record in tier_runs (by design: checked below)
     before = snapshot(client.conn, leave_out=("redelivery.tier_runs",))
     assert client.conn.execute("SELECT count(*) FROM tier_runs").fetchone() == (0,)
-    summary = run_tier_window(
-        tier="seconds", window_end=at(10), run_key="dry", dry_run=True, url=database_url
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(10), run_key="dry", dry_run=True), url=database_url
     )
     assert summary["dry_run"] and summary["promoted"] == 5 and summary["dead_lettered"] == 5
     assert snapshot(client.conn, leave_out=("redelivery.tier_runs",)) == before
@@ -144,10 +154,8 @@ def test_window_end_in_the_future_is_refused(client, topic_group, database_url):
     from datetime import datetime, timedelta
 
     with pytest.raises(InvalidWindowError, match="after the database's clock"):
-        run_tier_window(
-            tier="seconds",
-            window_end=datetime.now(UTC) + timedelta(hours=1),
-            run_key="f",
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=datetime.now(UTC) + timedelta(hours=1), run_key="f"),
             url=database_url,
         )
 
@@ -164,8 +172,8 @@ def test_lease_expiry_is_a_failed_delivery_until_the_dlq(client, database_url):
         [got] = client.receive("crashy", "orders", 1, 20, at=at(clock))  # then the consumer "dies"
         assert got.delivery_count == attempt
         lease_end = got.invisible_until
-        summary = run_tier_window(
-            tier="seconds", window_end=lease_end, run_key=f"c{attempt}", url=database_url
+        summary = run_tier(
+            TierRunRequest(tier="seconds", window_end=lease_end, run_key=f"c{attempt}"), url=database_url
         )
         if attempt < 4:
             assert summary["retried_after_lease_expiry"] == 1
@@ -174,7 +182,7 @@ def test_lease_expiry_is_a_failed_delivery_until_the_dlq(client, database_url):
             ).fetchone()[0]
             assert due == lease_end + __import__("datetime").timedelta(seconds=[10, 30, 60][attempt - 1])
             tier = "seconds" if attempt < 3 else "minutes"
-            run_tier_window(tier=tier, window_end=due, run_key=f"p{attempt}", url=database_url)
+            run_tier(TierRunRequest(tier=tier, window_end=due, run_key=f"p{attempt}"), url=database_url)
             clock = (due - T0).total_seconds()
         else:
             assert summary["dead_lettered"] == 1
@@ -188,7 +196,7 @@ def test_lowered_max_dead_letters_waiting_messages_at_promotion(client, topic_gr
     client.publish("orders", [{"n": 1}], at=at(0))
     fail_all(client, 1)
     client.create_group("billing", max_reconsume_times=0)  # lowered while the message waits
-    summary = run_tier_window(tier="seconds", window_end=at(10), run_key="lowered", url=database_url)
+    summary = run_tier(TierRunRequest(tier="seconds", window_end=at(10), run_key="lowered"), url=database_url)
     assert summary["promoted"] == 0
     assert summary["by_group"]["billing"]["dead_lettered"] == {"MAX_DELIVERIES_EXCEEDED": 1}
 
@@ -218,10 +226,13 @@ def test_a_killed_consumer_never_under_counts_deliveries(client, topic_group, da
             "SELECT DISTINCT delivery_count FROM deliveries WHERE message_id = ANY(%s)", (ids,)
         ).fetchall()
         assert counts == [(attempt,)]
-        run_tier_window(tier="seconds", window_end=at(clock + 30), run_key=f"k{attempt}a", url=database_url)
+        run_tier(
+            TierRunRequest(tier="seconds", window_end=at(clock + 30), run_key=f"k{attempt}a"),
+            url=database_url,
+        )
         due = client.conn.execute("SELECT max(due_at) FROM deliveries").fetchone()[0]
         tier = "seconds" if attempt < 3 else "minutes"
-        run_tier_window(tier=tier, window_end=due, run_key=f"k{attempt}b", url=database_url)
+        run_tier(TierRunRequest(tier=tier, window_end=due, run_key=f"k{attempt}b"), url=database_url)
         clock = (due - T0).total_seconds()
     assert states(client)["READY"] == 10
     assert client.conn.execute("SELECT DISTINCT reconsume_times FROM deliveries").fetchall() == [(3,)]
@@ -234,12 +245,22 @@ def test_a_small_window_makes_no_spark_session(client, topic_group, database_url
     def no_session():
         raise AssertionError("a window under the threshold must not start Spark")
 
-    summary = run_tier_window(
-        tier="seconds",
-        window_end=at(10),
-        run_key="small",
+    summary = run_tier(
+        TierRunRequest(tier="seconds", window_end=at(10), run_key="small"),
         url=database_url,
         spark=no_session,
         spark_threshold=6,
     )
     assert (summary["engine"], summary["promoted"]) == ("in-process", 5)
+
+
+def test_the_old_wrapper_still_applies_a_window_with_a_hint(client, topic_group, database_url):
+    """``run_tier_window`` stays for one release (issue 39.3): it applies the window as ``run_tier``
+    does, and warns which call replaces it."""
+    from redelivery.tiers.run import run_tier_window
+
+    client.publish("orders", [{"n": i} for i in range(3)], at=at(0))
+    fail_all(client, 3, clock=0)  # due at 10 s
+    with pytest.warns(DeprecationWarning, match=r"call run_tier\(TierRunRequest"):
+        summary = run_tier_window(tier="seconds", window_end=at(10), run_key="old", url=database_url)
+    assert summary["promoted"] == 3 and states(client)["READY"] == 3

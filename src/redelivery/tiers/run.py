@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from bisect import bisect_left
 from datetime import UTC, datetime
 from typing import Annotated
@@ -116,10 +117,16 @@ def run_tier_window(
     spark_threshold: int | None = None,
     **request,
 ) -> dict:
-    """``run_tier(TierRunRequest(**request), ...)``: apply tier ``tier``'s window ending at
-    ``window_end`` and return its summary. ``request``: the fields of ``TierRunRequest`` (``tier``,
-    ``window_end``, ``run_key``, optional ``window_start``, ``levels``, ``dry_run``); the other
-    arguments and what is raised as in ``run_tier``."""
+    """Deprecated (issue 39; goes in the next release): call
+    ``run_tier(TierRunRequest(**request), ...)``, the one way to apply a window. Applies tier
+    ``tier``'s window ending at ``window_end`` and returns its summary. ``request``: the fields of
+    ``TierRunRequest``; the other arguments and what is raised as in ``run_tier``. Warns
+    ``DeprecationWarning``."""
+    warnings.warn(
+        "redelivery.tiers.run.run_tier_window is deprecated: call run_tier(TierRunRequest(**request), ...)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return run_tier(
         TierRunRequest(**request),
         spark=spark,

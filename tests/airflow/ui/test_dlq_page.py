@@ -311,15 +311,16 @@ def test_numbers_have_thousands_separators_everywhere(client, topic_group):
 
 def test_run_ids_link_to_their_airflow_runs_and_booleans_are_words(state, database_url):
     from redelivery.redrive import RedriveRequest, redrive
-    from redelivery.tiers.run import run_tier_window
+    from redelivery.tiers.run import TierRunRequest, run_tier
 
     quiet = {"url": database_url, "log": lambda *_: None}
     airflow_run = "manual__2026-03-01T12:00:00+00:00"
     redrive(RedriveRequest(group="billing"), run_key=f"dlq_redrive/{airflow_run}", **quiet)
     redrive(RedriveRequest(group="billing", dry_run=False, max_messages=1), run_key="cli/2026-03-01", **quiet)
     tier_run = "scheduled__2026-03-01T12:01:00+00:00"
-    run_tier_window(
-        tier="minutes", window_end=at(70), run_key=f"redelivery_tier_minutes/{tier_run}/2", url=database_url
+    run_tier(
+        TierRunRequest(tier="minutes", window_end=at(70), run_key=f"redelivery_tier_minutes/{tier_run}/2"),
+        url=database_url,
     )
     html = render(page_data(state.conn), ui_root="/ui/")
     quoted = quote(airflow_run, safe="")
