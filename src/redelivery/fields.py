@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any
+from urllib.parse import quote, urlencode
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator
 
@@ -155,4 +156,37 @@ def split_many(values: list[str]) -> list[str]:
     return [part for value in values for part in value.replace(",", " ").split()]
 
 
-__all__ = ["AwareTime", "FormField", "REQUIRED", "Time", "form_fields", "iso_8601_only", "split_many"]
+def query_pairs(request: BaseModel) -> list[tuple[str, str]]:
+    """``request``'s non-empty fields as an address's (name, value) pairs, in the model's order:
+    what a form reads back as the same request (a list of choices repeated, another list
+    separated by commas: ``split_many``; a time in ISO 8601)."""
+    pairs: list[tuple[str, str]] = []
+    for field in form_fields(type(request)):
+        name, value = field.name, getattr(request, field.name)
+        if field.many and field.choices:
+            pairs += [(name, str(v)) for v in value]
+        elif field.many and value:
+            pairs.append((name, ",".join(str(v) for v in value)))
+        elif isinstance(value, datetime):
+            pairs.append((name, value.isoformat()))
+        elif value:
+            pairs.append((name, value))
+    return pairs
+
+
+def query_string(request: BaseModel, **more: str) -> str:
+    """The address's query of ``request`` (``query_pairs``), then ``more``."""
+    return urlencode(query_pairs(request) + list(more.items()), quote_via=quote)
+
+
+__all__ = [
+    "AwareTime",
+    "FormField",
+    "REQUIRED",
+    "Time",
+    "form_fields",
+    "iso_8601_only",
+    "query_pairs",
+    "query_string",
+    "split_many",
+]

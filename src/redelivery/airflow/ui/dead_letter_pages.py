@@ -7,8 +7,10 @@ letter in full (``dead_letters.message``); and the form that starts ``dlq_redriv
 
 The address: ``group`` (required), ``topic``, ``reasons`` (repeated), ``dead_lettered_from`` and
 ``dead_lettered_to`` (ISO 8601; UTC without a zone), ``error_contains``, ``key``, ``message_ids``
-(separated by commas or spaces, or repeated), and on the list ``after`` (the page cursor). A name
-or a value the filter refuses is a ``BadQuery``, every problem one line. Everything user-written
+(separated by commas or spaces, or repeated), and on the list ``after`` (the page cursor): written
+by ``redelivery.fields.query_string`` (here, and by the "Dead letters" page's links to a group's
+list), read back by ``parse_query``. A name or a value the filter refuses is a ``BadQuery``, every
+problem one line. Everything user-written
 (keys, errors, bodies, properties, names) is escaped.
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from pydantic import ValidationError
 
@@ -26,7 +28,7 @@ from redelivery.airflow.params import unknown_key
 from redelivery.airflow.ui.charts import number
 from redelivery.airflow.ui.page import STYLE, TOP_LINKS, Html, _plural, cell, run_link, table, when
 from redelivery.dead_letters import BODY_PREVIEW_BYTES, ERROR_CHARS, Cursor, DlqFilter
-from redelivery.fields import FormField, form_fields, split_many
+from redelivery.fields import FormField, form_fields, query_pairs, query_string, split_many
 from redelivery.messaging.codec import RETRY_PROPERTIES
 
 #: The selection form's own fields: ticked ids, "selected" or "all" matching, "dry_run" or "real".
@@ -137,29 +139,6 @@ def parse_query(
         raise BadQuery(problems)
     everything = one.get("selection") == "all"
     return Query(request, after, tuple(selected), everything, one.get("run", "dry_run") == "dry_run")
-
-
-def query_pairs(request: DlqFilter) -> list[tuple[str, str]]:
-    """``request``'s non-empty fields as an address's (name, value) pairs, in the model's order:
-    what ``parse_query`` reads back as the same filter (a list of choices repeated, another list
-    separated by commas)."""
-    pairs: list[tuple[str, str]] = []
-    for field in form_fields(type(request)):
-        name, value = field.name, getattr(request, field.name)
-        if field.many and field.choices:
-            pairs += [(name, str(v)) for v in value]
-        elif field.many and value:
-            pairs.append((name, ",".join(str(v) for v in value)))
-        elif isinstance(value, datetime):
-            pairs.append((name, value.isoformat()))
-        elif value:
-            pairs.append((name, value))
-    return pairs
-
-
-def query_string(request: DlqFilter, **more: str) -> str:
-    """The address's query of ``request`` (``query_pairs``), then ``more``."""
-    return urlencode(query_pairs(request) + list(more.items()), quote_via=quote)
 
 
 def selection_filter(query: Query) -> DlqFilter:
