@@ -1,7 +1,8 @@
 """The "Dead letters" page's content (redelivery.airflow.ui.page, .charts) on the real database,
 without Airflow: the charts show the state the Client and the tier job made, exactly; every text
-is escaped; the page's statements can use their indexes. The page in the Airflow UI, its form and
-its refusals: tests/test_operator_ui.py."""
+is escaped; the page's statements can use their indexes; each group's links to its dead-letter
+list are addresses the list reads back as the filter they name. The page in the Airflow UI, the
+way from its links to a redrive, and the refusals: tests/airflow/ui/test_operator_ui.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import re
 import xml.etree.ElementTree as ET
 from datetime import UTC
 from html import escape, unescape
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import pytest
 
 from helpers import at, page_state
 from redelivery.airflow.ui.charts import Bar, Series, columns, horizontal_bars, lines, ticks
+from redelivery.airflow.ui.dead_letter_pages import parse_query
 from redelivery.airflow.ui.page import page_data, render
+from redelivery.dead_letters import DlqFilter
 from redelivery.store import statements as S
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -113,7 +116,8 @@ def test_the_charts_show_the_numbers(state):
         "p99 2026-03-01 12:00:56": ("5.0", "2026-03-01 12:00:56: p99 5 s"),
     }  # the run that promoted nothing has no point
     assert "Group billing: 10 dead letters" in html and "Group audit: no dead letters" in html
-    assert html.count('<form class="redrive"') == 1  # only a group with dead letters gets the form
+    assert list(list_links(html)) == ["billing"]  # only a group with dead letters gets the links
+    assert "dlq/redrive" not in html and '<form class="redrive"' not in html  # the old form is gone
 
 
 def test_the_axes_are_linear_from_zero_with_round_ticks():
@@ -212,8 +216,22 @@ def test_a_refusal_is_one_line_naming_what_failed():
         assert text.startswith("Invalid input for param p: ")
 
 
-def test_the_dry_run_form_offers_undecodable(client, topic_group):
-    """A group whose dead letters are UNDECODABLE (a body Python cannot decode) can dry-run them."""
+def list_links(html: str) -> dict[str, list[tuple[str, str, DlqFilter]]]:
+    """Per group, its links to the dead-letter list in page order: (text, href, the filter the list
+    reads from the href)."""
+    found = {}
+    for group, inner in re.findall(r'<p class="browse-links" data-group="([^"]+)">(.*?)</p>', html, re.S):
+        links = re.findall(r'<a [^>]*href="([^"]+)"[^>]*>(.*?)</a>', inner)
+        found[unescape(group)] = [
+            (unescape(text), unescape(href), parse_query(parse_qsl(urlsplit(unescape(href)).query)).filter)
+            for href, text in links
+        ]
+    return found
+
+
+def test_the_links_offer_undecodable(client, topic_group):
+    """A group whose dead letters are UNDECODABLE (a body Python cannot decode) links to them, to be
+    inspected and redriven from the list."""
     [mid] = client.publish("orders", [{"n": 1}])
     client.conn.execute(
         "UPDATE messages SET body = convert_to(%s::jsonb::text, 'UTF8') WHERE id = %s",
@@ -221,8 +239,10 @@ def test_the_dry_run_form_offers_undecodable(client, topic_group):
     )
     assert client.receive("billing", "orders", 1, 30) == []  # dead-lettered UNDECODABLE
     html = render(page_data(client.conn))
-    [form] = re.findall(r'<form class="redrive".*?</form>', html, re.S)
-    assert '<option value="UNDECODABLE">UNDECODABLE (1)</option>' in form
+    [(every, _, _), (text, href, request)] = list_links(html)["billing"]
+    assert (every, text) == ("1 dead letter", "UNDECODABLE (1)")
+    assert href == "dlq/messages?group=billing&reasons=UNDECODABLE"  # relative: in the UI's frame
+    assert request == DlqFilter(group="billing", reasons=["UNDECODABLE"])
 
 
 # ---- issue 17: every live group, sorted, filtered, capped; one number format; links; words ------
@@ -337,22 +357,38 @@ def test_run_ids_link_to_their_airflow_runs_and_booleans_are_words(state, databa
     assert "<td>real</td>" in tiers and "True" not in tiers and "False" not in tiers
 
 
-def test_the_form_offers_only_the_reasons_the_group_has(groups):
-    html = render(page_data(groups.conn))
-    forms = dict(
-        re.findall(
-            r'<form class="redrive"[^>]*data-group="([^"]+)".*?<select name="reasons">(.*?)</select>',
-            html,
-            re.S,
-        )
-    )
-    options = {g: re.findall(r'<option value="([^"]*)"', o) for g, o in forms.items()}
-    assert options == {
-        "zeta": ["", "REJECTED"],
-        "alpha": ["", "REJECTED", "NEGATIVE_LEVEL"],  # most dead letters first
-        "billing": ["", "REJECTED"],
+def test_the_links_offer_only_the_reasons_the_group_has(groups):
+    """Each group with dead letters: all of them, then each reason it has, most first, with its
+    count; every link's address is the list's own (it reads back as the filter the link names)."""
+    links = list_links(render(page_data(groups.conn)))
+    assert {g: [text for text, _, _ in found] for g, found in links.items()} == {
+        "zeta": ["all 12 dead letters", "REJECTED (12)"],
+        "alpha": ["all 10 dead letters", "REJECTED (8)", "NEGATIVE_LEVEL (2)"],  # most dead letters first
+        "billing": ["all 10 dead letters", "REJECTED (10)"],
     }
-    assert '<option value="NEGATIVE_LEVEL">NEGATIVE_LEVEL (2)</option>' in forms["alpha"]
+    assert [(href, request) for _, href, request in links["alpha"]] == [
+        ("dlq/messages?group=alpha", DlqFilter(group="alpha")),
+        ("dlq/messages?group=alpha&reasons=REJECTED", DlqFilter(group="alpha", reasons=["REJECTED"])),
+        (
+            "dlq/messages?group=alpha&reasons=NEGATIVE_LEVEL",
+            DlqFilter(group="alpha", reasons=["NEGATIVE_LEVEL"]),
+        ),
+    ]
+
+
+def test_a_name_the_list_refuses_gets_no_link(client, topic_group):
+    """A group row older than the naming rule (the schema's check is NOT VALID for old rows): its
+    counts as text, escaped, no link the list would refuse, and the page still renders."""
+    data = page_data(client.conn)
+    group = {"id": 1, "name": "a&b <i>", "READY": 0, "INFLIGHT": 0, "WAITING_RETRY": 0, "DLQ": 3}
+    data["groups"], data["matched"] = (
+        [{**group, "oldest": None, "newest": None, "waiting": {}, "queues": [], "errors": [],
+          "reasons": [("REJECTED", 3)], "BLOCKED": 0, "held": {"keys": 0, "list": [], "since": None}}],
+        1,
+    )  # fmt: skip
+    html = render(data)
+    [links] = re.findall(r'<p class="browse-links" data-group="a&amp;b &lt;i&gt;">(.*?)</p>', html)
+    assert links == "Browse and redrive: all 3 dead letters · REJECTED (3)" and "<i>" not in html
 
 
 def test_a_paused_tier_is_shown_at_the_top(state):

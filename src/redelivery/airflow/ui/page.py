@@ -8,8 +8,9 @@ group with live deliveries (READY, INFLIGHT, WAITING_RETRY) or dead letters, mos
 first, then by name, those whose name contains the filter (``?group=``: a filtered view is a link
 to share), at most ``GROUP_LIMIT`` (the page says how many more). An overview table, then per
 group its deliveries per live state and its retries waiting per delay level (SVG charts), its dead
-letters (count, oldest, DLQs, reasons, top errors) and a form that starts a dry run of the
-``dlq_redrive`` DAG for the group, offering the reasons the group has. Then the lateness of each
+letters (count, oldest, DLQs, reasons, top errors) and links to its dead-letter list
+(``redelivery.airflow.ui.dead_letter_pages``: all of them, and those of each reason the group has,
+most first), where a selection is redriven (a dry run by default). Then the lateness of each
 tier's recent runs (a chart per tier), the latest run of each tier and the latest redrives, each
 run that is an Airflow DAG run linked to its page in the Airflow UI.
 
@@ -30,13 +31,16 @@ from html import escape
 from urllib.parse import quote
 
 import psycopg
+from pydantic import ValidationError
 
 from redelivery.airflow.ui.charts import Bar, Series, columns, horizontal_bars, lines, number
 from redelivery.airflow.ui.pauses import PauseEvent, bulk_covers, pause_changes  # noqa: F401  (the page's names)
 from redelivery.config import cached_config
+from redelivery.dead_letters import DlqFilter
+from redelivery.fields import query_string
 from redelivery.store import statements as S
 
-#: The DAG the page's form triggers.
+#: The DAG that redrives dead letters (the list's selection triggers it; the page links its runs).
 REDRIVE_DAG = "dlq_redrive"
 #: How many of each tier's latest runs the lateness chart shows.
 RECENT_RUNS = 20
@@ -68,11 +72,8 @@ section.group{border-top:1px solid #e2e8f0;margin-top:16px}
 div.paused{background:#fff5f5;border:1px solid #feb2b2;border-left:6px solid #e53e3e;padding:8px 12px;
 margin:0 0 10px;max-width:1100px}
 form.filter{margin:8px 0}form.filter input{width:240px}
-form.redrive{background:#f7fafc;border:1px solid #e2e8f0;padding:8px 12px;margin:4px 0 8px;
-display:inline-block}
-form.redrive label{margin-right:12px}form.redrive input[type=text]{width:220px}
-form.redrive button,form.filter button{background:#2b6cb0;color:#fff;border:0;padding:5px 12px;
-border-radius:4px;cursor:pointer}
+form.filter button{background:#2b6cb0;color:#fff;border:0;padding:5px 12px;border-radius:4px;
+cursor:pointer}
 ul.refused{margin:8px 0;padding-left:20px;max-width:1100px}
 ul.refused li{font-family:ui-monospace,monospace;margin:2px 0;overflow-wrap:anywhere}"""
 
@@ -398,22 +399,34 @@ def levels_chart(group: str, counts: dict[int, int]) -> str:
     )
 
 
-def redrive_form(group: str, reasons: list[tuple[str, int]]) -> str:
-    """A dry run of dlq_redrive for ``group``: a reason the group has dead letters of (``reasons``,
-    most first, with their counts) or any, and an "error contains" filter. The POST route fixes
-    dry run on, then takes the Airflow UI to the run (``redelivery.airflow.ui.app``)."""
-    options = '<option value="">any</option>' + "".join(
-        f'<option value="{escape(r)}">{escape(r)} ({number(n)})</option>' for r, n in reasons
-    )
+def list_link(text: str, group: str, reasons: tuple[str, ...] = (), css: str = "") -> str:
+    """A link to ``group``'s dead-letter list under the filter ``reasons`` (the address written as
+    the list reads it: ``fields.query_string`` of a ``DlqFilter``), relative like the page's other
+    links to its own pages, so it opens in the UI's frame; the text alone when the filter refuses
+    the name or a reason (a row older than the naming rule: the list would refuse it too)."""
+    try:
+        href = "dlq/messages?" + query_string(DlqFilter(group=group, reasons=list(reasons)))
+    except ValidationError:
+        return escape(text)
+    attributes = f' class="{css}"' if css else ""
+    if reasons:
+        attributes += f' data-reason="{escape(reasons[0])}"'
+    return f'<a{attributes} href="{escape(href)}">{escape(text)}</a>'
+
+
+def browse_links(group: str, dead: int, reasons: list[tuple[str, int]]) -> str:
+    """The ways to ``group``'s dead letters on the list, where they are inspected and a selection
+    redriven (``dlq_redrive``, a dry run by default): all ``dead`` of them, then those of each
+    reason the group has (``reasons``: most first, with their counts)."""
+    every = ("all " if dead > 1 else "") + _plural(dead, "dead letter", "dead letters")
+    links = [list_link(every, group, css="browse")]
+    links += [list_link(f"{reason} ({number(n)})", group, (reason,), "reason") for reason, n in reasons]
     return (
-        '<form class="redrive" method="post" action="dlq/redrive" '
-        f'data-group="{escape(group)}">'
-        f'<input type="hidden" name="group" value="{escape(group)}">'
-        f'<label>Reason <select name="reasons">{options}</select></label>'
-        '<label>Last error contains <input type="text" name="error_contains"></label>'
-        f'<button type="submit">Dry run redrive of {escape(group)}</button>'
-        '<div class="muted">Triggers <b>dlq_redrive</b> as a <b>dry run</b>: it counts and samples what '
-        "would move, and moves nothing. To move them, trigger dlq_redrive with Dry run off.</div></form>"
+        f'<p class="browse-links" data-group="{escape(group)}">Browse and redrive: {" · ".join(links)}</p>'
+        "<p class='muted'>The list filters them by every field of dlq_redrive's filter, shows each in "
+        "full, downloads them, and starts <b>dlq_redrive</b> for the ticked ones or all matching: a "
+        "<b>dry run</b> by default (it counts and samples what would move, and moves nothing), or a "
+        "real run.</p>"
     )
 
 
@@ -442,10 +455,7 @@ def group_section(group: dict) -> str:
             + table(["top last errors", "messages"], [list(e) for e in group["errors"]])
             + "</div>"
         )
-        browse = f"dlq/messages?group={quote(name, safe='')}"
-        parts.append(f'<p><a class="browse" href="{escape(browse)}">Browse, inspect, redrive or download its '
-                     f"{_plural(dead, 'dead letter', 'dead letters')} →</a></p>")  # fmt: skip
-        parts.append(redrive_form(name, group["reasons"]))
+        parts.append(browse_links(name, dead, group["reasons"]))
     return "".join(parts) + "</section>"
 
 
