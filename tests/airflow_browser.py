@@ -191,7 +191,23 @@ def open_page(page, base: str):
     return frame
 
 
+def follow_list_link(frame, reason: str | None = None, group: str = "billing"):
+    """From the Dead letters page in the UI's frame (``open_page``), the group's link to its
+    dead-letter list (all of them, or ``reason``'s), followed in the frame; returns the frame."""
+    links = frame.locator(f'p.browse-links[data-group="{group}"]')
+    (links.locator(f'a[data-reason="{reason}"]') if reason else links.locator("a.browse")).click()
+    frame.locator("form.dlqfilter").wait_for(timeout=20_000)
+    return frame
+
+
 def post_form(base: str, data: dict, caller: requests.Session = api, **headers) -> requests.Response:
+    """A post of the list's selection form for all dead letters matching ``data`` (the filter's
+    fields: a dry run unless ``run`` is ``real``), as the page's old dry-run form posted a group's
+    filter."""
     return caller.post(
-        f"{base}/redelivery/dlq/redrive", data=data, headers=headers, allow_redirects=False, timeout=30
+        f"{base}/redelivery/dlq/messages/redrive",
+        data={**data, "selection": "all"},
+        headers=headers,
+        allow_redirects=False,
+        timeout=30,
     )

@@ -1,4 +1,4 @@
-"""Who gets the operator's page and who may trigger its form (issue 18), with FAB roles in a real
+"""Who gets the operator's page and who may redrive from it (issue 18), with FAB roles in a real
 Airflow: the admin, a reader of dlq_redrive (``DlqReader``) and a user of another DAG only
 (``TierOperator``), through the API with each one's token and in headless Chromium; every refusal
 is audited and changes nothing."""
@@ -16,6 +16,7 @@ from airflow_browser import (
     api,
     audited,
     dlq_state,
+    follow_list_link,
     last_event_id,
     open_page,
     post_form,
@@ -102,13 +103,19 @@ def test_without_a_session_every_route_is_401_and_nothing_is_logged(airflow, cha
 
 
 def test_a_reader_sees_the_page_in_the_ui_and_is_refused_its_form(airflow, chromium, charted):
-    """Signed in on the login page with role DlqReader: the Dead letters page in the UI's frame;
-    its form's button answers, in the frame, that the reader may not trigger dlq_redrive; no run,
-    no change, an audit entry."""
+    """Signed in on the login page with role DlqReader: the Dead letters page in the UI's frame,
+    and from its REJECTED link billing's list, its redrive button off; turned back on (as a crafted
+    post would be), it answers in the frame that the reader may not trigger dlq_redrive; no run, no
+    change, an audit entry."""
     known, before, since = run_ids(airflow), snapshot(charted.conn), last_event_id(airflow)
     page = signed_in(chromium, airflow, "reader")
-    frame = open_page(page, airflow)
-    frame.locator('form[data-group="billing"]').get_by_role("button").click()
+    frame = follow_list_link(open_page(page, airflow), "REJECTED")
+    start = frame.get_by_role("button", name="Start dlq_redrive")
+    assert start.is_disabled()  # the list says why, and Airflow would refuse the post
+    assert "reader may not trigger dlq_redrive" in frame.locator("p.refusal").inner_text()
+    frame.locator('input[name="selection"][value="all"]').check()
+    start.evaluate("b => b.disabled = false")
+    start.click()
     refusal = frame.locator("ul.refused li")
     refusal.first.wait_for(timeout=30_000)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -117,7 +124,8 @@ def test_a_reader_sees_the_page_in_the_ui_and_is_refused_its_form(airflow, chrom
     assert "Nothing was triggered." in frame.locator("body").inner_text()
     assert run_ids(airflow) == known and snapshot(charted.conn) == before
     [entry] = audited(airflow, "reader", since)
-    assert entry["event"] == "trigger_dag_run" and entry["extra"]["conf"]["group"] == "billing"
+    assert entry["event"] == "trigger_dag_run" and entry["extra"]["via"] == "/redelivery/dlq/messages/redrive"
+    assert entry["extra"]["conf"] == {"group": "billing", "reasons": ["REJECTED"], "dry_run": True}
     assert entry["extra"]["refused"] == ["reader may not trigger dlq_redrive (Airflow: Forbidden)"]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from html import unescape
 from urllib.parse import quote, unquote
 
 import pytest
@@ -19,15 +20,17 @@ from airflow_browser import (
     api,
     audited,
     dlq_state,
+    follow_list_link,
     last_event_id,
     open_page,
     post_form,
+    run_ids,
     runs,
     settle_tier_runs,
     trigger_logs,
     wait_for_run,
 )
-from helpers import at
+from helpers import at, snapshot
 
 pytestmark = BROWSER_MARKS
 
@@ -242,7 +245,7 @@ def test_marking_the_redrive_failed_stops_it_and_clearing_it_resumes(airflow, de
     assert moves == (30, 30)
 
 
-# ---- the Dead letters page: its charts, its dry-run redrive form, and what that form refuses ------
+# ---- the Dead letters page: its charts, its links to a group's list, and what a redrive refuses ---
 
 #: Screenshots kept after the run as test artifacts (repository root; ignored by git).
 
@@ -292,14 +295,28 @@ def test_the_page_charts_the_state_in_the_airflow_ui(airflow, browser, charted):
     browser.screenshot(path=str(ARTIFACTS / "dead-letters-page.png"), full_page=True)
 
 
-def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, browser, charted, tmp_path):
-    """The form posts in the UI's sandboxed frame; the answer takes the whole UI to the run's page."""
+def list_frame(browser):
+    """The frame showing the plugin's pages (the list after a link was followed)."""
+    return next(f for f in browser.frames if "/redelivery/dlq" in f.url)
+
+
+def test_a_reason_link_leads_to_a_dry_run_of_the_group_with_its_filter(airflow, browser, charted, tmp_path):
+    """The page's REJECTED link opens billing's list in the UI's sandboxed frame, under that filter;
+    "error contains" filled in the list's filter, all matching started as a dry run (the default):
+    the answer takes the whole UI to the run's page."""
     known = {r["dag_run_id"] for r in runs(airflow)}
-    frame = open_page(browser, airflow)
-    form = frame.locator('form[data-group="billing"]')
-    form.locator('select[name="reasons"]').select_option("REJECTED")
+    frame = follow_list_link(open_page(browser, airflow), "REJECTED")
+    form = frame.locator("form.dlqfilter")
+    assert form.locator('input[name="reasons"][value="REJECTED"]').is_checked()  # the link's filter
+    assert form.locator('input[name="reasons"]:checked').count() == 1
     form.locator('input[name="error_contains"]').fill("schema")
-    form.get_by_role("button").click()
+    form.get_by_role("button", name="Filter").click()
+    list_frame(browser).wait_for_url(re.compile(r"[?&]error_contains=schema"), timeout=20_000)
+    frame.locator("tr[data-message-id]").first.wait_for(timeout=20_000)
+    assert frame.locator("tr[data-message-id]").count() == 10
+    frame.locator('input[name="selection"][value="all"]').check()
+    assert frame.locator('input[name="run"][value="dry_run"]').is_checked()  # a dry run by default
+    frame.get_by_role("button", name="Start dlq_redrive").click()
     browser.wait_for_url(re.compile(r"/dags/dlq_redrive/runs/[^/?#]+"), timeout=30_000)
     run = wait_for_run(airflow, known)
     shown = re.search(r"/dags/dlq_redrive/runs/([^/?#]+)", browser.url).group(1)
@@ -338,23 +355,23 @@ def test_the_form_triggers_a_dry_run_of_the_group_with_its_filter(airflow, brows
 
 def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airflow, browser, charted):
     known = {r["dag_run_id"] for r in runs(airflow)}
-    frame = open_page(browser, airflow)
-    frame.locator('form[data-group="billing"] input[name="error_contains"]').fill("x" * 1001)
-    frame.locator('form[data-group="billing"]').get_by_role("button").click()
+    frame = follow_list_link(open_page(browser, airflow))
+    frame.locator('form.dlqfilter input[name="error_contains"]').fill("x" * 1001)
+    frame.locator("form.dlqfilter").get_by_role("button", name="Filter").click()
     refusal = frame.locator("ul.refused li")  # in the frame, under the UI's navigation
     refusal.first.wait_for(timeout=30_000)
     [text] = refusal.all_inner_texts()
-    assert text.startswith("error_contains: ") and "is too long" in text and "\n" not in text
+    assert text.startswith("error_contains: ") and "at most 1000 characters" in text and "\n" not in text
     assert len(text) <= 300
     base = {"group": "billing"}
     same = {"Origin": airflow}
     logged = {e["event_log_id"] for e in trigger_logs(airflow)}
     refused = post_form(airflow, {**base, "reasons": "SOMETIMES"}, **same)
-    assert refused.status_code == 400 and "is not one of" in refused.text, refused.text
+    assert refused.status_code == 400 and "Input should be" in refused.text, refused.text
     [entry] = [e for e in trigger_logs(airflow) if e["event_log_id"] not in logged]  # audited too
-    assert "is not one of" in " ".join(json.loads(entry["extra"])["refused"]) and entry["owner"]
+    assert "Input should be" in " ".join(json.loads(entry["extra"])["refused"]) and entry["owner"]
     refused = post_form(airflow, {"group": "bad group!"}, **same)
-    assert refused.status_code == 400 and "does not match" in refused.text, refused.text
+    assert refused.status_code == 400 and "is invalid" in refused.text, refused.text
     since = last_event_id(airflow)
     for headers, origin in (
         ({"Origin": "http://evil.example"}, "'http://evil.example'"),
@@ -373,38 +390,75 @@ def test_a_bad_filter_or_a_cross_origin_post_is_refused_and_creates_nothing(airf
     assert dlq_state(charted)["DLQ"] == 10
 
 
+def test_the_old_dry_run_form_is_gone_with_the_way_to_the_list(airflow, charted, local_airflow):
+    """POST /redelivery/dlq/redrive (the page's form until issue 39.3) answers 410 for one release
+    with the list's address, the filter it posted filled in; it triggers and writes nothing, for
+    anyone who may read the page (a reader too); anyone else gets the read refusal, audited as a
+    read."""
+    known, before, since = run_ids(airflow), snapshot(charted.conn), last_event_id(airflow)
+    url = f"{airflow}/redelivery/dlq/redrive"
+
+    def hint(answer) -> str:
+        [line] = re.findall(r"<p class='gone'>(.*?)</p>", answer.text)
+        return unescape(re.sub(r"<[^>]*>", "", line))
+
+    posted = {"group": "billing", "reasons": "REJECTED", "error_contains": "schema"}
+    gone = api.post(url, data=posted, headers={"Origin": airflow}, allow_redirects=False, timeout=30)
+    assert gone.status_code == 410, gone.text
+    assert hint(gone) == (
+        "the dry-run form moved: open /redelivery/dlq/messages?group=billing&reasons=REJECTED"
+        "&error_contains=schema, choose the messages, and redrive them (a dry run by default)"
+    )
+    reader = local_airflow.session("reader")  # may read, not trigger: the same answer
+    bare = reader.post(url, data={}, headers={"Origin": airflow}, allow_redirects=False, timeout=30)
+    assert bare.status_code == 410 and hint(bare) == (
+        "the dry-run form moved: open /redelivery/dlq/messages?group=..., "
+        "choose the messages, and redrive them (a dry run by default)"
+    )
+    outsider = local_airflow.session("outsider").post(url, data=posted, allow_redirects=False, timeout=30)
+    assert outsider.status_code == 403 and "billing" not in outsider.text
+    time.sleep(3)
+    assert run_ids(airflow) == known and snapshot(charted.conn) == before
+    assert audited(airflow, "admin", since) == [] and audited(airflow, "reader", since) == []
+    [refused] = audited(airflow, "outsider", since)  # a refused read, as every route's: no trigger
+    assert (refused["event"], refused["extra"]["via"]) == ("get_redelivery_page", "/redelivery/dlq/redrive")
+
+
 # ---- issue 17: every bad field of a refused dry run; the group filter; run links; paused tiers ---
 
 
 def test_a_refused_dry_run_names_every_bad_field_one_line_each(airflow, browser, charted):
-    """The form's post is checked against dlq_redrive's Params as a whole: every refused value is
-    a line of its own (Airflow's trigger names only the first, with its JSON schema)."""
+    """The list's selection is checked by the redrive's own filter (then against dlq_redrive's
+    Params): every refused value is a line of its own (Airflow's trigger names only the first,
+    with its JSON schema)."""
     known = {r["dag_run_id"] for r in runs(airflow)}
     logged = {e["event_log_id"] for e in trigger_logs(airflow)}
-    frame = open_page(browser, airflow)
-    form = frame.locator('form[data-group="billing"]')
-    form.locator('input[name="error_contains"]').fill("x" * 1001)
+    frame = follow_list_link(open_page(browser, airflow), "REJECTED")
+    form = frame.locator("form.select")
     # values the page never offers, as a crafted post would carry them
     form.evaluate(
-        """f => { f.querySelector('input[name="group"]').value = 'bad group!';
-                  const o = document.createElement('option'), select = f.querySelector('select');
-                  o.value = o.textContent = 'SOMETIMES'; select.appendChild(o);
-                  select.value = 'SOMETIMES'; }"""
+        """f => { f.querySelector('input[type="hidden"][name="group"]').value = 'bad group!';
+                  f.querySelector('input[type="hidden"][name="reasons"]').value = 'SOMETIMES';
+                  const e = document.createElement('input');
+                  e.type = 'hidden'; e.name = 'error_contains'; e.value = 'x'.repeat(1001);
+                  f.appendChild(e); }"""
     )
-    form.get_by_role("button").click()
+    form.locator('input[name="selection"][value="all"]').check()
+    form.get_by_role("button", name="Start dlq_redrive").click()
     lines = frame.locator("ul.refused li")
     lines.first.wait_for(timeout=30_000)
     ARTIFACTS.mkdir(exist_ok=True)
     browser.screenshot(path=str(ARTIFACTS / "dead-letters-refused.png"))
     texts = lines.all_inner_texts()
-    assert [t.split(":")[0] for t in texts] == ["group", "reasons[0]", "error_contains"], texts
+    assert [t.split(":")[0] for t in texts] == ["group", "reasons.0", "error_contains"], texts
     assert all("\n" not in t and len(t) <= 300 for t in texts), texts
     page_text = frame.locator("body").inner_text()
     assert "Failed validating" not in page_text and "'type'" not in page_text and "schema" not in page_text
+    assert "Nothing was triggered." in page_text
     [entry] = [e for e in trigger_logs(airflow) if e["event_log_id"] not in logged]
     assert [p.split(":")[0] for p in json.loads(entry["extra"])["refused"]] == [
         "group",
-        "reasons[0]",
+        "reasons.0",
         "error_contains",
     ]
     time.sleep(3)

@@ -43,7 +43,7 @@ def redrive_dag() -> DAG:
         # a retried redrive resumes its run key: it never moves a message twice
         retry_delay=timedelta(seconds=5),
         schedule=None,
-        is_paused_upon_creation=False,  # the page's dry-run form and REST triggers need it active
+        is_paused_upon_creation=False,  # the page's redrives and REST triggers need it active
         doc_md=DOC,
         params=redrive_params(),
     ) as dag:

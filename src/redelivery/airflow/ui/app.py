@@ -1,12 +1,15 @@
 """The operator's page in the Airflow UI (plugin ``redelivery``): a FastAPI app the api-server
 mounts under /redelivery. ``GET /redelivery/dlq`` (the page), ``GET /redelivery/dlq.json``,
-``POST /redelivery/dlq/redrive`` (a dry-run redrive: the conf checked against the DAG's Params,
-Airflow's trigger permission, same origin only, audited), ``GET /redelivery/dlq/runs/<run id>``
-and ``GET /redelivery/metrics``. Every route needs Airflow's permission to read the dlq_redrive
-DAG. Routes, access and the audit of refusals in detail: docs/operator-page.md. A state store that
-cannot serve (no connection, unreachable, the password refused, never migrated) is answered 503
-with what is wrong and where to fix it, one line each (``StoreUnavailable``), the metrics 200 with
-``redelivery_up 0``.
+a group's dead letters ``GET /redelivery/dlq/messages`` (one of them ``/<id>``, the selection as
+JSON Lines ``.jsonl``), ``POST /redelivery/dlq/messages/redrive`` (a redrive of the selection, a
+dry run by default: the conf checked against the DAG's Params, Airflow's trigger permission, same
+origin only, audited), ``GET /redelivery/dlq/runs/<run id>`` and ``GET /redelivery/metrics``.
+``POST /redelivery/dlq/redrive``, the page's old dry-run form, answers 410 with the way to the
+list for one release (``dry_run_form_gone``). Every route needs Airflow's permission to read the
+dlq_redrive DAG. Routes, access and the audit of refusals in detail: docs/operator-page.md. A
+state store that cannot serve (no connection, unreachable, the password refused, never migrated)
+is answered 503 with what is wrong and where to fix it, one line each (``StoreUnavailable``), the
+metrics 200 with ``redelivery_up 0``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
-from fastapi import Depends, FastAPI, Form, HTTPException, Path, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -37,9 +40,9 @@ from redelivery.airflow.ui.dead_letter_pages import (
     parse_query,
     posted_conf,
     problems_page,
+    redrive_conf,
     selection_filter,
 )
-from redelivery.airflow.ui.dead_letter_pages import redrive_conf as selection_conf
 from redelivery.airflow.ui.page import (
     REDRIVE_DAG,
     STYLE,
@@ -51,14 +54,16 @@ from redelivery.airflow.ui.page import (
     tier_dags,
 )
 from redelivery.config import cached_config
-from redelivery.dead_letters import MAX_MESSAGE_ID, browse, export, message, summary
+from redelivery.dead_letters import MAX_MESSAGE_ID, DlqFilter, browse, export, message, summary
 from redelivery.errors import UnknownGroupError, UnknownTopicError
+from redelivery.fields import query_string
 from redelivery.metrics import CONTENT_TYPE, STATEMENT_TIMED_OUT, render_unavailable, unavailable
 from redelivery.metrics import render as render_metrics
 from redelivery.settings import get_settings
 from redelivery.store.db import check_schema, connect, read_url
 
-#: Airflow's audit-log event of a refused read, per route (a refused POST is ``trigger_dag_run``).
+#: Airflow's audit-log event of a refused read, per route (a refused POST of the selection is
+#: ``trigger_dag_run``; any other route's, ``get_redelivery_page``).
 READ_EVENTS = {
     "dead_letters_page": "get_dead_letters_page",
     "dead_letters_json": "get_dead_letters_json",
@@ -66,14 +71,12 @@ READ_EVENTS = {
     "metrics": "get_redelivery_metrics",
 }
 logger = logging.getLogger(__name__)
-#: The form's fields and the longest value each takes.
-FORM_FIELDS = {"group": 2000, "reasons": 2000, "error_contains": 100_000}
 _may_read = requires_access_dag("GET", param_dag_id=REDRIVE_DAG)
 _may_trigger = requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=REDRIVE_DAG)
 
 
 class Refused(HTTPException):
-    """A refused POST of the form, answered with the refusal page (``_refused``)."""
+    """A refused POST of the selection form, answered with the refusal page (``_refused``)."""
 
     def __init__(self, status_code: int, problems: list[str], dry_run: bool = True):
         super().__init__(status_code, "; ".join(problems))
@@ -83,39 +86,37 @@ class Refused(HTTPException):
 async def require_read_access(request: Request, user: GetUserDep) -> None:
     """Every route's check: Airflow's permission to read dlq_redrive. A refusal is written to
     Airflow's audit log, in a session of its own, before it is answered: a read as its
-    ``READ_EVENTS`` event, a POST of the form as its trigger (``_refuse_post``). Raises
-    HTTPException (403) when refused (``Refused`` for the POST), or what Airflow's check raises."""
+    ``READ_EVENTS`` event (the old form's POST too: it triggers nothing), a POST of the selection
+    form as its trigger (``_refuse_post``). Raises HTTPException (403) when refused (``Refused`` for
+    the selection's POST), or what Airflow's check raises."""
     try:
         await run_in_threadpool(_may_read, request, user)
     except HTTPException as exc:
         if exc.status_code != 403:
             raise
         refused = f"{_name(user)} may not read {REDRIVE_DAG} (Airflow: {exc.detail})"
-        if request.method == "POST":
+        if _endpoint(request) == "redrive_selection":
             await _refuse_post(request, user, refused)
         await run_in_threadpool(_audit_read_now, user, request, [refused])
         raise
 
 
 async def require_trigger_access(request: Request, user: GetUserDep) -> None:
-    """The form's POST check, before its values are checked: its origin (``origin_refusal``) and
-    the user's permission to trigger dlq_redrive (``trigger_refusal``); a refusal is audited as
-    ``_refuse_post`` says. Raises ``Refused`` (403), or what Airflow's check raises."""
+    """The selection form's POST check, before its values are checked: its origin
+    (``origin_refusal``) and the user's permission to trigger dlq_redrive (``trigger_refusal``); a
+    refusal is audited as ``_refuse_post`` says. Raises ``Refused`` (403), or what Airflow's check raises."""
     refusal = origin_refusal(request) or await run_in_threadpool(trigger_refusal, request, user)
     if refusal:
         await _refuse_post(request, user, refusal)
 
 
 async def _refuse_post(request: Request, user, refusal: str) -> None:
-    """Write a refused POST of the form to Airflow's audit log as its trigger (``_audit``: the
-    conf it posted, each field cut at its longest, and ``refusal``), committed now in a session of
-    its own (the request's rolls back), then raise ``Refused`` (403)."""
-    form = await request.form()  # parsed once: the route's fields read the same
-    if _endpoint(request) == "redrive_selection":
-        conf_ = posted_conf((k, str(v)) for k, v in form.multi_items())
-    else:
-        fields = {key: str(form.get(key) or "")[:limit] for key, limit in FORM_FIELDS.items()}
-        conf_ = redrive_conf(**fields)
+    """Write a refused POST of the selection form to Airflow's audit log as its trigger
+    (``_audit``: the conf it posted as far as it can be read, ``posted_conf``, and ``refusal``),
+    committed now in a session of its own (the request's rolls back), then raise ``Refused``
+    (403)."""
+    form = await request.form()  # parsed once: the route reads the same
+    conf_ = posted_conf((k, str(v)) for k, v in form.multi_items())
     await run_in_threadpool(_audit_now, user, conf_, [refusal], request.url.path)
     raise Refused(403, [refusal], dry_run=conf_.get("dry_run", True) is not False)
 
@@ -329,34 +330,33 @@ def run_page(run_id: str) -> str:
     return run_url(_ui_root(), REDRIVE_DAG, run_id)
 
 
-def redrive_conf(group: str, reasons: str, error_contains: str) -> dict:
-    """The conf of the dry run the form asks for (empty fields left out; the form's one reason as
-    the list ``reasons``)."""
-    conf_ = {"group": group, "dry_run": True}
-    if reasons:
-        conf_["reasons"] = [reasons]
-    if error_contains:
-        conf_["error_contains"] = error_contains
-    return conf_
-
-
 @app.exception_handler(Refused)
 async def refusal_page(request: Request, exc: Refused) -> HTMLResponse:
     return _refused(request, exc.status_code, exc.problems, exc.dry_run)
 
 
-@app.post("/dlq/redrive", dependencies=[Depends(require_trigger_access)], response_model=None)
-def dry_run_redrive(
-    request: Request,
-    user: GetUserDep,
-    session: SessionDep,
-    group: Annotated[str, Form(max_length=FORM_FIELDS["group"])] = "",
-    reasons: Annotated[str, Form(max_length=FORM_FIELDS["reasons"])] = "",
-    error_contains: Annotated[str, Form(max_length=FORM_FIELDS["error_contains"])] = "",
-) -> Response:
-    """Trigger a dry run of dlq_redrive for ``group`` (see the module docstring); 303 to the run,
-    or the refusal page (400) listing every value refused."""
-    return trigger_redrive(request, user, session, redrive_conf(group, reasons, error_contains))
+#: The answer of ``POST /redelivery/dlq/redrive``, the page's old dry-run form (docs/changelog.md).
+FORM_GONE = (
+    "the dry-run form moved: open {list}, choose the messages, and redrive them (a dry run by default)"
+)
+
+
+@app.post("/dlq/redrive", response_class=HTMLResponse, name="dry_run_form_gone")
+async def dry_run_form_gone(request: Request) -> HTMLResponse:
+    """The page's old dry-run form, gone: 410 with the way to the list that replaced it, the
+    filter it posted (group, reason, error contains) filled in when the filter takes it. Triggers
+    and writes nothing; kept one release (docs/changelog.md)."""
+    form = await request.form()
+    posted = {name: str(form.get(name) or "") for name in ("group", "reasons", "error_contains")}
+    path = request.url_for("dead_letter_list").path
+    try:
+        posted["reasons"] = [posted["reasons"]] if posted["reasons"] else []
+        address = escape(f"{path}?{query_string(DlqFilter(**posted))}")
+        way = f"<a href='{address}'>{address}</a>"
+    except ValueError:  # none posted, or one the filter refuses: the address's form only
+        way = escape(f"{path}?group=...")
+    hint = FORM_GONE.format(list=way)
+    return _small_page("Dry-run form moved", f"<p class='gone'>{hint}</p>", 410)
 
 
 def trigger_redrive(request: Request, user, session, conf_: dict) -> Response:
@@ -580,11 +580,11 @@ def dead_letter_message(
 async def redrive_selection(request: Request, user: GetUserDep, session: SessionDep) -> Response:
     """Trigger dlq_redrive for the list's selection (``dead_letter_pages.redrive_conf``: the ticked
     ids or the filter, dry run or real), with the origin and permission checks, the Params check
-    and the audit of ``dry_run_redrive``; a selection the filter refuses: 400, audited, nothing
+    and the audit of ``trigger_redrive``; a selection the filter refuses: 400, audited, nothing
     triggered."""
     form = await request.form()
     try:
-        conf_ = selection_conf(parse_query([(k, str(v)) for k, v in form.multi_items()], SELECTION_FIELDS))
+        conf_ = redrive_conf(parse_query([(k, str(v)) for k, v in form.multi_items()], SELECTION_FIELDS))
     except BadQuery as exc:
         conf_ = posted_conf((k, str(v)) for k, v in form.multi_items())
         await run_in_threadpool(_audit_now, user, conf_, exc.problems, request.url.path)
