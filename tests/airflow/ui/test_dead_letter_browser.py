@@ -1,7 +1,8 @@
 """The dead letters themselves in the operator's page (issue 21), end to end in a real Airflow and
 headless Chromium: browse and filter a group's list (the address is the filter), open a dead letter
-whose every field is hostile, select and redrive (dry run, real run) with the same checks and
-audit as the page's form, download the selection; who may do what."""
+whose every field is hostile, select and redrive (dry run, real run: the page's only way to
+trigger dlq_redrive since issue 39.3, its checks and audit), download the selection; who may do
+what."""
 
 from __future__ import annotations
 
