@@ -624,6 +624,13 @@ FROM (SELECT topic_id, group_id, delay_level, count(*) AS n FROM deliveries
       WHERE state = 'WAITING_RETRY' GROUP BY 1, 2, 3) c
 JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id;
 
+/* redelivery:NOTIFY_WAITERS */
+SELECT pg_notify('redelivery_topic_' || w.topic_id, '')
+FROM (SELECT DISTINCT w.topic_id FROM receive_waiters w
+      WHERE (w.topic_id = ANY(%(topic_ids)s::int[])
+             OR w.topic_id IN (SELECT t.id FROM topics t WHERE t.name = ANY(%(topics)s::text[])))
+        AND w.expires_at > now()) w;
+
 /* redelivery:PAGE_BLOCKED */
 SELECT group_id, count(*), min(created_at) FROM deliveries
 WHERE state = 'BLOCKED' AND group_id = ANY(%(ids)s::int[])
@@ -899,6 +906,10 @@ subscription AS (
   SELECT s.consume_offset FROM subscriptions s
   WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND NOT s.ordered
     AND (SELECT n FROM room) > 0
+    -- only when the log holds a message past the offset: an empty receive locks nothing that
+    -- a busy one needs (the first id past it from the log's primary key, as PAST_OFFSET)
+    AND (SELECT m.id FROM messages m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset
+         ORDER BY m.id LIMIT 1) IS NOT NULL
   FOR UPDATE),
 new AS (
   SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
@@ -1358,6 +1369,16 @@ SELECT id, name FROM topics;
 
 /* redelivery:UNLOCK_LOG_PARTITION_FOR_RETENTION */
 SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s));
+
+/* redelivery:WAITER_GONE */
+DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid();
+
+/* redelivery:WAITER_PRESENT */
+WITH swept AS (DELETE FROM receive_waiters WHERE expires_at < now() - interval '1 minute')
+INSERT INTO receive_waiters AS w (topic_id, backend_pid, expires_at)
+VALUES (%(topic_id)s, pg_backend_pid(), %(until)s)
+ON CONFLICT (topic_id, backend_pid) DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
+RETURNING w.expires_at;
 
 /* redelivery:WAITING_BEYOND_LEVELS */
 SELECT delay_level, count(*) FROM deliveries

@@ -5,6 +5,8 @@ it reads the shared context, and holds no state of its own beyond it."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import psycopg
 
 from redelivery.config import RedeliveryConfig
@@ -30,6 +32,10 @@ class ClientContext:
         self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
         #: (topic id, group id) -> the share of free messages its ordered receive expects to read
         self.free_shares: dict[tuple[int, int], float] = {}
+        #: (the connection that LISTENs, the topic ids it LISTENs for) and, per topic id, until when
+        #: its row in receive_waiters says this client waits (``messaging.waiting``)
+        self.listening: tuple[psycopg.Connection | None, set[int]] = (None, set())
+        self.present_until: dict[int, datetime] = {}
         self.config = config  # and ``levels``, its level table
 
     @property
