@@ -159,3 +159,24 @@ def test_a_bad_wait_is_refused_and_changes_nothing(client, topic_group, wait):
     with pytest.raises(ValueError, match=r"wait_seconds must be 0\.\.20 seconds"):
         client.lease_rows("billing", "orders", 10, 30, wait_seconds=wait)
     assert snapshot(client.conn) == before
+
+
+def test_the_consumer_dags_drain_waits_for_the_next_message(client, topic_group, database_url, no_recheck):
+    """``drain`` (the consumer DAG's task) with ``wait_seconds``: nothing READY at first, a message
+    published meanwhile is delivered in the same run, which ends once a wait finds nothing."""
+    from redelivery.airflow.http_delivery import drain
+    from redelivery.client import Outcome
+
+    delivered = []
+
+    def deliver(batch):
+        delivered.extend(m.message_id for m in batch)
+        return [Outcome(m, "ack") for m in batch]
+
+    waiter = Waiter(database_url, lambda c: drain(c, "orders", "billing", deliver, wait_seconds=3))
+    waiter.start()
+    until_present(client.conn)
+    [mid] = client.publish("orders", [{"n": 1}])
+    waiter.join(20)
+    assert waiter.error is None and delivered == [mid] and waiter.got["acked"] == 1
+    assert 3 <= waiter.seconds < 10  # the wait after it found nothing, then the end
