@@ -625,11 +625,15 @@ FROM (SELECT topic_id, group_id, delay_level, count(*) AS n FROM deliveries
 JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id;
 
 /* redelivery:NOTIFY_WAITERS */
-SELECT pg_notify('redelivery_topic_' || w.topic_id, '')
-FROM (SELECT DISTINCT w.topic_id FROM receive_waiters w
+SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
+FROM (SELECT w.backend_pid,
+             row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
+      FROM receive_waiters w
       WHERE (w.topic_id = ANY(%(topic_ids)s::int[])
              OR w.topic_id IN (SELECT t.id FROM topics t WHERE t.name = ANY(%(topics)s::text[])))
-        AND w.expires_at > now()) w;
+        AND (%(group_ids)s::int[] IS NULL OR w.group_id = ANY(%(group_ids)s::int[]))
+        AND w.expires_at > now()) w
+WHERE w.nth <= %(wake)s;
 
 /* redelivery:PAGE_BLOCKED */
 SELECT group_id, count(*), min(created_at) FROM deliveries
@@ -1375,9 +1379,10 @@ DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid();
 
 /* redelivery:WAITER_PRESENT */
 WITH swept AS (DELETE FROM receive_waiters WHERE expires_at < now() - interval '1 minute')
-INSERT INTO receive_waiters AS w (topic_id, backend_pid, expires_at)
-VALUES (%(topic_id)s, pg_backend_pid(), %(until)s)
-ON CONFLICT (topic_id, backend_pid) DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
+INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
+VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), %(until)s)
+ON CONFLICT (topic_id, group_id, backend_pid)
+  DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
 RETURNING w.expires_at;
 
 /* redelivery:WAITING_BEYOND_LEVELS */

@@ -198,7 +198,9 @@ def _move_batch(
 def _woken(conn: psycopg.Connection, params: dict, result: tuple[int, bool]) -> tuple[int, bool]:
     """``result`` of a committed batch, its topic's waiting consumers woken when it moved some."""
     if result[0]:
-        wake(conn, topic_ids=[params["dest"]] if params.get("dest") else params["revived_topics"])
+        topics = [params["dest"]] if params.get("dest") else params["revived_topics"]
+        groups = None if params.get("dest") else [params["group_id"]]  # a copy: every group's
+        wake(conn, result[0], topic_ids=topics, group_ids=groups)
     return result
 
 

@@ -90,19 +90,50 @@ def test_nobody_waiting_means_no_notification(client, topic_group, database_url)
     """A publish notifies only while a consumer's row says it waits: a commit that notifies takes a
     lock of the whole cluster."""
     topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
+    group_id = client.conn.execute("SELECT id FROM consumer_groups WHERE name = 'billing'").fetchone()[0]
     with psycopg.connect(database_url, autocommit=True) as listener:
-        listener.execute(f"LISTEN redelivery_topic_{topic_id}")
+        pid = listener.info.backend_pid
+        listener.execute(f"LISTEN redelivery_wait_{pid}")
         client.publish("orders", [{"n": 1}])
         assert list(listener.notifies(timeout=0.5)) == []  # nobody waits: nothing sent
-        client.conn.execute(
-            "INSERT INTO receive_waiters VALUES (%s, 0, now() + interval '1 minute')", (topic_id,)
-        )
+        present = "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')"
+        client.conn.execute(present, (topic_id, group_id, pid))
         client.publish("orders", [{"n": 2}])
         [note] = listener.notifies(timeout=5, stop_after=1)
-        assert note.channel == f"redelivery_topic_{topic_id}"
+        assert note.channel == f"redelivery_wait_{pid}"
         client.conn.execute("UPDATE receive_waiters SET expires_at = now() - interval '1 second'")
         client.publish("orders", [{"n": 3}])
         assert list(listener.notifies(timeout=0.5)) == []  # an expired row: nobody
+
+
+def test_a_message_wakes_one_waiter_of_each_group_not_the_herd(client, topic_group, database_url):
+    """Three consumers of billing and one of audit wait: a publish of one message notifies one of
+    billing's (at random) and audit's; a publish of three notifies each of them once."""
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    ids = dict(client.conn.execute("SELECT name, id FROM consumer_groups").fetchall())
+    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
+    listeners = [psycopg.connect(database_url, autocommit=True) for _ in range(4)]
+    try:
+        for conn, group in zip(listeners, ["billing", "billing", "billing", "audit"], strict=True):
+            conn.execute(f"LISTEN redelivery_wait_{conn.info.backend_pid}")
+            client.conn.execute(
+                "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')",
+                (topic_id, ids[group], conn.info.backend_pid),
+            )
+
+        def woken() -> list[int]:
+            time.sleep(0.3)
+            return [len(list(conn.notifies(timeout=0.2))) for conn in listeners]
+
+        client.publish("orders", [{"n": 1}])
+        notified = woken()
+        assert sum(notified[:3]) == 1 and notified[3] == 1
+        client.publish("orders", [{"n": 2}, {"n": 3}, {"n": 4}])
+        assert woken() == [1, 1, 1, 1]
+    finally:
+        for conn in listeners:
+            conn.close()
 
 
 def test_a_missed_wake_up_costs_at_most_the_recheck(client, topic_group, database_url, monkeypatch):

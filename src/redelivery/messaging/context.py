@@ -32,10 +32,10 @@ class ClientContext:
         self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
         #: (topic id, group id) -> the share of free messages its ordered receive expects to read
         self.free_shares: dict[tuple[int, int], float] = {}
-        #: (the connection that LISTENs, the topic ids it LISTENs for) and, per topic id, until when
-        #: its row in receive_waiters says this client waits (``messaging.waiting``)
-        self.listening: tuple[psycopg.Connection | None, set[int]] = (None, set())
-        self.present_until: dict[int, datetime] = {}
+        #: the connection that LISTENs on its backend's channel and, per (topic id, group id), until
+        #: when its row in receive_waiters says this client waits (``messaging.waiting``)
+        self.listening: psycopg.Connection | None = None
+        self.present_until: dict[tuple[int, int], datetime] = {}
         self.config = config  # and ``levels``, its level table
 
     @property

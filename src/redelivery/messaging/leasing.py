@@ -91,7 +91,7 @@ class Receiver(Role):
         if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
             return self.receive(group, topic, max_messages, invisible_duration, at, wait_seconds)
         if not rows and wait:
-            return wait_for(self.context, topic_id, wait, lambda: self.receive(
+            return wait_for(self.context, topic_id, group_id, wait, lambda: self.receive(
                 group, topic, max_messages, invisible_duration, at
             ))  # fmt: skip
         out, bad = _decode_received(rows, group, topic, policy.retry_name)
@@ -127,7 +127,7 @@ class Receiver(Role):
         if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
             return self.lease_rows(group, topic, max_messages, invisible_duration, at, wait_seconds)
         if not rows and wait:
-            return wait_for(self.context, topic_id, wait, lambda: self.lease_rows(
+            return wait_for(self.context, topic_id, group_id, wait, lambda: self.lease_rows(
                 group, topic, max_messages, invisible_duration, at
             ))  # fmt: skip
         leased = []

@@ -3,12 +3,16 @@ is receivable for its group, or empty after the wait, as SQS's ``WaitTimeSeconds
 ``read_with_poll`` and Kafka's ``poll(timeout)`` do, without a query per consumer every few
 milliseconds.
 
-The consumer LISTENs on its topic's channel on its own connection (autocommit: a LISTEN takes
-effect at once, and the receives run between waits) and keeps a row in ``receive_waiters`` while
-it may wait. A publish, a tier run and a redrive that made messages receivable notify the channel
-after their commit, and only when such a row has not expired (``NOTIFY_WAITERS``; a publish learns
-it from the statement that records its batch): a notifying commit takes a lock of the whole
-cluster, and nobody waiting must cost a publish nothing. A wake-up can still be missed (a publish
+The consumer LISTENs on a channel of its connection's own (``redelivery_wait_<backend pid>``;
+autocommit: a LISTEN takes effect at once, and the receives run between waits) and keeps a row in
+``receive_waiters`` per topic and group while it may wait. A publish, a tier run and a redrive that
+made n messages receivable notify up to n of each group's backends, chosen at random, after their
+commit, and
+only when such a row has not expired (``NOTIFY_WAITERS``; a publish learns it from the statement
+that records its batch): a notifying commit takes a lock of the whole cluster, and nobody waiting
+must cost a publish nothing; and a message wakes one consumer, not a herd of every waiter that
+would all run a receive for it (16 consumers: 16 receives a message). A chosen consumer that is
+busy receives the message when it next asks. A wake-up can still be missed (a publish
 that read the table just before the row was written, a notification lost with a connection): the
 consumer receives again at least every ``RECHECK_SECONDS`` while it waits. What the wait leaves
 behind: the LISTEN, until the client closes; the row, until it expires (a minute at most after
@@ -49,12 +53,14 @@ def check_wait(wait_seconds) -> float:
     return float(wait_seconds)
 
 
-def channel(topic_id: int) -> str:
-    """The channel a topic's waiting consumers LISTEN on."""
-    return f"redelivery_topic_{topic_id}"
+def channel(backend_pid: int) -> str:
+    """The channel a waiting consumer's connection (its backend) LISTENs on."""
+    return f"redelivery_wait_{backend_pid}"
 
 
-def wait_for(context, topic_id: int, wait_seconds: float, once: Callable[[], list[_T]]) -> list[_T]:
+def wait_for(
+    context, topic_id: int, group_id: int, wait_seconds: float, once: Callable[[], list[_T]]
+) -> list[_T]:
     """After a receive that got nothing: ``once()`` (the receive again) until it returns something
     or ``wait_seconds`` passed, each time the topic's channel is notified and at least every
     ``RECHECK_SECONDS``. The first ``once()`` runs after this backend LISTENs and is present, so
@@ -62,9 +68,9 @@ def wait_for(context, topic_id: int, wait_seconds: float, once: Callable[[], lis
     ``context``: the client's (``messaging.context.ClientContext``), whose connection waits."""
     conn = context.conn
     deadline = time.monotonic() + wait_seconds
-    _listen(context, topic_id)
+    _listen(context)
     while True:
-        _stay_present(context, topic_id, deadline)
+        _stay_present(context, (topic_id, group_id), deadline)
         _drain(conn)  # what came before this receive: it will see that already
         got = once()
         remaining = deadline - time.monotonic()
@@ -74,26 +80,25 @@ def wait_for(context, topic_id: int, wait_seconds: float, once: Callable[[], lis
             break
 
 
-def _listen(context, topic_id: int) -> None:
-    """LISTEN on the topic's channel, once per connection (a reconnected client listens again)."""
-    conn, topics = context.listening
-    if conn is not context.conn:
-        context.listening = conn, topics = context.conn, set()
+def _listen(context) -> None:
+    """LISTEN on the backend's channel, once per connection (a reconnected client listens again)."""
+    if context.listening is not context.conn:
+        listen = sql.SQL("LISTEN {}").format(sql.Identifier(channel(context.conn.info.backend_pid)))
+        context.conn.execute(listen)
+        context.listening = context.conn
         context.present_until.clear()  # a new backend: its rows are to write
-    if topic_id not in topics:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(topic_id))))
-        topics.add(topic_id)
 
 
-def _stay_present(context, topic_id: int, deadline: float) -> None:
-    """Keep this backend's row of ``topic_id`` until past ``deadline`` (a ``time.monotonic()``):
-    written when the row it wrote last ends before, for ``PRESENCE_SECONDS`` more."""
+def _stay_present(context, subscription: tuple[int, int], deadline: float) -> None:
+    """Keep this backend's row of ``subscription`` (topic id, group id) until past ``deadline`` (a
+    ``time.monotonic()``): written when the row it wrote last ends before, for
+    ``PRESENCE_SECONDS`` more."""
     wall = datetime.now(UTC) + timedelta(seconds=deadline - time.monotonic())
-    if context.present_until.get(topic_id, wall) > wall:
+    if context.present_until.get(subscription, wall) > wall:
         return
     until = wall + timedelta(seconds=PRESENCE_SECONDS)
-    row = context.conn.execute(S.WAITER_PRESENT, {"topic_id": topic_id, "until": until}).fetchone()
-    context.present_until[topic_id] = row[0]
+    params = {"topic_id": subscription[0], "group_id": subscription[1], "until": until}
+    context.present_until[subscription] = context.conn.execute(S.WAITER_PRESENT, params).fetchone()[0]
 
 
 def _drain(conn: psycopg.Connection) -> None:
@@ -102,12 +107,24 @@ def _drain(conn: psycopg.Connection) -> None:
         pass
 
 
-def wake(conn: psycopg.Connection, *, topic_ids: Iterable[int] = (), topics: Iterable[str] = ()) -> None:
-    """Wake the consumers waiting on these topics (ids or names), after the commit that made
-    messages receivable for them (``NOTIFY_WAITERS``: nothing is sent when nobody waits). A failure
-    is logged, not raised: the commit is done, and a waiter receives again within
-    ``RECHECK_SECONDS`` anyway."""
-    params = {"topic_ids": list(topic_ids), "topics": list(topics)}
+def wake(
+    conn: psycopg.Connection,
+    messages: int,
+    *,
+    topic_ids: Iterable[int] = (),
+    topics: Iterable[str] = (),
+    group_ids: Iterable[int] | None = None,
+) -> None:
+    """Wake up to ``messages`` consumers of each group (of ``group_ids``; None: every group) waiting
+    on these topics (ids or names), after the commit that made that many messages receivable for
+    them (``NOTIFY_WAITERS``: nothing is sent when nobody waits). A failure is logged, not raised:
+    the commit is done, and a waiter receives again within ``RECHECK_SECONDS`` anyway."""
+    params = {
+        "topic_ids": list(topic_ids),
+        "topics": list(topics),
+        "group_ids": None if group_ids is None else list(group_ids),
+        "wake": max(int(messages), 1),
+    }
     try:
         if conn.autocommit:  # a transaction of its own
             conn.execute(S.NOTIFY_WAITERS, params).fetchall()

@@ -263,22 +263,29 @@ RECEIVE = _named("RECEIVE", f"""
 #: topic's channel while a row of it has not expired.
 WAITER_PRESENT = _named("WAITER_PRESENT", """
     WITH swept AS (DELETE FROM receive_waiters WHERE expires_at < now() - interval '1 minute')
-    INSERT INTO receive_waiters AS w (topic_id, backend_pid, expires_at)
-    VALUES (%(topic_id)s, pg_backend_pid(), %(until)s)
-    ON CONFLICT (topic_id, backend_pid) DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
+    INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
+    VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), %(until)s)
+    ON CONFLICT (topic_id, group_id, backend_pid)
+      DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
     RETURNING w.expires_at""")
 #: This backend's consumers wait no more (a client closing).
 WAITER_GONE = _named("WAITER_GONE", """
     DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid()""")
-#: Wake the consumers waiting on these topics (by id, or by name), after a commit that made
-#: messages receivable: one notification per topic with a waiter whose row has not expired, none
-#: when nobody waits (a notifying commit takes a lock of the whole cluster).
+#: Wake up to ``wake`` consumers of each group waiting on these topics (by id, or by name; of the
+#: groups ``group_ids``, or of every one when it is NULL), after a commit that made that many
+#: messages receivable: one notification on the channel of each backend chosen among those whose
+#: row has not expired, at random (never a herd of every waiter for one message), none when nobody
+#: waits (a notifying commit takes a lock of the whole cluster).
 NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
-    SELECT pg_notify('redelivery_topic_' || w.topic_id, '')
-    FROM (SELECT DISTINCT w.topic_id FROM receive_waiters w
+    SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
+    FROM (SELECT w.backend_pid,
+                 row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
+          FROM receive_waiters w
           WHERE (w.topic_id = ANY(%(topic_ids)s::int[])
                  OR w.topic_id IN (SELECT t.id FROM topics t WHERE t.name = ANY(%(topics)s::text[])))
-            AND w.expires_at > now()) w""")
+            AND (%(group_ids)s::int[] IS NULL OR w.group_id = ANY(%(group_ids)s::int[]))
+            AND w.expires_at > now()) w
+    WHERE w.nth <= %(wake)s""")
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
 #: ack deletes the delivery row, and the message, below its group's offset with no row, is
 #: COMMITTED. Receipts that match nothing (late, repeated) are counted as stale on the group, in
