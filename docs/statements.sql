@@ -68,6 +68,9 @@ SELECT pg_advisory_xact_lock(%(namespace)s, %(key)s);
 SELECT watermark, confirmed, id_watermark, id_confirmed FROM asset_watermarks
 WHERE asset_uri = %(asset_uri)s;
 
+/* redelivery:BACKEND_PID */
+SELECT pg_backend_pid();
+
 /* redelivery:CLAIM_PUBLISH_BATCH */
 INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at)
 VALUES (%(batch)s, %(topic_id)s, %(count)s, coalesce(%(at)s::timestamptz, now()))
@@ -626,14 +629,14 @@ JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id;
 
 /* redelivery:NOTIFY_WAITERS */
 SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
-FROM (SELECT w.backend_pid,
+FROM (SELECT w.backend_pid, x.n,
              row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
-      FROM receive_waiters w
-      WHERE (w.topic_id = ANY(%(topic_ids)s::int[])
-             OR w.topic_id IN (SELECT t.id FROM topics t WHERE t.name = ANY(%(topics)s::text[])))
-        AND (%(group_ids)s::int[] IS NULL OR w.group_id = ANY(%(group_ids)s::int[]))
-        AND w.expires_at > now()) w
-WHERE w.nth <= %(wake)s;
+      FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])
+           AS x(topic_id, group_id, n)
+      JOIN receive_waiters w
+        ON w.topic_id = x.topic_id AND (x.group_id IS NULL OR w.group_id = x.group_id)
+      WHERE w.expires_at > now()) w
+WHERE w.nth <= w.n;
 
 /* redelivery:PAGE_BLOCKED */
 SELECT group_id, count(*), min(created_at) FROM deliveries
@@ -1374,16 +1377,22 @@ SELECT id, name FROM topics;
 /* redelivery:UNLOCK_LOG_PARTITION_FOR_RETENTION */
 SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s));
 
+/* redelivery:WAITER_DONE */
+UPDATE receive_waiters SET expires_at = now()
+WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND backend_pid = pg_backend_pid();
+
 /* redelivery:WAITER_GONE */
 DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid();
 
 /* redelivery:WAITER_PRESENT */
-WITH swept AS (DELETE FROM receive_waiters WHERE expires_at < now() - interval '1 minute')
+WITH swept AS (
+  DELETE FROM receive_waiters WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM receive_waiters
+    WHERE expires_at < now() - interval '1 minute' AND backend_pid <> pg_backend_pid()
+    FOR UPDATE SKIP LOCKED)))
 INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
-VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), %(until)s)
-ON CONFLICT (topic_id, group_id, backend_pid)
-  DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
-RETURNING w.expires_at;
+VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), now() + make_interval(secs => %(seconds)s))
+ON CONFLICT (topic_id, group_id, backend_pid) DO UPDATE SET expires_at = excluded.expires_at;
 
 /* redelivery:WAITING_BEYOND_LEVELS */
 SELECT delay_level, count(*) FROM deliveries

@@ -198,9 +198,10 @@ def _move_batch(
 def _woken(conn: psycopg.Connection, params: dict, result: tuple[int, bool]) -> tuple[int, bool]:
     """``result`` of a committed batch, its topic's waiting consumers woken when it moved some."""
     if result[0]:
-        topics = [params["dest"]] if params.get("dest") else params["revived_topics"]
-        groups = None if params.get("dest") else [params["group_id"]]  # a copy: every group's
-        wake(conn, result[0], topic_ids=topics, group_ids=groups)
+        if params.get("dest"):  # a copy published there: every group of that topic
+            wake(conn, [(params["dest"], None, result[0])])
+        else:
+            wake(conn, [(topic_id, params["group_id"], result[0]) for topic_id in params["revived_topics"]])
     return result
 
 

@@ -32,6 +32,7 @@ class Waiter(threading.Thread):
 
     def run(self) -> None:
         with Client(self.url) as client:
+            self.pid = client.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
             self.started_waiting.set()
             start = time.monotonic()
             try:
@@ -158,10 +159,67 @@ def test_an_empty_wait_returns_nothing_after_the_wait_and_a_closed_client_leaves
     waiter.join(20)
     assert waiter.error is None and waiter.got == [] and waiter.seconds >= 1.5
     assert client.conn.execute("SELECT count(*) FROM receive_waiters").fetchone()[0] == 0  # closed: gone
-    listening = client.conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()"
-    ).fetchone()[0]
-    assert listening == 0  # its connection, and its LISTEN, went with the client
+    deadline = time.monotonic() + 10  # its session, and with it its LISTEN, ends with the client
+    while client.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (waiter.pid,)
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline, "the waiter's session outlived its client"
+        time.sleep(0.05)
+
+
+def test_a_consumer_whose_wait_returned_is_not_woken(client, topic_group, database_url, no_recheck):
+    """Once a wait returns, its row says it waits no more: the next message wakes one that waits."""
+    with Client(database_url) as other:
+        threading.Timer(0.5, lambda: client.publish("orders", [{"n": 1}])).start()
+        [got] = other.receive("billing", "orders", 10, 30, wait_seconds=15)
+        assert present(client.conn) == 0  # the wait returned: not a waiter any more
+        other.ack("billing", got)
+
+
+def test_a_tier_run_wakes_only_the_groups_it_promoted_for(client, topic_group, database_url):
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    client.publish("orders", [{"n": 1}], at=at(0))
+    client.receive("audit", "orders", 1, 3600, at=at(0))  # audit's stays in flight: nothing for it
+    client.nack("billing", client.receive("billing", "orders", 1, 30, at=at(0)), at=at(0))
+    ids = dict(client.conn.execute("SELECT name, id FROM consumer_groups").fetchall())
+    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
+    listeners = {group: psycopg.connect(database_url, autocommit=True) for group in ("billing", "audit")}
+    try:
+        for group, conn in listeners.items():
+            conn.execute(f"LISTEN redelivery_wait_{conn.info.backend_pid}")
+            client.conn.execute(
+                "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')",
+                (topic_id, ids[group], conn.info.backend_pid),
+            )
+        run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="w"), url=database_url)
+        time.sleep(0.3)
+        woken = {group: len(list(conn.notifies(timeout=0.2))) for group, conn in listeners.items()}
+        assert woken == {"billing": 1, "audit": 0}
+    finally:
+        for conn in listeners.values():
+            conn.close()
+
+
+def test_an_empty_receive_does_not_wait_for_a_busy_one(client, topic_group, database_url):
+    """Nothing past the offset: a receive takes no lock on the subscription, so a transaction that
+    holds it (a receive taking messages, say) keeps nobody with nothing to take waiting."""
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM redelivery.subscriptions FOR UPDATE")
+        started = time.monotonic()
+        assert client.receive("billing", "orders", 10, 30) == []
+        assert time.monotonic() - started < 5  # not blocked behind the holder
+        holder.rollback()
+
+
+def test_a_wait_inside_a_transaction_is_refused_before_anything(client, topic_group):
+    client.publish("orders", [{"n": 1}])
+    before = snapshot(client.conn)
+    client.conn.execute("BEGIN")
+    with pytest.raises(ValueError, match="cannot wait inside a transaction"):
+        client.receive("billing", "orders", 10, 30, wait_seconds=1)
+    client.conn.execute("ROLLBACK")
+    assert snapshot(client.conn) == before
 
 
 def test_a_lease_and_an_ordered_receive_wait_too(client, topic_group, database_url, no_recheck):

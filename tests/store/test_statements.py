@@ -36,7 +36,6 @@ SAMPLES = {
     "settle_run": "r", "acked": 1, "retried": 0, "dead_lettered": 0, "stale": 0,
     "lateness_le": [0.5, 1.0], "bucket_bounds": [0.5, 1.0], "bucket_counts": [1, 0, 0], "observed_sum": 0.25,
     "total_groups": [1], "total_promoted": [2], "total_dead_lettered": [0], "total_stale": [1],
-    "topics": ["orders"], "wake": 1, "until": "2026-03-01T12:00:40+00:00",
     "topic": "orders", "watermark": None, "id_watermark": None, "previous_id": None,
     "horizon": "2026-03-01T12:00:10+00:00", "settle": 300.0,
     "asset_uri": "redelivery://orders/billing", "previous": None,

@@ -5,8 +5,6 @@ it reads the shared context, and holds no state of its own beyond it."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import psycopg
 
 from redelivery.config import RedeliveryConfig
@@ -32,10 +30,8 @@ class ClientContext:
         self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
         #: (topic id, group id) -> the share of free messages its ordered receive expects to read
         self.free_shares: dict[tuple[int, int], float] = {}
-        #: the connection that LISTENs on its backend's channel and, per (topic id, group id), until
-        #: when its row in receive_waiters says this client waits (``messaging.waiting``)
+        #: the connection that LISTENs on its backend's channel (``messaging.waiting``)
         self.listening: psycopg.Connection | None = None
-        self.present_until: dict[tuple[int, int], datetime] = {}
         self.config = config  # and ``levels``, its level table
 
     @property

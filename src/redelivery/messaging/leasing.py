@@ -83,17 +83,13 @@ class Receiver(Role):
         ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError``
         (max_messages < 1, a lease or a wait out of range), what ``check_at`` raises for a bad
         ``at``."""
-        wait = check_wait(wait_seconds)
+        wait = check_wait(wait_seconds, self.conn)
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy, table = self.context.policy(topic_id, group_id, topic, group)  # NotSubscribedError
 
         rows = self._leased(params)
         if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
             return self.receive(group, topic, max_messages, invisible_duration, at, wait_seconds)
-        if not rows and wait:
-            return wait_for(self.context, topic_id, group_id, wait, lambda: self.receive(
-                group, topic, max_messages, invisible_duration, at
-            ))  # fmt: skip
         out, bad = _decode_received(rows, group, topic, policy.retry_name)
         if bad:
             try:
@@ -103,6 +99,10 @@ class Receiver(Role):
                     "%d undecodable messages of group %r stay in flight until their lease ends (%s)",
                     len(bad), group, exc,
                 )  # fmt: skip
+        if not out and wait:  # nothing (or nothing decodable): wait for the next
+            return wait_for(self.context, topic_id, group_id, wait, lambda: self.receive(
+                group, topic, max_messages, invisible_duration, at
+            ))  # fmt: skip
         return out
 
     def lease_rows(
@@ -119,7 +119,7 @@ class Receiver(Role):
         and ``invisible_until`` besides), bodies not decoded (``body``: the text of a JSON or text
         body; ``body_binary``: the bytes of a binary one), ``properties`` a list of (name, value).
         Committed before this returns; same arguments and errors as ``receive``."""
-        wait = check_wait(wait_seconds)
+        wait = check_wait(wait_seconds, self.conn)
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy = self.context.effective_policy(topic_id, group_id, topic, group)
 

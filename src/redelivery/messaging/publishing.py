@@ -298,7 +298,7 @@ class Publisher(Role):
                 write_copy(self.conn, S.COPY_MESSAGES, data)
             ids, waited = record_published_batch(self.conn, topic_id, batch_id, floor, count, partition)
         if waited:  # committed: the waiting consumers may receive them now
-            wake(self.conn, len(ids), topic_ids=[topic_id])
+            wake(self.conn, [(topic_id, None, len(ids))])
         return ids
 
     def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:

@@ -340,7 +340,7 @@ def _publish_transaction(conn: psycopg.Connection, topic_id: int, staged: _Stage
         # driver died leaves its chunks to retention.publish_staging)
         conn.execute(S.DELETE_STAGED_RUN, {"batch": batch_id, "stage_run": staged.run_id})
     if waited:  # committed: the waiting consumers may receive them now
-        wake(conn, count, topic_ids=[topic_id])
+        wake(conn, [(topic_id, None, count)])
     return count
 
 

@@ -253,11 +253,7 @@ def _apply(
     for part in parts:
         total.merge(part)
     if total.promoted_by_topic and not dry_run:  # committed: their waiting consumers may receive them
-        subscriptions = total.promoted_by_topic  # {(group id, topic id): n}
-        wake(
-            conn, max(subscriptions.values()), topic_ids={t for _, t in subscriptions},
-            group_ids={g for g, _ in subscriptions},
-        )  # fmt: skip
+        wake(conn, [(topic_id, group_id, n) for (group_id, topic_id), n in total.promoted_by_topic.items()])
     seconds = time.perf_counter() - started
     summary = _summary(conn, total, request, levels, len(ranges), seconds)
     summary["engine"] = "spark" if spark is not None and ranges else "in-process"

@@ -257,35 +257,44 @@ RECEIVE = _named("RECEIVE", f"""
       FROM new n),
     {_RECEIVE_MOVED}
     {_receive_rows("new")}""")
-#: A consumer of this backend waits on a topic (``messaging.waiting``): its row in
-#: ``receive_waiters`` lasts until ``until`` (a later one kept), and the rows of waiters that
-#: stopped without a word (expired a minute ago) go. Publishers, tier runs and redrives notify the
-#: topic's channel while a row of it has not expired.
+#: A consumer of this backend waits for a subscription's messages (``messaging.waiting``): its row
+#: in ``receive_waiters`` says so until ``seconds`` from now (the database's clock, not the
+#: client's), and the rows of waiters that stopped without a word (expired a minute ago; others'
+#: being written are skipped, never waited for) go. Publishers, tier runs and redrives notify the
+#: backends of rows that have not expired.
 WAITER_PRESENT = _named("WAITER_PRESENT", """
-    WITH swept AS (DELETE FROM receive_waiters WHERE expires_at < now() - interval '1 minute')
+    WITH swept AS (
+      DELETE FROM receive_waiters WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM receive_waiters
+        WHERE expires_at < now() - interval '1 minute' AND backend_pid <> pg_backend_pid()
+        FOR UPDATE SKIP LOCKED)))
     INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
-    VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), %(until)s)
-    ON CONFLICT (topic_id, group_id, backend_pid)
-      DO UPDATE SET expires_at = greatest(w.expires_at, excluded.expires_at)
-    RETURNING w.expires_at""")
+    VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), now() + make_interval(secs => %(seconds)s))
+    ON CONFLICT (topic_id, group_id, backend_pid) DO UPDATE SET expires_at = excluded.expires_at""")
+#: The consumer of this backend waits no more for the subscription (its wait returned): a notifier
+#: picks only the backends that wait.
+WAITER_DONE = _named("WAITER_DONE", """
+    UPDATE receive_waiters SET expires_at = now()
+    WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND backend_pid = pg_backend_pid()""")
+#: The server's pid of this session (a waiter's channel: a pooler reports a pid of its own).
+BACKEND_PID = _named("BACKEND_PID", "SELECT pg_backend_pid()")
 #: This backend's consumers wait no more (a client closing).
 WAITER_GONE = _named("WAITER_GONE", """
     DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid()""")
-#: Wake up to ``wake`` consumers of each group waiting on these topics (by id, or by name; of the
-#: groups ``group_ids``, or of every one when it is NULL), after a commit that made that many
-#: messages receivable: one notification on the channel of each backend chosen among those whose
-#: row has not expired, at random (never a herd of every waiter for one message), none when nobody
-#: waits (a notifying commit takes a lock of the whole cluster).
+#: Wake the consumers waiting for the messages a commit made receivable: for each (topic id, group
+#: id or NULL for every group of the topic, n messages), up to n of the group's waiting backends,
+#: chosen at random (never a herd of every waiter for one message), one notification on each one's
+#: channel; none when nobody waits (a notifying commit takes a lock of the whole cluster).
 NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
     SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
-    FROM (SELECT w.backend_pid,
+    FROM (SELECT w.backend_pid, x.n,
                  row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
-          FROM receive_waiters w
-          WHERE (w.topic_id = ANY(%(topic_ids)s::int[])
-                 OR w.topic_id IN (SELECT t.id FROM topics t WHERE t.name = ANY(%(topics)s::text[])))
-            AND (%(group_ids)s::int[] IS NULL OR w.group_id = ANY(%(group_ids)s::int[]))
-            AND w.expires_at > now()) w
-    WHERE w.nth <= %(wake)s""")
+          FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])
+               AS x(topic_id, group_id, n)
+          JOIN receive_waiters w
+            ON w.topic_id = x.topic_id AND (x.group_id IS NULL OR w.group_id = x.group_id)
+          WHERE w.expires_at > now()) w
+    WHERE w.nth <= w.n""")
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
 #: ack deletes the delivery row, and the message, below its group's offset with no row, is
 #: COMMITTED. Receipts that match nothing (late, repeated) are counted as stale on the group, in
