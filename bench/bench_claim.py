@@ -6,8 +6,9 @@ SQL on the same PostgreSQL in the same run (issue 42).
 
 Each system gets the same load: a publisher thread sends one message at a time at a fixed offered
 rate (open loop: on a schedule, whatever the consumers do), stamping its body with the time it
-started to send; N consumer threads (a connection each) claim up to 10 messages, take each one's
-publish-to-handler latency, and acknowledge them. Latencies go to a fixed histogram (0.1 ms bins to
+started to send (how long the send took is printed beside: it is part of the latency); N consumer
+threads (a connection each) claim up to 10 messages, take each one's publish-to-handler latency,
+and acknowledge them. Latencies go to a fixed histogram (0.1 ms bins to
 10 s: bounded memory, exact to a bin).
 
   pgmq          PGMQ 1.x's statements on a pgmq-shaped table (``pgmq.send``, ``pgmq.read``:
@@ -184,6 +185,7 @@ def offered(system: System, url: str, rate: float, consumers: int, seconds: floa
     """Publish at ``rate`` msg/s for ``seconds`` with ``consumers`` consumers; latency quantiles
     (ms), messages handled / offered."""
     histogram, stop, handled = Histogram(), threading.Event(), [0] * consumers
+    publishing = Histogram()  # how long a publish call takes: part of every latency above
 
     def consume(i: int) -> None:
         handle = system.open(url)
@@ -207,7 +209,9 @@ def offered(system: System, url: str, rate: float, consumers: int, seconds: floa
             due = start + sent / rate
             if (pause := due - time.monotonic()) > 0:
                 time.sleep(pause)
-            system.publish(publisher, orjson.dumps({"t": time.time(), "payload": "x" * 200}))
+            stamp = time.time()
+            system.publish(publisher, orjson.dumps({"t": stamp, "payload": "x" * 200}))
+            publishing.add(time.time() - stamp)
             sent += 1
         drain_until = time.monotonic() + 10
         while sum(handled) < sent and time.monotonic() < drain_until:
@@ -219,7 +223,7 @@ def offered(system: System, url: str, rate: float, consumers: int, seconds: floa
         publisher.close()
     return {
         "p50": histogram.quantile(0.5), "p95": histogram.quantile(0.95), "p99": histogram.quantile(0.99),
-        "completion": sum(handled) / sent, "offered": sent / seconds,
+        "completion": sum(handled) / sent, "offered": sent / seconds, "publish": publishing.quantile(0.5),
     }  # fmt: skip
 
 
@@ -300,7 +304,10 @@ def main() -> None:
         f"claim latency: one publisher at a fixed rate, {args.seconds:g} s a phase; "
         f"PGMQ polls every {args.poll_ms:g} ms"
     )
-    print(f"{'system':<16} {'rate x consumers':>16} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'done':>6}")
+    print(
+        f"{'system':<16} {'rate x consumers':>16} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'done':>6}"
+        f" {'publish p50':>12}"
+    )
     for rate, consumers in ((40, 4), (400, 16)):
         for system in systems:
             system.reset(url)
@@ -308,7 +315,7 @@ def main() -> None:
             rows[(system.name, rate)] = r
             print(
                 f"{system.name:<16} {rate:>8}/s x {consumers:<4} {r['p50']:>8.1f} {r['p95']:>8.1f} "
-                f"{r['p99']:>8.1f} {r['completion']:>6.1%}",
+                f"{r['p99']:>8.1f} {r['completion']:>6.1%} {r['publish']:>9.1f} ms",
                 flush=True,
             )
     peaks = {}
