@@ -933,13 +933,13 @@ moved AS (
       messages_taken = s.messages_taken + (SELECT count(*) FROM new)
   WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))
 SELECT a.message_id AS message_id,
-       a.delivery_count AS delivery_count,
-       a.reconsume_times AS reconsume_times,
        m.key AS key,
        m.body AS body,
        m.content_type AS content_type,
        m.properties::text AS properties,
        m.published_at AS published_at,
+       a.delivery_count AS delivery_count,
+       a.reconsume_times AS reconsume_times,
        a.delay_level AS delay_level,
        a.invisible_until AS invisible_until,
        coalesce(m.origin_message_id, m.id) AS origin_message_id,
@@ -949,13 +949,13 @@ FROM again a JOIN messages m
   ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
 UNION ALL
 SELECT n.id,
-       1,
-       0,
        n.key,
        n.body,
        n.content_type,
        n.properties::text,
        n.published_at,
+       1,
+       0,
        NULL::smallint,
        coalesce(%(at)s::timestamptz, now()) + make_interval(secs => %(invisible_duration)s),
        coalesce(n.origin_message_id, n.id),
@@ -1037,13 +1037,13 @@ moved AS (
       messages_taken = s.messages_taken + (SELECT count(*) FROM new)
   WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))
 SELECT a.message_id AS message_id,
-       a.delivery_count AS delivery_count,
-       a.reconsume_times AS reconsume_times,
        m.key AS key,
        m.body AS body,
        m.content_type AS content_type,
        m.properties::text AS properties,
        m.published_at AS published_at,
+       a.delivery_count AS delivery_count,
+       a.reconsume_times AS reconsume_times,
        a.delay_level AS delay_level,
        a.invisible_until AS invisible_until,
        coalesce(m.origin_message_id, m.id) AS origin_message_id,
@@ -1053,13 +1053,13 @@ FROM again a JOIN messages m
   ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
 UNION ALL
 SELECT n.id,
-       1,
-       0,
        n.key,
        n.body,
        n.content_type,
        n.properties::text,
        n.published_at,
+       1,
+       0,
        NULL::smallint,
        coalesce(%(at)s::timestamptz, now()) + make_interval(secs => %(invisible_duration)s),
        coalesce(n.origin_message_id, n.id),
