@@ -15,7 +15,7 @@ export REDELIVERY_HOME ?= $(CURDIR)/.redelivery
 export REDELIVERY_CONFIG ?= $(CURDIR)/config/redelivery.yaml
 AIRFLOW_ENV = eval "$$($(VENV)/bin/redelivery airflow-env)"
 
-.PHONY: setup demo test lint docs docs-reference bench bench-publish bench-receive bench-drain bench-ordered bench-airflow soak-airflow live-bench chaos clean stop lock
+.PHONY: setup demo test lint docs docs-reference bench bench-publish bench-receive bench-claim bench-drain bench-ordered bench-airflow soak-airflow live-bench chaos clean stop lock
 
 setup: $(VENV)/.installed $(CHROMIUM)
 	$(VENV)/bin/redelivery db upgrade
@@ -71,6 +71,10 @@ bench-publish: setup
 
 bench-receive: setup
 	@$(AIRFLOW_ENV) && $(PY) bench/bench_receive.py $(BENCH_ARGS)
+
+# Claim latency at fixed offered rates, the peak and churn under a held horizon, against PGMQ (issue 42).
+bench-claim: setup
+	@$(AIRFLOW_ENV) && $(PY) bench/bench_claim.py $(BENCH_ARGS)
 
 # A million messages drained in production conditions, against PGMQ and the plain queue (issue 29).
 bench-drain: setup

@@ -72,11 +72,21 @@ class LedgeredClient:
             lambda ids: {"ids": ids},
         )  # fmt: skip
 
-    def receive(self, group: str, topic: str, max_messages: int, invisible_duration: float, at=None) -> list:
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        max_messages: int,
+        invisible_duration: float,
+        at=None,
+        wait_seconds: float = 0,
+    ) -> list:
         asked = {"group": group, "topic": topic, "max": max_messages}
 
         def call():
-            return self.client.receive(group, topic, max_messages, invisible_duration, at=at)
+            return self.client.receive(
+                group, topic, max_messages, invisible_duration, at=at, wait_seconds=wait_seconds
+            )
 
         return self.ledger.record(
             "receive", asked, call, lambda got: {"group": group, "handed": receipts(got)}

@@ -78,6 +78,7 @@ KINDS = (
     "redrive: paced, of dead letters whose messages left the log",
     "tier batch: inside a later window's transaction",
     "tier batch: asleep between two windows",
+    "consumer: looping on waiting receives, at a random moment",
 )
 
 
@@ -383,6 +384,7 @@ class Controller(KillPoints):
 
     SCENARIOS = {  # name: weight
         "consumer_after_receive": 14,
+        "consumer_waiting": 6,
         "consumer_inside_answer": 14,
         "consumer_inside_answer:extend": 4,
         "tier_inside_range": 12,

@@ -140,6 +140,31 @@ class KillPoints(BatchKillPoints):
                 worker, "consumer: after its receive committed, before the handler", "%chaos.gates%"
             )
 
+    def consumer_waiting(self) -> None:
+        """A consumer looping on waiting receives (``wait_seconds``: woken by the publishes made
+        meanwhile) killed at a random moment: inside a receive, an answer, or a wait."""
+        worker = self.spawn(
+            "consume",
+            "--group",
+            self.rng.choice(CONSUMERS),
+            "--max",
+            "5",
+            "--lease",
+            "2",
+            "--wait",
+            "2",
+            "--loop",
+        )
+        deadline = time.monotonic() + self.rng.uniform(0.3, 3.0)
+        while time.monotonic() < deadline and worker.proc.poll() is None:
+            self.top_up()
+            time.sleep(0.1)
+        if worker.proc.poll() is None:
+            worker.kill()
+            self.kills["consumer: looping on waiting receives, at a random moment"] += 1
+        else:
+            worker.kill()
+
     def consumer_inside_answer(self, extend: bool = False) -> None:
         """A consumer frozen inside its answer (the rows it answers held here), or, with
         ``extend``, inside the lease extension it makes first."""

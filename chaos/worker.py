@@ -3,6 +3,7 @@ through the public API exactly as a pipeline would, and killed by the controller
 
     python chaos/worker.py publish --batch B --count N [--first K] [--ago SECONDS]
     python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
+        [--wait SECONDS]
                                    [--extend]
     python chaos/worker.py tier --run-key K
     python chaos/worker.py tier-batch --run-key K --windows N   (a batched DAG run: N windows of 1 s)
@@ -105,7 +106,7 @@ def consume(args) -> None:
     client = ledgered_client()
     while True:
         try:
-            batch = client.receive(args.group, TOPIC, args.max, args.lease)
+            batch = client.receive(args.group, TOPIC, args.max, args.lease, wait_seconds=args.wait)
         except psycopg.OperationalError:  # its answer was lost (recorded): the lease runs out, try again
             reconnected(client)
             continue
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gate")
     p.add_argument("--gate-at", choices=["before", "after"], default="before")
     p.add_argument("--loop", action="store_true")
+    p.add_argument("--wait", type=float, default=0, help="each receive's wait_seconds (a long poll)")
     p.add_argument("--extend", action="store_true", help="extend the batch's lease before answering")
     p = roles.add_parser("tier")
     p.add_argument("--run-key", required=True)

@@ -68,6 +68,9 @@ SELECT pg_advisory_xact_lock(%(namespace)s, %(key)s);
 SELECT watermark, confirmed, id_watermark, id_confirmed FROM asset_watermarks
 WHERE asset_uri = %(asset_uri)s;
 
+/* redelivery:BACKEND_PID */
+SELECT pg_backend_pid();
+
 /* redelivery:CLAIM_PUBLISH_BATCH */
 INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at)
 VALUES (%(batch)s, %(topic_id)s, %(count)s, coalesce(%(at)s::timestamptz, now()))
@@ -624,6 +627,17 @@ FROM (SELECT topic_id, group_id, delay_level, count(*) AS n FROM deliveries
       WHERE state = 'WAITING_RETRY' GROUP BY 1, 2, 3) c
 JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id;
 
+/* redelivery:NOTIFY_WAITERS */
+SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
+FROM (SELECT w.backend_pid, x.n,
+             row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
+      FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])
+           AS x(topic_id, group_id, n)
+      JOIN receive_waiters w
+        ON w.topic_id = x.topic_id AND (x.group_id IS NULL OR w.group_id = x.group_id)
+      WHERE w.expires_at > now()) w
+WHERE w.nth <= w.n;
+
 /* redelivery:PAGE_BLOCKED */
 SELECT group_id, count(*), min(created_at) FROM deliveries
 WHERE state = 'BLOCKED' AND group_id = ANY(%(ids)s::int[])
@@ -899,6 +913,10 @@ subscription AS (
   SELECT s.consume_offset FROM subscriptions s
   WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND NOT s.ordered
     AND (SELECT n FROM room) > 0
+    -- only when the log holds a message past the offset: an empty receive locks nothing that
+    -- a busy one needs (the first id past it from the log's primary key, as PAST_OFFSET)
+    AND (SELECT m.id FROM messages m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset
+         ORDER BY m.id LIMIT 1) IS NOT NULL
   FOR UPDATE),
 new AS (
   SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
@@ -915,13 +933,13 @@ moved AS (
       messages_taken = s.messages_taken + (SELECT count(*) FROM new)
   WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))
 SELECT a.message_id AS message_id,
-       a.delivery_count AS delivery_count,
-       a.reconsume_times AS reconsume_times,
        m.key AS key,
        m.body AS body,
        m.content_type AS content_type,
        m.properties::text AS properties,
        m.published_at AS published_at,
+       a.delivery_count AS delivery_count,
+       a.reconsume_times AS reconsume_times,
        a.delay_level AS delay_level,
        a.invisible_until AS invisible_until,
        coalesce(m.origin_message_id, m.id) AS origin_message_id,
@@ -931,13 +949,13 @@ FROM again a JOIN messages m
   ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
 UNION ALL
 SELECT n.id,
-       1,
-       0,
        n.key,
        n.body,
        n.content_type,
        n.properties::text,
        n.published_at,
+       1,
+       0,
        NULL::smallint,
        coalesce(%(at)s::timestamptz, now()) + make_interval(secs => %(invisible_duration)s),
        coalesce(n.origin_message_id, n.id),
@@ -1019,13 +1037,13 @@ moved AS (
       messages_taken = s.messages_taken + (SELECT count(*) FROM new)
   WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND EXISTS (SELECT 1 FROM new))
 SELECT a.message_id AS message_id,
-       a.delivery_count AS delivery_count,
-       a.reconsume_times AS reconsume_times,
        m.key AS key,
        m.body AS body,
        m.content_type AS content_type,
        m.properties::text AS properties,
        m.published_at AS published_at,
+       a.delivery_count AS delivery_count,
+       a.reconsume_times AS reconsume_times,
        a.delay_level AS delay_level,
        a.invisible_until AS invisible_until,
        coalesce(m.origin_message_id, m.id) AS origin_message_id,
@@ -1035,13 +1053,13 @@ FROM again a JOIN messages m
   ON m.topic_id = %(topic_id)s AND m.id = a.message_id AND m.published_at = a.published_at
 UNION ALL
 SELECT n.id,
-       1,
-       0,
        n.key,
        n.body,
        n.content_type,
        n.properties::text,
        n.published_at,
+       1,
+       0,
        NULL::smallint,
        coalesce(%(at)s::timestamptz, now()) + make_interval(secs => %(invisible_duration)s),
        coalesce(n.origin_message_id, n.id),
@@ -1358,6 +1376,23 @@ SELECT id, name FROM topics;
 
 /* redelivery:UNLOCK_LOG_PARTITION_FOR_RETENTION */
 SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s));
+
+/* redelivery:WAITER_DONE */
+UPDATE receive_waiters SET expires_at = now()
+WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND backend_pid = pg_backend_pid();
+
+/* redelivery:WAITER_GONE */
+DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid();
+
+/* redelivery:WAITER_PRESENT */
+WITH swept AS (
+  DELETE FROM receive_waiters WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM receive_waiters
+    WHERE expires_at < now() - interval '1 minute' AND backend_pid <> pg_backend_pid()
+    FOR UPDATE SKIP LOCKED)))
+INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
+VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), now() + make_interval(secs => %(seconds)s))
+ON CONFLICT (topic_id, group_id, backend_pid) DO UPDATE SET expires_at = excluded.expires_at;
 
 /* redelivery:WAITING_BEYOND_LEVELS */
 SELECT delay_level, count(*) FROM deliveries

@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.dead_letters import DlqFilter, TopicName, filter_params, jsonable, select
 from redelivery.errors import RedeliveryError
+from redelivery.messaging.waiting import wake
 from redelivery.rules.policies import MAX_INT
 from redelivery.spark.tasks import default_parallelism, run_in_tasks
 from redelivery.store import catalog, db
@@ -186,12 +187,22 @@ def _move_batch(
 
     for _ in range(PARTITION_ATTEMPTS - 1):
         try:
-            return once()
+            return _woken(conn, params, once())
         except psycopg.errors.CheckViolation as error:
             if error.diag.constraint_name:  # a real check, not "no partition ... found for row"
                 raise
             _make_partitions(conn, params, params["partition_span"])
-    return once()
+    return _woken(conn, params, once())
+
+
+def _woken(conn: psycopg.Connection, params: dict, result: tuple[int, bool]) -> tuple[int, bool]:
+    """``result`` of a committed batch, its topic's waiting consumers woken when it moved some."""
+    if result[0]:
+        if params.get("dest"):  # a copy published there: every group of that topic
+            wake(conn, [(params["dest"], None, result[0])])
+        else:
+            wake(conn, [(topic_id, params["group_id"], result[0]) for topic_id in params["revived_topics"]])
+    return result
 
 
 def _move_batch_once(

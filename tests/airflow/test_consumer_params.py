@@ -7,13 +7,20 @@ from __future__ import annotations
 from redelivery.airflow.dags.consumer import ConsumerRun, consumer_params, lease_seconds
 from redelivery.airflow.params import conf_problems
 from redelivery.messaging.leasing import MAX_INVISIBLE_SECONDS
+from redelivery.messaging.waiting import MAX_WAIT_SECONDS
 
 
 def test_the_params_are_the_models_fields_with_the_clients_bounds():
     from airflow.sdk.definitions.param import ParamsDict
 
     params = ParamsDict(consumer_params())
-    assert list(params) == ["batch_size", "max_messages", "visibility_timeout", "invisible_duration"]
+    assert list(params) == [
+        "batch_size",
+        "max_messages",
+        "visibility_timeout",
+        "wait_seconds",
+        "invisible_duration",
+    ]
     lease = params.get_param("visibility_timeout")
     assert (lease.schema["minimum"], lease.schema["maximum"], lease.value) == (1, MAX_INVISIBLE_SECONDS, 60)
     assert conf_problems(params, {"visibility_timeout": 30, "batch_size": 10}) == []
@@ -21,6 +28,10 @@ def test_the_params_are_the_models_fields_with_the_clients_bounds():
     assert problem.startswith("visibility_timeout:")
     [problem] = conf_problems(params, {"visibility_timout": 30})
     assert "did you mean 'visibility_timeout'" in problem
+    wait = params.get_param("wait_seconds")  # the long poll's bound: SQS's 20 s, the client's
+    assert (wait.schema["minimum"], wait.schema["maximum"], wait.value) == (0, MAX_WAIT_SECONDS, 0)
+    [problem] = conf_problems(params, {"wait_seconds": 21})
+    assert problem.startswith("wait_seconds:")
 
 
 def test_the_old_name_is_taken_with_a_hint():

@@ -376,6 +376,7 @@ def test_a_receive_caught_in_a_deadlock_with_a_topic_delete_runs_again(
     client.nack("billing", client.receive("billing", "orders", 1, 30, at=at(0)), at=at(0))
     run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="due"), url=database_url)
     assert message_state(client.conn, mid)["state"] == "READY"
+    client.publish("orders", [{"n": 2}], at=at(0))  # past the offset: the receive locks the subscription
     topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
     errors, got = [], []
     with Client(clean_db) as consumer, psycopg.connect(clean_db) as deleter:

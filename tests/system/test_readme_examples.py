@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import time
 
 import pytest
 
@@ -20,6 +21,7 @@ README = (REPO_ROOT / "README.md").read_text()
 EXAMPLES = {
     "client": ("README.md", "## Using it"),
     "ordered": ("docs/using.md", "## Ordered subscriptions"),
+    "waiting": ("docs/using.md", "## Waiting for a message"),
     "spark": ("docs/using.md", "## In Spark: lease, transform, settle"),
     "message queue trigger": ("docs/airflow.md", "A consumer DAG of your own"),
 }
@@ -83,6 +85,18 @@ def test_the_ordered_example(clean_db):
         exec(compile(block, "docs/using.md", "exec"), {"Client": Client, "Message": Message})
         states = client.stats()["orders"]["shipping"]
         assert (states["WAITING_RETRY"], states["BLOCKED"], states["INFLIGHT"]) == (1, 1, 0)
+
+
+def test_the_waiting_example(clean_db):
+    from redelivery.client import Client, Message
+
+    with Client(clean_db) as client:
+        client.create_topic("orders")
+        block = python_block("waiting")
+        started = time.monotonic()
+        exec(compile(block, "docs/using.md", "exec"), {"Client": Client, "Message": Message})
+        assert 0.5 <= time.monotonic() - started < 15  # the first receive did not wait its 20 s
+        assert client.stats()["orders"]["invoicing"]["COMMITTED"] == 1
 
 
 @pytest.mark.parametrize(

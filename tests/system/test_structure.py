@@ -29,7 +29,7 @@ ORDER = [
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
     "store.statements.housekeeping", "store.statements", "store.embedded", "store.db", "store.log",
     "store.catalog", "store.maintenance",
-    "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer",
+    "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer", "messaging.waiting",
     "messaging.context", "messaging.admin", "messaging.publishing", "messaging.ordered",
     "messaging.leasing", "messaging.consuming",
     "dead_letters", "client",

@@ -110,10 +110,12 @@ def drain(
     batch_size: int = 100,
     max_messages: int | None = None,
     invisible_duration: float = 60,
+    wait_seconds: float = 0,
 ) -> dict:
     """Receive batches of ``batch_size`` messages of ``topic`` for ``group`` (lease
     ``invisible_duration`` seconds), hand each to ``deliver`` and settle its outcomes in one
-    transaction, until nothing is READY or ``max_messages`` were received (None: no limit).
+    transaction, until nothing is READY (after waiting up to ``wait_seconds``, 0..20, for a message
+    to become so: ``Client.receive``) or ``max_messages`` were received (None: no limit).
 
     Returns ``{"batches", "received", "acked", "retried", "dead_lettered", "stale"}`` (stale: a
     lease that ended before the answer; the tier run retries those). Raises what
@@ -126,7 +128,7 @@ def drain(
     counts = dict.fromkeys(("batches", "received", "acked", "retried", "dead_lettered", "stale"), 0)
     while max_messages is None or counts["received"] < max_messages:
         size = batch_size if max_messages is None else min(batch_size, max_messages - counts["received"])
-        batch = client.receive(group, topic, size, invisible_duration)
+        batch = client.receive(group, topic, size, invisible_duration, wait_seconds=wait_seconds)
         if not batch:
             break
         settled = client.settle(group, deliver(batch))

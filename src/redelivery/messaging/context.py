@@ -30,6 +30,8 @@ class ClientContext:
         self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
         #: (topic id, group id) -> the share of free messages its ordered receive expects to read
         self.free_shares: dict[tuple[int, int], float] = {}
+        #: the connection that LISTENs on its backend's channel (``messaging.waiting``)
+        self.listening: psycopg.Connection | None = None
         self.config = config  # and ``levels``, its level table
 
     @property

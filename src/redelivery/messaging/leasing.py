@@ -15,6 +15,7 @@ from redelivery.messaging.codec import BINARY, decode, received_properties
 from redelivery.messaging.context import Role
 from redelivery.messaging.ordered import lease_ordered
 from redelivery.messaging.receipts import check_at, error_lookup, int_array, receipt_lookup
+from redelivery.messaging.waiting import check_wait, wait_for
 from redelivery.rules.leased_row import RECEIVE_COLUMNS, ReceivedMessage, row_values
 from redelivery.rules.policies import MAX_INT
 from redelivery.store import catalog, db
@@ -59,6 +60,7 @@ class Receiver(Role):
         max_messages: int = 32,
         invisible_duration: float = 60,
         at: datetime | None = None,
+        wait_seconds: float = 0,
     ) -> list[ReceivedMessage]:
         """Claim up to ``max_messages`` READY messages of ``topic`` for ``group``, oldest first.
 
@@ -68,6 +70,10 @@ class Receiver(Role):
         :param invisible_duration: the lease in seconds (1..43200); unacknowledged past it, a
             message counts as a failed delivery.
         :param at: the call's time instead of now (tests, backfills).
+        :param wait_seconds: with nothing to receive, wait up to this many seconds (0..20, SQS's
+            ``WaitTimeSeconds``) for a message to become receivable, and return it as soon as it
+            is (``messaging.waiting``: woken by the publish, tier run or redrive that made it so,
+            and receiving again at least every second); 0 returns at once.
 
         The incremented delivery count is committed before this returns. A message whose body
         cannot be decoded (JSON that PostgreSQL stores but Python refuses: nesting deeper than the
@@ -75,13 +81,15 @@ class Receiver(Role):
         before this returns, so that nothing is left in flight for a message the caller does not
         get (a crash in between leaves it in flight until its lease ends). Raises
         ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError``
-        (max_messages < 1 or a lease out of range), what ``check_at`` raises for a bad ``at``."""
+        (max_messages < 1, a lease or a wait out of range), what ``check_at`` raises for a bad
+        ``at``."""
+        wait = check_wait(wait_seconds, self.conn)
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy, table = self.context.policy(topic_id, group_id, topic, group)  # NotSubscribedError
 
         rows = self._leased(params)
         if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
-            return self.receive(group, topic, max_messages, invisible_duration, at)
+            return self.receive(group, topic, max_messages, invisible_duration, at, wait_seconds)
         out, bad = _decode_received(rows, group, topic, policy.retry_name)
         if bad:
             try:
@@ -91,22 +99,37 @@ class Receiver(Role):
                     "%d undecodable messages of group %r stay in flight until their lease ends (%s)",
                     len(bad), group, exc,
                 )  # fmt: skip
+        if not out and wait:  # nothing (or nothing decodable): wait for the next
+            return wait_for(self.context, topic_id, group_id, wait, lambda: self.receive(
+                group, topic, max_messages, invisible_duration, at
+            ))  # fmt: skip
         return out
 
     def lease_rows(
-        self, group: str, topic: str, max_messages: int, invisible_duration: float, at: datetime | None = None
+        self,
+        group: str,
+        topic: str,
+        max_messages: int,
+        invisible_duration: float,
+        at: datetime | None = None,
+        wait_seconds: float = 0,
     ) -> list[dict]:
         """``receive`` for DataFrames: the leased messages as dicts of plain values keyed by the
         leased row's fields (``rules.leased_row``: the leased DataFrame's columns, ``delay_level``
         and ``invisible_until`` besides), bodies not decoded (``body``: the text of a JSON or text
         body; ``body_binary``: the bytes of a binary one), ``properties`` a list of (name, value).
         Committed before this returns; same arguments and errors as ``receive``."""
+        wait = check_wait(wait_seconds, self.conn)
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy = self.context.effective_policy(topic_id, group_id, topic, group)
 
         rows = self._leased(params)
         if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
-            return self.lease_rows(group, topic, max_messages, invisible_duration, at)
+            return self.lease_rows(group, topic, max_messages, invisible_duration, at, wait_seconds)
+        if not rows and wait:
+            return wait_for(self.context, topic_id, group_id, wait, lambda: self.lease_rows(
+                group, topic, max_messages, invisible_duration, at
+            ))  # fmt: skip
         leased = []
         for row in rows:
             values = row_values(row, group, topic)

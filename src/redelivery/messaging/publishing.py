@@ -29,6 +29,7 @@ from redelivery.messaging.codec import JSON, Message, check_json_text, encode
 from redelivery.messaging.context import Role
 from redelivery.messaging.producer import MIN_CONNECT_TIMEOUT, retrying
 from redelivery.messaging.receipts import check_at
+from redelivery.messaging.waiting import wake
 from redelivery.rules.policies import EffectivePolicy
 from redelivery.store import catalog, db, log
 from redelivery.store import statements as S
@@ -120,18 +121,19 @@ def repeated_ids(conn: psycopg.Connection, batch_id: str, count: int) -> list[in
 
 def record_published_batch(
     conn: psycopg.Connection, topic_id: int, batch_id: str, floor: int, count: int, partition: str
-) -> list[int]:
+) -> tuple[list[int], bool]:
     """Record the range and fingerprint of batch ``batch_id`` right after its COPY (its messages are
     the topic's past ``floor`` in ``partition``, the log's partition of their publish time); return
-    their ids, ascending. ``PublishError`` (the transaction rolls back) unless ``count`` messages
-    were written and the batch had no record of them yet."""
+    (their ids, ascending; whether a consumer waits on the topic: ``messaging.waiting.wake`` it once
+    this commits). ``PublishError`` (the transaction rolls back) unless ``count`` messages were
+    written and the batch had no record of them yet."""
     statement = S.RECORD_PUBLISHED_BATCH.format(partition=sql.Identifier(LOG_SCHEMA, partition))
     recorded = conn.execute(statement, {"topic_id": topic_id, "batch": batch_id, "floor": floor}).fetchone()
     if recorded is None:
         raise PublishError(f"batch {batch_id!r}: its messages were recorded already; nothing was published")
     if recorded[0] != count:
         raise PublishError(f"batch {batch_id!r}: {count} messages to publish but {recorded[0]} written")
-    return recorded[1]
+    return recorded[1], recorded[2]
 
 
 @contextmanager
@@ -294,7 +296,10 @@ class Publisher(Role):
             floor = self.conn.execute(S.ID_FLOOR).fetchone()[0]
             with refused_rows(_describe_refusal(columns)):  # each chunk encoded as the last one goes in
                 write_copy(self.conn, S.COPY_MESSAGES, data)
-            return record_published_batch(self.conn, topic_id, batch_id, floor, count, partition)
+            ids, waited = record_published_batch(self.conn, topic_id, batch_id, floor, count, partition)
+        if waited:  # committed: the waiting consumers may receive them now
+            wake(self.conn, [(topic_id, None, len(ids))])
+        return ids
 
     def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:
         """{group id: policy} of the topic's subscriptions with a ready-backlog cap, resolved once

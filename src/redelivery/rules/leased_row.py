@@ -44,17 +44,17 @@ class ReceivedMessage:
     failed delivery; ``redrive_count``: how many times an operator redrove it from the DLQ. The
     receipt of this delivery is (``group``, ``message_id``, ``delivery_count``)."""
 
+    message_id: int = _field("a.message_id", "n.id", spark="long")
     group: str = _field(spark="string")
     topic: str = _field(spark="string")
-    message_id: int = _field("a.message_id", "n.id", spark="long")
-    delivery_count: int = _field("a.delivery_count", "1", spark="int")
-    reconsume_times: int = _field("a.reconsume_times", "0", spark="int")
     key: str | None = _field("m.key", "n.key", spark="string")
     #: on a DataFrame, undecoded: the text of a JSON or text body, or the bytes of a binary one
     body: Any = _field("m.body", "n.body", spark=("string", ("body_binary", "binary")))
     content_type: str = _field("m.content_type", "n.content_type", spark="string")
     properties: dict = _field("m.properties::text", "n.properties::text", spark="map<string,string>")
     published_at: datetime = _field("m.published_at", "n.published_at", spark="timestamp")
+    delivery_count: int = _field("a.delivery_count", "1", spark="int")
+    reconsume_times: int = _field("a.reconsume_times", "0", spark="int")
     delay_level: int | None = _field("a.delay_level", "NULL::smallint")
     invisible_until: datetime = _field("a.invisible_until", "{lease_end}")
     origin_message_id: int = _field(

@@ -67,17 +67,21 @@ def lease(
     *,
     url: str | None = None,
     at: datetime | None = None,
+    wait_seconds: float = 0,
 ):
     """Lease up to ``max_messages`` READY messages of ``topic`` for ``group`` (oldest first) for
     ``invisible_duration`` seconds and return them as a DataFrame (``LEASE_SCHEMA``, the fields of
     ``ReceivedMessage`` that declare a Spark column: ``rules.leased_row``): ``body`` is
     the text of a JSON or text body, ``body_binary`` the bytes of an application/octet-stream one;
     ``properties`` carry the retry properties of a redelivered message. An empty lease is an empty
-    DataFrame. Raises what ``Client.receive`` raises."""
+    DataFrame, after waiting up to ``wait_seconds`` (0..20) for a message (``Client.receive``).
+    Raises what ``Client.receive`` raises."""
     import pyarrow as pa
 
     with Client(url or db.database_url()) as client:
-        rows = client.lease_rows(group, topic, max_messages, invisible_duration, at=at)
+        rows = client.lease_rows(
+            group, topic, max_messages, invisible_duration, at=at, wait_seconds=wait_seconds
+        )
     if not rows:  # (Spark cannot take the schema of an empty Arrow table)
         return spark.createDataFrame([], LEASE_SCHEMA)
     return spark.createDataFrame(pa.Table.from_pylist(rows, schema=_arrow_schema()))

@@ -50,6 +50,7 @@ from redelivery.messaging.publishing import (
     refused_rows,
     write_copy,
 )
+from redelivery.messaging.waiting import wake
 from redelivery.spark.deploy import map_partitions
 from redelivery.spark.session import functions_for
 from redelivery.store import catalog, db
@@ -318,7 +319,7 @@ def _publish_transaction(conn: psycopg.Connection, topic_id: int, staged: _Stage
     batch claimed (a repeat with the same content returns the first publish's count), the staged
     chunks COPYed into the log, the batch's range and fingerprint recorded. Raises
     ``NeedPartition`` (rolled back) when no partition of the log holds the publish time."""
-    batch_id = staged.batch_id
+    batch_id, waited = staged.batch_id, False
     with conn.transaction():
         catalog.lock_topic_for_publish(conn, topic_id)
         claim = {"batch": batch_id, "topic_id": topic_id, "count": staged.rows, "at": at}
@@ -333,11 +334,13 @@ def _publish_transaction(conn: psycopg.Connection, topic_id: int, staged: _Stage
             floor = conn.execute(S.ID_FLOOR).fetchone()[0]
             with refused_rows(staged.describe):
                 write_copy(conn, S.COPY_MESSAGES, staged.chunks())
-            record_published_batch(conn, topic_id, batch_id, floor, staged.rows, partition)
+            _, waited = record_published_batch(conn, topic_id, batch_id, floor, staged.rows, partition)
             count = staged.rows
         # this run's chunks only: another run of the batch may be comparing its own (a run whose
         # driver died leaves its chunks to retention.publish_staging)
         conn.execute(S.DELETE_STAGED_RUN, {"batch": batch_id, "stage_run": staged.run_id})
+    if waited:  # committed: the waiting consumers may receive them now
+        wake(conn, [(topic_id, None, count)])
     return count
 
 

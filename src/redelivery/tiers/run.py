@@ -20,6 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import InvalidLevelError, InvalidWindowError
 from redelivery.fields import AwareTime
+from redelivery.messaging.waiting import wake
 from redelivery.spark.tasks import default_parallelism, run_in_tasks
 from redelivery.store import db
 from redelivery.store import statements as S
@@ -251,6 +252,8 @@ def _apply(
     total = WindowResult()
     for part in parts:
         total.merge(part)
+    if total.promoted_by_topic and not dry_run:  # committed: their waiting consumers may receive them
+        wake(conn, [(topic_id, group_id, n) for (group_id, topic_id), n in total.promoted_by_topic.items()])
     seconds = time.perf_counter() - started
     summary = _summary(conn, total, request, levels, len(ranges), seconds)
     summary["engine"] = "spark" if spark is not None and ranges else "in-process"

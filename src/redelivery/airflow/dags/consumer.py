@@ -28,6 +28,7 @@ from redelivery.airflow.params import check_run_conf, params_of
 from redelivery.airflow.triggers import DEFAULT_POLL_SECONDS, ReadyMessagesTrigger
 from redelivery.client import Client
 from redelivery.messaging.leasing import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS
+from redelivery.messaging.waiting import MAX_WAIT_SECONDS
 
 
 def endpoint_url(conn_id: str, endpoint: str = "/") -> str:
@@ -81,6 +82,15 @@ class ConsumerRun(BaseModel):
         description="How long each leased batch stays invisible to other consumers (SQS's visibility "
         "timeout, RocketMQ's invisible duration): a message not answered within it counts as a failed "
         "delivery.",
+    )
+    wait_seconds: float = Field(
+        0,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        title="Wait (seconds)",
+        description="Once nothing is READY, wait this long for a message before the run ends (a long "
+        "poll, SQS's wait time: it returns as soon as one is published, promoted or redriven). 0: end "
+        "at once.",
     )
     invisible_duration: float | None = Field(
         None,
@@ -168,6 +178,7 @@ Airflow connection `{conn_id}` and acks, retries or rejects every message by the
                     batch_size=run.batch_size,
                     max_messages=run.max_messages,
                     invisible_duration=lease_seconds(run),
+                    wait_seconds=run.wait_seconds,
                 )
             print(f"delivered to {target.url}: {counts}")
             return counts

@@ -86,7 +86,9 @@ RECORD_PUBLISHED_BATCH = sql.SQL("""/* redelivery:RECORD_PUBLISHED_BATCH */
         fingerprint = content_fingerprint(p.messages, p.hash_sum)
     FROM published p
     WHERE b.batch_id = %(batch)s AND b.first_id IS NULL AND b.message_ids IS NULL
-    RETURNING p.messages, p.ids""")
+    RETURNING p.messages, p.ids,
+              EXISTS (SELECT 1 FROM receive_waiters w
+                      WHERE w.topic_id = %(topic_id)s AND w.expires_at > now()) AS waited""")
 #: A batch id published again: its content goes into this session's temporary table (emptied at
 #: commit), never into the log, and its fingerprint is compared with the published one's. ``ord``
 #: keeps the caller's order (REPEATED_IDS).
@@ -232,8 +234,9 @@ def _receive_rows(handed: str) -> str:
 
 #: Lease up to ``max_messages`` messages of a topic to a group of an unordered subscription, in one
 #: statement: first its READY rows, then, for the rest of the batch, the messages past its consume
-#: offset: the subscription row locked ``FOR UPDATE`` (two consumers of a group take turns for this
-#: statement), an INFLIGHT row with delivery count 1 for each, and the offset moved past them.
+#: offset: the subscription row locked ``FOR UPDATE`` when the log holds any (two consumers of a
+#: group take turns for this part; an empty receive locks nothing), an INFLIGHT row with delivery
+#: count 1 for each, and the offset moved past them.
 #: Nothing past the offset for an ordered subscription (RECEIVE_ORDERED takes those).
 RECEIVE = _named("RECEIVE", f"""
     WITH {_RECEIVE_READY},
@@ -241,6 +244,10 @@ RECEIVE = _named("RECEIVE", f"""
       SELECT s.consume_offset FROM subscriptions s
       WHERE s.topic_id = %(topic_id)s AND s.group_id = %(group_id)s AND NOT s.ordered
         AND (SELECT n FROM room) > 0
+        -- only when the log holds a message past the offset: an empty receive locks nothing that
+        -- a busy one needs (the first id past it from the log's primary key, as PAST_OFFSET)
+        AND (SELECT m.id FROM messages m WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset
+             ORDER BY m.id LIMIT 1) IS NOT NULL
       FOR UPDATE),
     {_RECEIVE_NEW},
     taken AS (
@@ -250,6 +257,44 @@ RECEIVE = _named("RECEIVE", f"""
       FROM new n),
     {_RECEIVE_MOVED}
     {_receive_rows("new")}""")
+#: A consumer of this backend waits for a subscription's messages (``messaging.waiting``): its row
+#: in ``receive_waiters`` says so until ``seconds`` from now (the database's clock, not the
+#: client's), and the rows of waiters that stopped without a word (expired a minute ago; others'
+#: being written are skipped, never waited for) go. Publishers, tier runs and redrives notify the
+#: backends of rows that have not expired.
+WAITER_PRESENT = _named("WAITER_PRESENT", """
+    WITH swept AS (
+      DELETE FROM receive_waiters WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM receive_waiters
+        WHERE expires_at < now() - interval '1 minute' AND backend_pid <> pg_backend_pid()
+        FOR UPDATE SKIP LOCKED)))
+    INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
+    VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), now() + make_interval(secs => %(seconds)s))
+    ON CONFLICT (topic_id, group_id, backend_pid) DO UPDATE SET expires_at = excluded.expires_at""")
+#: The consumer of this backend waits no more for the subscription (its wait returned): a notifier
+#: picks only the backends that wait.
+WAITER_DONE = _named("WAITER_DONE", """
+    UPDATE receive_waiters SET expires_at = now()
+    WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND backend_pid = pg_backend_pid()""")
+#: The server's pid of this session (a waiter's channel: a pooler reports a pid of its own).
+BACKEND_PID = _named("BACKEND_PID", "SELECT pg_backend_pid()")
+#: This backend's consumers wait no more (a client closing).
+WAITER_GONE = _named("WAITER_GONE", """
+    DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid()""")
+#: Wake the consumers waiting for the messages a commit made receivable: for each (topic id, group
+#: id or NULL for every group of the topic, n messages), up to n of the group's waiting backends,
+#: chosen at random (never a herd of every waiter for one message), one notification on each one's
+#: channel; none when nobody waits (a notifying commit takes a lock of the whole cluster).
+NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
+    SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
+    FROM (SELECT w.backend_pid, x.n,
+                 row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
+          FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])
+               AS x(topic_id, group_id, n)
+          JOIN receive_waiters w
+            ON w.topic_id = x.topic_id AND (x.group_id IS NULL OR w.group_id = x.group_id)
+          WHERE w.expires_at > now()) w
+    WHERE w.nth <= w.n""")
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
 #: ack deletes the delivery row, and the message, below its group's offset with no row, is
 #: COMMITTED. Receipts that match nothing (late, repeated) are counted as stale on the group, in

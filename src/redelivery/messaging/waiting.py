@@ -1,0 +1,138 @@
+"""Waiting for a message (issue 42): a receive with ``wait_seconds`` returns as soon as a message
+is receivable for its group, or empty after the wait, as SQS's ``WaitTimeSeconds``, PGMQ's
+``read_with_poll`` and Kafka's ``poll(timeout)`` do, without a query per consumer every few
+milliseconds.
+
+The consumer LISTENs on a channel of its connection's own (``redelivery_wait_<backend pid>``;
+autocommit: a LISTEN takes effect at once, and the receives run between waits) and keeps a row in
+``receive_waiters`` per topic and group while it may wait. A publish, a tier run and a redrive that
+made n messages receivable notify up to n of each group's backends, chosen at random, after their
+commit, and
+only when such a row has not expired (``NOTIFY_WAITERS``; a publish learns it from the statement
+that records its batch): a notifying commit takes a lock of the whole cluster, and nobody waiting
+must cost a publish nothing; and a message wakes one consumer, not a herd of every waiter that
+would all run a receive for it (16 consumers: 16 receives a message). A chosen consumer that is
+busy receives the message when it next asks. A wake-up can still be missed (a publish
+that read the table just before the row was written, a notification lost with a connection): the
+consumer receives again at least every ``RECHECK_SECONDS`` while it waits. What the wait leaves
+behind: the LISTEN, until the client closes; the row, until it expires (a minute at most after
+the wait if its consumer died waiting) or the client closes (``leave``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from redelivery.store import statements as S
+
+#: The longest wait of a receive, seconds (SQS ``WaitTimeSeconds``: 0..20).
+MAX_WAIT_SECONDS = 20
+#: A waiting consumer receives again at least this often, seconds, whether or not it was woken: a
+#: missed wake-up costs at most this much.
+RECHECK_SECONDS = 1.0
+#: How long past its wait a consumer's row stays when the consumer dies waiting, seconds (its
+#: wait's end writes it off at once).
+PRESENCE_SECONDS = 30.0
+_T = TypeVar("_T")
+log = logging.getLogger(__name__)
+
+
+def check_wait(wait_seconds, conn: psycopg.Connection) -> float:
+    """``wait_seconds`` as a float; ``ValueError`` unless it is a number of 0..20 seconds (not a
+    bool), and, when above 0, ``conn`` is in no transaction (a LISTEN takes effect at its commit)."""
+    if isinstance(wait_seconds, bool) or not (
+        isinstance(wait_seconds, (int, float)) and 0 <= wait_seconds <= MAX_WAIT_SECONDS
+    ):
+        raise ValueError(f"wait_seconds must be 0..{MAX_WAIT_SECONDS} seconds, got {wait_seconds!r}")
+    if wait_seconds and conn.info.transaction_status != TransactionStatus.IDLE:
+        raise ValueError("a receive cannot wait inside a transaction: LISTEN takes effect at its commit")
+    return float(wait_seconds)
+
+
+def channel(backend_pid: int) -> str:
+    """The channel a waiting consumer's connection (its backend) LISTENs on."""
+    return f"redelivery_wait_{backend_pid}"
+
+
+def wait_for(
+    context, topic_id: int, group_id: int, wait_seconds: float, once: Callable[[], list[_T]]
+) -> list[_T]:
+    """After a receive that got nothing: ``once()`` (the receive again) until it returns something
+    or ``wait_seconds`` passed, each time this backend is notified and at least every
+    ``RECHECK_SECONDS``. The first ``once()`` runs after this backend LISTENs and its row says it
+    waits, so whatever a commit made receivable before is seen by it, and whatever after wakes it;
+    once the wait returns, the row says it waits no more (a notifier picks only waiting backends).
+    ``context``: the client's (``messaging.context.ClientContext``), whose connection waits."""
+    conn = context.conn
+    deadline = time.monotonic() + wait_seconds
+    _listen(context)
+    subscription = {"topic_id": topic_id, "group_id": group_id}
+    conn.execute(S.WAITER_PRESENT, {**subscription, "seconds": wait_seconds + PRESENCE_SECONDS})
+    try:
+        while True:
+            _drain(conn)  # what came before this receive: it will see that already
+            got = once()
+            remaining = deadline - time.monotonic()
+            if got or remaining <= 0:
+                return got
+            for _ in conn.notifies(timeout=min(remaining, RECHECK_SECONDS), stop_after=1):
+                break
+    finally:
+        try:
+            conn.execute(S.WAITER_DONE, subscription)
+        except psycopg.Error:  # the connection broke: the row expires
+            pass
+
+
+def _listen(context) -> None:
+    """LISTEN on the backend's channel, once per connection (a reconnected client listens again).
+    The channel is named by the server's pid (``pg_backend_pid()``, as the rows are), not the one
+    the connection reported: a pooler reports one of its own."""
+    if context.listening is not context.conn:
+        pid = context.conn.execute(S.BACKEND_PID).fetchone()[0]
+        context.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(pid))))
+        context.listening = context.conn
+
+
+def _drain(conn: psycopg.Connection) -> None:
+    """Take the notifications that arrived before now (during other statements, kept by psycopg)."""
+    for _ in conn.notifies(timeout=0):
+        pass
+
+
+def wake(conn: psycopg.Connection, wanted: Iterable[tuple[int, int | None, int]]) -> None:
+    """Wake the consumers waiting for what a commit made receivable: ``wanted``, (topic id, group id
+    or None for every group of the topic, how many messages) each, up to that many of the group's
+    waiting backends (``NOTIFY_WAITERS``: nothing is sent when nobody waits). Runs after the commit
+    (in the caller's transaction, if it has one open: in a savepoint of it, its notifications sent
+    when it commits). A failure is logged, not raised: the commit is done, and a waiter receives
+    again within ``RECHECK_SECONDS`` anyway."""
+    rows = [(t, g, max(int(n), 1)) for t, g, n in wanted]
+    if not rows:
+        return
+    topic_ids, group_ids, counts = (list(column) for column in zip(*rows, strict=True))
+    params = {"topic_ids": topic_ids, "group_ids": group_ids, "counts": counts}
+    try:
+        if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            conn.execute(S.NOTIFY_WAITERS, params).fetchall()  # a transaction of its own
+        else:
+            with conn.transaction():  # one begun and committed here, or a savepoint of the caller's
+                conn.execute(S.NOTIFY_WAITERS, params).fetchall()
+    except psycopg.Error as exc:
+        log.warning("waiting consumers not woken (%s): they receive again within %s s", exc, RECHECK_SECONDS)
+
+
+def leave(context) -> None:
+    """This client waits no more (it closes): its rows go; its LISTEN goes with its connection."""
+    if context.listening is not None and not context.conn.closed:
+        try:
+            context.conn.execute(S.WAITER_GONE)
+        except psycopg.Error:  # the rows expire by themselves
+            pass

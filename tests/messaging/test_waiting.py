@@ -1,0 +1,271 @@
+"""A receive that waits for a message (issue 42): ``wait_seconds`` returns as soon as a publish, a
+tier run's promotion or a redrive makes a message receivable, woken by a notification that is sent
+only while somebody waits; a missed wake-up costs at most the re-check; a refused wait changes
+nothing; a client that closes leaves nothing behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from helpers import at, snapshot
+from redelivery.client import Client
+from redelivery.messaging import waiting
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.tiers.run import TierRunRequest, run_tier
+
+#: The waits below end long before the re-check would (patched to this): whatever returns early was
+#: woken by a notification.
+NO_RECHECK = 60.0
+
+
+class Waiter(threading.Thread):
+    """``call(client)`` on a client of its own, in a thread: ``got`` its result, ``seconds`` its time."""
+
+    def __init__(self, url: str, call):
+        super().__init__(daemon=True)
+        self.url, self.call, self.got, self.seconds, self.error = url, call, None, None, None
+        self.started_waiting = threading.Event()
+
+    def run(self) -> None:
+        with Client(self.url) as client:
+            self.pid = client.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            self.started_waiting.set()
+            start = time.monotonic()
+            try:
+                self.got = self.call(client)
+            except Exception as exc:  # noqa: BLE001  (reported by the test)
+                self.error = exc
+            self.seconds = time.monotonic() - start
+
+
+def present(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT count(*) FROM receive_waiters WHERE expires_at > now()").fetchone()[0]
+
+
+def until_present(conn: psycopg.Connection, n: int = 1) -> None:
+    deadline = time.monotonic() + 20
+    while present(conn) < n:
+        assert time.monotonic() < deadline, "the waiter never said it waits"
+        time.sleep(0.02)
+
+
+@pytest.fixture()
+def no_recheck(monkeypatch):
+    monkeypatch.setattr(waiting, "RECHECK_SECONDS", NO_RECHECK)
+
+
+def test_a_waiting_receive_returns_when_a_message_is_published(client, topic_group, database_url, no_recheck):
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
+    waiter.start()
+    until_present(client.conn)
+    [mid] = client.publish("orders", [{"n": 1}])
+    waiter.join(20)
+    assert waiter.error is None and [m.message_id for m in waiter.got] == [mid]
+    assert waiter.seconds < 10  # woken, not the wait's end (nor a re-check: patched away)
+
+
+def test_a_promotion_and_a_redrive_wake_the_waiting_consumer(client, topic_group, database_url, no_recheck):
+    [mid] = client.publish("orders", [{"n": 1}], at=at(0))
+    client.nack("billing", client.receive("billing", "orders", 1, 30, at=at(0)), at=at(0))  # due at 10 s
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
+    waiter.start()
+    until_present(client.conn)
+    window = TierRunRequest(tier="seconds", window_end=at(20), run_key="w")
+    assert run_tier(window, url=database_url)["promoted"] == 1
+    waiter.join(20)
+    assert waiter.error is None and [m.message_id for m in waiter.got] == [mid] and waiter.seconds < 10
+    client.reject("billing", waiter.got)
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
+    waiter.start()
+    until_present(client.conn)
+    redrive(RedriveRequest(group="billing", dry_run=False), run_key="back", url=database_url)
+    waiter.join(20)
+    assert waiter.error is None and [m.message_id for m in waiter.got] == [mid] and waiter.seconds < 10
+
+
+def test_nobody_waiting_means_no_notification(client, topic_group, database_url):
+    """A publish notifies only while a consumer's row says it waits: a commit that notifies takes a
+    lock of the whole cluster."""
+    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
+    group_id = client.conn.execute("SELECT id FROM consumer_groups WHERE name = 'billing'").fetchone()[0]
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        pid = listener.info.backend_pid
+        listener.execute(f"LISTEN redelivery_wait_{pid}")
+        client.publish("orders", [{"n": 1}])
+        assert list(listener.notifies(timeout=0.5)) == []  # nobody waits: nothing sent
+        present = "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')"
+        client.conn.execute(present, (topic_id, group_id, pid))
+        client.publish("orders", [{"n": 2}])
+        [note] = listener.notifies(timeout=5, stop_after=1)
+        assert note.channel == f"redelivery_wait_{pid}"
+        client.conn.execute("UPDATE receive_waiters SET expires_at = now() - interval '1 second'")
+        client.publish("orders", [{"n": 3}])
+        assert list(listener.notifies(timeout=0.5)) == []  # an expired row: nobody
+
+
+def test_a_message_wakes_one_waiter_of_each_group_not_the_herd(client, topic_group, database_url):
+    """Three consumers of billing and one of audit wait: a publish of one message notifies one of
+    billing's (at random) and audit's; a publish of three notifies each of them once."""
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    ids = dict(client.conn.execute("SELECT name, id FROM consumer_groups").fetchall())
+    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
+    listeners = [psycopg.connect(database_url, autocommit=True) for _ in range(4)]
+    try:
+        for conn, group in zip(listeners, ["billing", "billing", "billing", "audit"], strict=True):
+            conn.execute(f"LISTEN redelivery_wait_{conn.info.backend_pid}")
+            client.conn.execute(
+                "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')",
+                (topic_id, ids[group], conn.info.backend_pid),
+            )
+
+        def woken() -> list[int]:
+            time.sleep(0.3)
+            return [len(list(conn.notifies(timeout=0.2))) for conn in listeners]
+
+        client.publish("orders", [{"n": 1}])
+        notified = woken()
+        assert sum(notified[:3]) == 1 and notified[3] == 1
+        client.publish("orders", [{"n": 2}, {"n": 3}, {"n": 4}])
+        assert woken() == [1, 1, 1, 1]
+    finally:
+        for conn in listeners:
+            conn.close()
+
+
+def test_a_missed_wake_up_costs_at_most_the_recheck(client, topic_group, database_url, monkeypatch):
+    """The waiter's row gone (as if the publish read the table before it was written): no
+    notification comes, and the waiter receives the message at its next re-check anyway."""
+    monkeypatch.setattr(waiting, "RECHECK_SECONDS", 0.5)
+    monkeypatch.setattr(waiting, "PRESENCE_SECONDS", 60.0)
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
+    waiter.start()
+    until_present(client.conn)
+    client.conn.execute("DELETE FROM receive_waiters")
+    [mid] = client.publish("orders", [{"n": 1}])
+    waiter.join(20)
+    assert waiter.error is None and [m.message_id for m in waiter.got] == [mid] and waiter.seconds < 10
+
+
+def test_an_empty_wait_returns_nothing_after_the_wait_and_a_closed_client_leaves_nothing(
+    client, topic_group, database_url
+):
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=1.5))
+    waiter.start()
+    waiter.join(20)
+    assert waiter.error is None and waiter.got == [] and waiter.seconds >= 1.5
+    assert client.conn.execute("SELECT count(*) FROM receive_waiters").fetchone()[0] == 0  # closed: gone
+    deadline = time.monotonic() + 10  # its session, and with it its LISTEN, ends with the client
+    while client.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (waiter.pid,)
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline, "the waiter's session outlived its client"
+        time.sleep(0.05)
+
+
+def test_a_consumer_whose_wait_returned_is_not_woken(client, topic_group, database_url, no_recheck):
+    """Once a wait returns, its row says it waits no more: the next message wakes one that waits."""
+    with Client(database_url) as other:
+        threading.Timer(0.5, lambda: client.publish("orders", [{"n": 1}])).start()
+        [got] = other.receive("billing", "orders", 10, 30, wait_seconds=15)
+        assert present(client.conn) == 0  # the wait returned: not a waiter any more
+        other.ack("billing", got)
+
+
+def test_a_tier_run_wakes_only_the_groups_it_promoted_for(client, topic_group, database_url):
+    client.create_group("audit")
+    client.subscribe("audit", "orders")
+    client.publish("orders", [{"n": 1}], at=at(0))
+    client.receive("audit", "orders", 1, 3600, at=at(0))  # audit's stays in flight: nothing for it
+    client.nack("billing", client.receive("billing", "orders", 1, 30, at=at(0)), at=at(0))
+    ids = dict(client.conn.execute("SELECT name, id FROM consumer_groups").fetchall())
+    topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
+    listeners = {group: psycopg.connect(database_url, autocommit=True) for group in ("billing", "audit")}
+    try:
+        for group, conn in listeners.items():
+            conn.execute(f"LISTEN redelivery_wait_{conn.info.backend_pid}")
+            client.conn.execute(
+                "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')",
+                (topic_id, ids[group], conn.info.backend_pid),
+            )
+        run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="w"), url=database_url)
+        time.sleep(0.3)
+        woken = {group: len(list(conn.notifies(timeout=0.2))) for group, conn in listeners.items()}
+        assert woken == {"billing": 1, "audit": 0}
+    finally:
+        for conn in listeners.values():
+            conn.close()
+
+
+def test_an_empty_receive_does_not_wait_for_a_busy_one(client, topic_group, database_url):
+    """Nothing past the offset: a receive takes no lock on the subscription, so a transaction that
+    holds it (a receive taking messages, say) keeps nobody with nothing to take waiting."""
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM redelivery.subscriptions FOR UPDATE")
+        started = time.monotonic()
+        assert client.receive("billing", "orders", 10, 30) == []
+        assert time.monotonic() - started < 5  # not blocked behind the holder
+        holder.rollback()
+
+
+def test_a_wait_inside_a_transaction_is_refused_before_anything(client, topic_group):
+    client.publish("orders", [{"n": 1}])
+    before = snapshot(client.conn)
+    client.conn.execute("BEGIN")
+    with pytest.raises(ValueError, match="cannot wait inside a transaction"):
+        client.receive("billing", "orders", 10, 30, wait_seconds=1)
+    client.conn.execute("ROLLBACK")
+    assert snapshot(client.conn) == before
+
+
+def test_a_lease_and_an_ordered_receive_wait_too(client, topic_group, database_url, no_recheck):
+    client.create_topic("keyed")
+    client.subscribe("billing", "keyed", ordered=True)
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "keyed", 10, 30, wait_seconds=15))
+    waiter.start()
+    until_present(client.conn)
+    client.publish("keyed", [{"n": 1}])
+    waiter.join(20)
+    assert waiter.error is None and len(waiter.got) == 1 and waiter.seconds < 10
+    leaser = Waiter(database_url, lambda c: c.lease_rows("billing", "orders", 10, 30, wait_seconds=15))
+    leaser.start()
+    until_present(client.conn)
+    [mid] = client.publish("orders", [{"n": 2}])
+    leaser.join(20)
+    assert leaser.error is None and [r["message_id"] for r in leaser.got] == [mid] and leaser.seconds < 10
+
+
+@pytest.mark.parametrize("wait", [-1, 20.5, True, "5", None])
+def test_a_bad_wait_is_refused_and_changes_nothing(client, topic_group, wait):
+    client.publish("orders", [{"n": 1}])
+    before = snapshot(client.conn)
+    with pytest.raises(ValueError, match=r"wait_seconds must be 0\.\.20 seconds"):
+        client.receive("billing", "orders", 10, 30, wait_seconds=wait)
+    with pytest.raises(ValueError, match=r"wait_seconds must be 0\.\.20 seconds"):
+        client.lease_rows("billing", "orders", 10, 30, wait_seconds=wait)
+    assert snapshot(client.conn) == before
+
+
+def test_the_consumer_dags_drain_waits_for_the_next_message(client, topic_group, database_url, no_recheck):
+    """``drain`` (the consumer DAG's task) with ``wait_seconds``: nothing READY at first, a message
+    published meanwhile is delivered in the same run, which ends once a wait finds nothing."""
+    from redelivery.airflow.http_delivery import drain
+    from redelivery.client import Outcome
+
+    delivered = []
+
+    def deliver(batch):
+        delivered.extend(m.message_id for m in batch)
+        return [Outcome(m, "ack") for m in batch]
+
+    waiter = Waiter(database_url, lambda c: drain(c, "orders", "billing", deliver, wait_seconds=3))
+    waiter.start()
+    until_present(client.conn)
+    [mid] = client.publish("orders", [{"n": 1}])
+    waiter.join(20)
+    assert waiter.error is None and delivered == [mid] and waiter.got["acked"] == 1
+    assert 3 <= waiter.seconds < 10  # the wait after it found nothing, then the end
