@@ -168,11 +168,14 @@ def test_an_empty_wait_returns_nothing_after_the_wait_and_a_closed_client_leaves
 
 
 def test_a_consumer_whose_wait_returned_is_not_woken(client, topic_group, database_url, no_recheck):
-    """Once a wait returns, its row says it waits no more: the next message wakes one that waits."""
+    """Once a wait returns, its row says it waits no more (the next message wakes one that waits),
+    and its session listens no more (a listening session in a long transaction would hold every
+    notification of the database in PostgreSQL's queue)."""
     with Client(database_url) as other:
         threading.Timer(0.5, lambda: client.publish("orders", [{"n": 1}])).start()
         [got] = other.receive("billing", "orders", 10, 30, wait_seconds=15)
         assert present(client.conn) == 0  # the wait returned: not a waiter any more
+        assert other.conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()[0] == 0
         other.ack("billing", got)
 
 

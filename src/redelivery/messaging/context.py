@@ -30,8 +30,9 @@ class ClientContext:
         self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
         #: (topic id, group id) -> the share of free messages its ordered receive expects to read
         self.free_shares: dict[tuple[int, int], float] = {}
-        #: the connection that LISTENs on its backend's channel (``messaging.waiting``)
-        self.listening: psycopg.Connection | None = None
+        #: (a connection, the server's pid of its session): the channel of a wait on it
+        #: (``messaging.waiting``)
+        self.server_pid: tuple[psycopg.Connection | None, int] = (None, 0)
         self.config = config  # and ``levels``, its level table
 
     @property

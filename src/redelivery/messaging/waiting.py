@@ -5,18 +5,17 @@ milliseconds.
 
 The consumer LISTENs on a channel of its connection's own (``redelivery_wait_<backend pid>``;
 autocommit: a LISTEN takes effect at once, and the receives run between waits) and keeps a row in
-``receive_waiters`` per topic and group while it may wait. A publish, a tier run and a redrive that
-made n messages receivable notify up to n of each group's backends, chosen at random, after their
-commit, and
-only when such a row has not expired (``NOTIFY_WAITERS``; a publish learns it from the statement
-that records its batch): a notifying commit takes a lock of the whole cluster, and nobody waiting
-must cost a publish nothing; and a message wakes one consumer, not a herd of every waiter that
-would all run a receive for it (16 consumers: 16 receives a message). A chosen consumer that is
-busy receives the message when it next asks. A wake-up can still be missed (a publish
-that read the table just before the row was written, a notification lost with a connection): the
-consumer receives again at least every ``RECHECK_SECONDS`` while it waits. What the wait leaves
-behind: the LISTEN, until the client closes; the row, until it expires (a minute at most after
-the wait if its consumer died waiting) or the client closes (``leave``).
+``receive_waiters`` per topic and group while it waits; both end with the wait. A publish, a tier
+run and a redrive that made n messages receivable notify up to n of each group's backends, chosen
+at random, after their commit, and only when such a row has not expired (``NOTIFY_WAITERS``; a
+publish learns it from the statement that records its batch): a notifying commit takes a lock of
+the whole cluster, and nobody waiting must cost a publish nothing; and a message wakes one
+consumer, not a herd of every waiter that would all run a receive for it (16 consumers: 16
+receives a message). A wake-up can still be missed (a publish that read the table just before the
+row was written, a notification lost with a connection): the consumer receives again at least
+every ``RECHECK_SECONDS`` while it waits. What a wait leaves behind: nothing; a consumer that died
+waiting, its row until it expires (``PRESENCE_SECONDS`` past the wait; the next waiter deletes it
+a minute later); its LISTEN went with its session.
 """
 
 from __future__ import annotations
@@ -72,9 +71,11 @@ def wait_for(
     ``context``: the client's (``messaging.context.ClientContext``), whose connection waits."""
     conn = context.conn
     deadline = time.monotonic() + wait_seconds
-    _listen(context)
+    name = sql.Identifier(channel(_server_pid(context)))
     subscription = {"topic_id": topic_id, "group_id": group_id}
-    conn.execute(S.WAITER_PRESENT, {**subscription, "seconds": wait_seconds + PRESENCE_SECONDS})
+    with conn.pipeline():  # one round trip: listening, then said to wait
+        conn.execute(sql.SQL("LISTEN {}").format(name))
+        conn.execute(S.WAITER_PRESENT, {**subscription, "seconds": wait_seconds + PRESENCE_SECONDS})
     try:
         while True:
             _drain(conn)  # what came before this receive: it will see that already
@@ -85,20 +86,24 @@ def wait_for(
             for _ in conn.notifies(timeout=min(remaining, RECHECK_SECONDS), stop_after=1):
                 break
     finally:
-        try:
-            conn.execute(S.WAITER_DONE, subscription)
-        except psycopg.Error:  # the connection broke: the row expires
+        try:  # one round trip: written off, and listening no more (a listening session that later
+            # sits in a long transaction would hold every notification of the database in the queue)
+            with conn.pipeline():
+                conn.execute(S.WAITER_DONE, subscription)
+                conn.execute(sql.SQL("UNLISTEN {}").format(name))
+        except psycopg.Error:  # the connection broke: the row expires, the LISTEN went with it
             pass
 
 
-def _listen(context) -> None:
-    """LISTEN on the backend's channel, once per connection (a reconnected client listens again).
-    The channel is named by the server's pid (``pg_backend_pid()``, as the rows are), not the one
-    the connection reported: a pooler reports one of its own."""
-    if context.listening is not context.conn:
+def _server_pid(context) -> int:
+    """The server's pid of the client's session, asked once per connection (a reconnected client
+    asks again): a waiter's channel is named by it, as its rows are (``pg_backend_pid()``), not by
+    the pid the connection reported, which a pooler makes up."""
+    conn, pid = context.server_pid
+    if conn is not context.conn:
         pid = context.conn.execute(S.BACKEND_PID).fetchone()[0]
-        context.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(pid))))
-        context.listening = context.conn
+        context.server_pid = (context.conn, pid)
+    return pid
 
 
 def _drain(conn: psycopg.Connection) -> None:
@@ -130,8 +135,9 @@ def wake(conn: psycopg.Connection, wanted: Iterable[tuple[int, int | None, int]]
 
 
 def leave(context) -> None:
-    """This client waits no more (it closes): its rows go; its LISTEN goes with its connection."""
-    if context.listening is not None and not context.conn.closed:
+    """This client waits no more (it closes): its rows go (a wait writes its row off as it returns:
+    this is for one cut short)."""
+    if context.server_pid[0] is not None and not context.conn.closed:
         try:
             context.conn.execute(S.WAITER_GONE)
         except psycopg.Error:  # the rows expire by themselves
