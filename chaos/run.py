@@ -5,14 +5,13 @@
 
 It runs on an embedded PostgreSQL of its own (REDELIVERY_HOME/chaos, port 54339), so that it can
 restart the server with an immediate shutdown without disturbing anything else. Workers
-(chaos/worker.py) are real publishers, consumers, tier runs, redrives and a Spark driver, using
-the public API. A kill point freezes a worker at a known statement (the controller holds a row,
-table or advisory lock the statement needs, and waits until pg_stat_activity shows the worker
-waiting on it), then kills it with SIGKILL; lost commit answers come from a proxy that drops the
-answer to a COMMIT (chaos/proxy.py); an immediate shutdown restarts PostgreSQL in the middle of
-runs. After every round the invariants of chaos/invariants.py are checked; at the end the system
-is drained and every message must have ended exactly once per group.
-"""
+(chaos/worker.py) are real publishers, consumers, tier runs, redrives and a Spark driver, using the
+public API. A kill point freezes a worker at a known statement (the controller holds a row, table or
+advisory lock the statement needs, and waits until pg_stat_activity shows the worker waiting on it),
+then kills it with SIGKILL; lost commit answers come from a proxy that drops the answer to a COMMIT
+(chaos/proxy.py); an immediate shutdown restarts PostgreSQL in the middle of runs. After every
+round the invariants of chaos/invariants.py are checked; at the end the system is drained and
+every message must have ended exactly once per group."""
 
 from __future__ import annotations
 

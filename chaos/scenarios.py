@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from batch_kills import BatchKillPoints
+from waiting_kills import WaitingKillPoints
 
 if TYPE_CHECKING:  # the controller's worker handle (chaos/run.py imports this module)
     from run import Worker
@@ -46,7 +47,7 @@ SUBSCRIBED = (
 BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
 
 
-class KillPoints(BatchKillPoints):
+class KillPoints(BatchKillPoints, WaitingKillPoints):
     """The scenarios of the crash suite and the work they need around them."""
 
     # ---- keeping work around ------------------------------------------------------------------
@@ -139,31 +140,6 @@ class KillPoints(BatchKillPoints):
             self.freeze_and_kill(
                 worker, "consumer: after its receive committed, before the handler", "%chaos.gates%"
             )
-
-    def consumer_waiting(self) -> None:
-        """A consumer looping on waiting receives (``wait_seconds``: woken by the publishes made
-        meanwhile) killed at a random moment: inside a receive, an answer, or a wait."""
-        worker = self.spawn(
-            "consume",
-            "--group",
-            self.rng.choice(CONSUMERS),
-            "--max",
-            "5",
-            "--lease",
-            "2",
-            "--wait",
-            "2",
-            "--loop",
-        )
-        deadline = time.monotonic() + self.rng.uniform(0.3, 3.0)
-        while time.monotonic() < deadline and worker.proc.poll() is None:
-            self.top_up()
-            time.sleep(0.1)
-        if worker.proc.poll() is None:
-            worker.kill()
-            self.kills["consumer: looping on waiting receives, at a random moment"] += 1
-        else:
-            worker.kill()
 
     def consumer_inside_answer(self, extend: bool = False) -> None:
         """A consumer frozen inside its answer (the rows it answers held here), or, with
