@@ -836,7 +836,7 @@ WHERE batch_id = %(batch)s AND run_id = %(stage_run)s AND part = %(part)s;
 /* redelivery:PUBLISH_SMALL_BATCH */
 WITH numbered AS MATERIALIZED (
   SELECT nextval('message_ids') AS id, r.key, r.body, r.content_type, r.properties
-  FROM unnest(%(keys)s::text[], %(bodies)s::bytea[], %(content_types)s::text[],
+  FROM unnest(%(keys)s::text[], %(bodies)b::bytea[], %(content_types)s::text[],
               %(properties)s::jsonb[]) WITH ORDINALITY AS r(key, body, content_type, properties, ord)
   ORDER BY r.ord),
 claimed AS (

@@ -124,3 +124,37 @@ def test_two_publishes_of_one_small_batch_at_once_write_it_once(client, topic_gr
     assert not errors
     assert len(results) == 4 and all(r == results[0] for r in results)
     assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
+
+
+def test_a_repeat_near_a_ready_backlog_cap_returns_its_ids(client, topic_group):
+    """A batch published again (its commit's answer lost, say) is answered as a repeat before the
+    cap is looked at, as the COPY path answers it: its own messages do not make it a 530."""
+    from helpers import configured
+
+    configured(client, {"topic": "orders", "group": "billing", "max_ready_backlog": 10})
+    client.publish("orders", [{"n": i} for i in range(4)])
+    ids = client.publish("orders", [{"n": i} for i in range(5)], batch_id="near-cap")
+    before = snapshot(client.conn)
+    assert client.publish("orders", [{"n": i} for i in range(5)], batch_id="near-cap") == ids
+    assert snapshot(client.conn) == before
+
+
+def test_the_sessions_encoding_and_string_settings_change_nothing_stored(client, topic_group, clean_db):
+    """A session that asks for LATIN1 and for ``standard_conforming_strings`` off (the URL's
+    options, or PGOPTIONS) stores what any other stores, both ways, with the same fingerprint: its
+    connections speak UTF8 (``db.SESSION_OPTIONS``) and a small batch's bodies go in binary."""
+    from urllib.parse import quote
+
+    options = quote("-c client_encoding=LATIN1 -c standard_conforming_strings=off")
+    url = f"{clean_db}{'&' if '?' in clean_db else '?'}options={options}"
+    messages = [Message(b"\\x41\x00\xff", key="clé", content_type="application/octet-stream"),
+                Message("é\\", key="k", properties={"où": "là"}, content_type="text/plain")]  # fmt: skip
+    with Client(url) as odd:
+        assert odd.conn.execute("SHOW standard_conforming_strings").fetchone()[0] == "off"
+        small = odd.publish("orders", messages, batch_id="odd-small")
+    with Client(url) as odd, pytest.MonkeyPatch.context() as patched:
+        through_copy(patched)
+        copied = odd.publish("orders", messages, batch_id="odd-copy")
+    assert [r[:4] for r in stored(client.conn, small)] == [r[:4] for r in stored(client.conn, copied)]
+    assert stored(client.conn, small)[0][:2] == ("clé", b"\\x41\x00\xff")
+    assert batch_record(client.conn, "odd-small") == batch_record(client.conn, "odd-copy")

@@ -52,7 +52,7 @@ NOT_EXPLAINABLE = {"COPY_MESSAGES", "COPY_REPEATED_CONTENT", "CREATE_REPEATED_CO
 @pytest.mark.parametrize("name", sorted(set(S.ALL) - NOT_EXPLAINABLE))
 def test_statement_plans(name, database_url):
     text = S.ALL[name]
-    used = set(re.findall(r"%\((\w+)\)s", text))
+    used = set(re.findall(r"%\((\w+)\)[sb]", text))
     assert used <= set(SAMPLES), f"add samples for {sorted(used - set(SAMPLES))}"
     with db.connect(database_url) as conn:
         if "publish_repeated" in text:  # the session's temporary table it reads
@@ -75,6 +75,7 @@ def test_a_receive_returns_the_columns_of_the_leased_row(database_url, name):
     assert [f.name for f in fields(ReceivedMessage) if f.name not in CALL_FIELDS] == list(RECEIVE_COLUMNS)
     statement = S.ALL[name]
     with db.connect(database_url) as conn:
-        cursor = conn.execute(statement, {k: SAMPLES[k] for k in set(re.findall(r"%\((\w+)\)s", statement))})
+        used = set(re.findall(r"%\((\w+)\)[sb]", statement))
+        cursor = conn.execute(statement, {k: SAMPLES[k] for k in used})
         assert tuple(column.name for column in cursor.description) == RECEIVE_COLUMNS
         conn.rollback()

@@ -57,7 +57,7 @@ class UseCopy(Exception):
 
 MAX_BATCH_ID_LENGTH = 200
 #: A publish of at most this many messages, and bytes of bodies, is one statement
-#: (PUBLISH_SMALL_BATCH: three round trips, no Arrow) rather than a COPY (twelve round trips, and
+#: (PUBLISH_SMALL_BATCH: two round trips, no Arrow) rather than a COPY (twelve round trips, and
 #: Arrow's encoding): a one-message publish took 5.8 ms through the COPY, most of a waiting
 #: consumer's publish-to-handler latency (issue 42, docs/performance.md). Its arrays go as text
 #: parameters, bytea in hex: larger batches are the COPY's.
@@ -344,7 +344,10 @@ class Publisher(Role):
                 published_at, partition = log.lock_partition_for_publish(conn, at)  # the first round trip
                 if topic.fetchone() is None:
                     raise UnknownTopicError(f"the topic (id {topic_id}) was deleted")
-                self._check_backlog(topic_id, len(bodies))
+                try:
+                    self._check_backlog(topic_id, len(bodies))  # a round trip per capped group
+                except TooManyRequestsError:  # or a repeat, answered before the cap on the COPY's way
+                    raise UseCopy("a ready-backlog cap would be passed") from None
                 if partition is None:  # the COPY path claims the batch id before it makes one
                     raise UseCopy(f"no partition of the log holds {published_at.isoformat()} yet")
                 published = conn.execute(S.PUBLISH_SMALL_BATCH, statement)

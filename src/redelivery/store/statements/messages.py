@@ -97,10 +97,12 @@ RECORD_PUBLISHED_BATCH = sql.SQL("""/* redelivery:RECORD_PUBLISHED_BATCH */
 #: its messages are written only if the claim succeeded. Not claimed, nothing is written: the batch
 #: id was published before (the claim waited for that transaction), and the COPY path compares the
 #: repeat. Returns (messages written, their ids ascending, whether a consumer waits on the topic).
+#: The bodies go in binary (``%(bodies)b``): bytea as text would be escaped according to the
+#: session's ``standard_conforming_strings``.
 PUBLISH_SMALL_BATCH = _named("PUBLISH_SMALL_BATCH", f"""
     WITH numbered AS MATERIALIZED (
       SELECT nextval('message_ids') AS id, r.key, r.body, r.content_type, r.properties
-      FROM unnest(%(keys)s::text[], %(bodies)s::bytea[], %(content_types)s::text[],
+      FROM unnest(%(keys)s::text[], %(bodies)b::bytea[], %(content_types)s::text[],
                   %(properties)s::jsonb[]) WITH ORDINALITY AS r(key, body, content_type, properties, ord)
       ORDER BY r.ord),
     claimed AS (
