@@ -1,6 +1,7 @@
 """A TCP proxy in front of PostgreSQL that loses a commit's answer: once armed with a trigger, it
 forwards the first client message that contains the trigger, lets the server answer it in full
-(up to ReadyForQuery: the transaction is committed), and then closes both sides without passing
+(up to ReadyForQuery, or a COMMIT's CommandComplete in a pipeline, whose ReadyForQuery waits for
+the client's Sync: the transaction is committed), and then closes both sides without passing
 the answer on. The client sees its connection drop with its commit done.
 
 It parses the PostgreSQL protocol's framing only: untyped start-up messages (SSLRequest,
@@ -97,7 +98,9 @@ class LostAnswerProxy:
                     header = _read(upstream, 5)
                 body = _read(upstream, struct.unpack("!i", header[1:])[0] - 4)
                 if dropping.is_set():
-                    if header[:1] == b"Z":  # the server is done with it: the commit happened
+                    # the server is done with it (or, in a pipeline, whose ReadyForQuery waits for
+                    # its Sync, the COMMIT's CommandComplete came): the commit happened
+                    if header[:1] == b"Z" or (header[:1] == b"C" and body.startswith(b"COMMIT\x00")):
                         self.fired.set()
                         _close(client, upstream)
                         return

@@ -1,7 +1,6 @@
 """The crash suite: real processes killed at known points, and the promise checked after each round.
 
-    make chaos                                   # 1000 kill points
-    .venv/bin/python chaos/run.py --kill-points 60 --seed 7
+    make chaos      # 1000 kill points; .venv/bin/python chaos/run.py --kill-points 60 --seed 7
 
 It runs on an embedded PostgreSQL of its own (REDELIVERY_HOME/chaos, port 54339), so that it can
 restart the server with an immediate shutdown without disturbing anything else. Workers
@@ -57,6 +56,7 @@ KINDS = (
     "redrive: inside a batch",
     "redrive: between two batches",
     "API publish: inside its transaction",
+    "API publish: inside its one statement",
     "lost commit answer: publish",
     "lost commit answer: receive",
     "lost commit answer: ack",
@@ -379,9 +379,7 @@ class Controller(KillPoints):
         worker.kill()
         return False
 
-    # ---- the run ----------------------------------------------------------------------------
-
-    SCENARIOS = {  # name: weight
+    SCENARIOS = {  # the run's scenarios, name: weight
         "consumer_after_receive": 14,
         "consumer_waiting": 6,
         "consumer_inside_answer": 14,
@@ -392,7 +390,8 @@ class Controller(KillPoints):
         "tier_batch_between_windows": 3,
         "redrive_inside_batch": 8,
         "redrive_between_batches": 5,
-        "publish_inside_transaction": 10,
+        "publish_inside_transaction:small": 5,
+        "publish_inside_transaction:copy": 5,
         "lost_commit:publish": 6,
         "lost_commit:receive": 6,
         "lost_commit:ack": 6,

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from batch_kills import BatchKillPoints
+from publish_kills import PublishKillPoints
 from waiting_kills import WaitingKillPoints
 
 if TYPE_CHECKING:  # the controller's worker handle (chaos/run.py imports this module)
@@ -47,7 +48,7 @@ SUBSCRIBED = (
 BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
 
 
-class KillPoints(BatchKillPoints, WaitingKillPoints):
+class KillPoints(BatchKillPoints, PublishKillPoints, WaitingKillPoints):
     """The scenarios of the crash suite and the work they need around them."""
 
     # ---- keeping work around ------------------------------------------------------------------
@@ -229,25 +230,6 @@ class KillPoints(BatchKillPoints, WaitingKillPoints):
             self.kills["redrive: between two batches"] += 1
         worker.kill()
 
-    def current_partition(self) -> str:
-        """The log's partition of now (made if missing), whose lock a COPY into the log waits for."""
-        from redelivery.store import statements as S
-        from redelivery.store.log import ensure_partition
-
-        now = self.conn.execute("SELECT now()").fetchone()[0]
-        ensure_partition(self.conn, now, self.client.client.config.retention.seconds("partition"))
-        return self.conn.execute(S.LOG_PARTITION_AT, {"at": now}).fetchone()[0]
-
-    def publish_inside_transaction(self) -> None:
-        batch = f"api-{uuid.uuid4().hex[:8]}"
-        # the COPY into the log waits for this lock: the publish stops there, its batch claimed and
-        # its ids taken under the topic's publish lock
-        with self.holding(f"LOCK TABLE redelivery_log.{self.current_partition()} IN SHARE MODE"):
-            worker = self.spawn("publish", "--batch", batch, "--count", "20")
-            self.freeze_and_kill(worker, "API publish: inside its transaction", "%redelivery:COPY_MESSAGES%")
-        if self.rng.random() < 0.5:  # the producer tries again with the same batch id
-            self.run_to_end(self.spawn("publish", "--batch", batch, "--count", "20"))
-
     def lost_commit(self, what: str) -> None:
         self.top_up()
         # an ack commits in a transaction of its own (its receipts' topics checked in it); a receive
@@ -401,11 +383,20 @@ class KillPoints(BatchKillPoints, WaitingKillPoints):
         when = self.conn.execute("SELECT now()").fetchone()[0] - timedelta(seconds=ago)
         ensure_partition(self.conn, when, self.client.client.config.retention.seconds("partition"))
         name = self.conn.execute(S.LOG_PARTITION_AT, {"at": when}).fetchone()[0]
-        publish = ("publish", "--batch", f"back-{uuid.uuid4().hex[:8]}", "--count", "5", "--ago", str(ago))
+        count, _, statement = self.publish_size()
+        publish = (
+            "publish",
+            "--batch",
+            f"back-{uuid.uuid4().hex[:8]}",
+            "--count",
+            str(count),
+            "--ago",
+            str(ago),
+        )
         if frozen == "retention":
             with self.holding(f"LOCK TABLE redelivery_log.{name} IN SHARE MODE"):
                 publisher = self.spawn(*publish)
-                if self.wait_until(lambda: self.waiting(publisher.tag, "%redelivery:COPY_MESSAGES%")):
+                if self.wait_until(lambda: self.waiting(publisher.tag, f"%redelivery:{statement}%")):
                     retention = self.spawn("retention")
                     self.freeze_and_kill(
                         retention, "retention: waiting for the publishers of a partition",

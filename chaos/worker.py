@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import sys
+import time
 
 import psycopg
 from ledger import Ledger, LedgeredClient
@@ -93,12 +94,21 @@ def recreate(args) -> None:
     print(f"RECREATED {args.topic}", flush=True)
 
 
-def reconnected(client: LedgeredClient) -> None:
+def reconnected(client: LedgeredClient, seconds: float = 30) -> None:
     """A new connection after a lost one (a lost commit answer, a restarted server), as a consumer
-    that goes on would make."""
-    client.client.conn = psycopg.connect(
-        client.client.url, autocommit=True, options="-c search_path=redelivery"
-    )
+    that goes on would make: tried again while the server is shutting down or starting (for up to
+    ``seconds``; the controller kills the workers of a restart soon after it stopped the server)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.client.conn = psycopg.connect(
+                client.client.url, autocommit=True, options="-c search_path=redelivery"
+            )
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def consume(args) -> None:

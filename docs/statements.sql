@@ -833,6 +833,29 @@ ON CONFLICT DO NOTHING RETURNING 1;
 UPDATE publish_parts SET rows = %(rows)s
 WHERE batch_id = %(batch)s AND run_id = %(stage_run)s AND part = %(part)s;
 
+/* redelivery:PUBLISH_SMALL_BATCH */
+WITH numbered AS MATERIALIZED (
+  SELECT nextval('message_ids') AS id, r.key, r.body, r.content_type, r.properties
+  FROM unnest(%(keys)s::text[], %(bodies)b::bytea[], %(content_types)s::text[],
+              %(properties)s::jsonb[]) WITH ORDINALITY AS r(key, body, content_type, properties, ord)
+  ORDER BY r.ord),
+claimed AS (
+  INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at, first_id, last_id,
+                               fingerprint)
+  SELECT %(batch)s, %(topic_id)s, count(*), coalesce(%(at)s::timestamptz, now()), min(n.id), max(n.id),
+         content_fingerprint(count(*), sum(message_hash(n.key, n.body, n.content_type, n.properties)))
+  FROM numbered n
+  ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id),
+written AS (
+  INSERT INTO messages (id, topic_id, key, body, content_type, properties, published_at)
+  SELECT n.id, %(topic_id)s, n.key, n.body, n.content_type, n.properties, coalesce(%(at)s::timestamptz, now())
+  FROM numbered n WHERE EXISTS (SELECT 1 FROM claimed)
+  RETURNING id)
+SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{}'),
+       EXISTS (SELECT 1 FROM receive_waiters v
+               WHERE v.topic_id = %(topic_id)s AND v.expires_at > now()) AS waited
+FROM written w;
+
 /* redelivery:PUBLISH_STAGED */
 SELECT (SELECT count(*) FROM publish_parts WHERE batch_id = %(batch)s AND run_id = %(stage_run)s),
        (SELECT coalesce(sum(rows), 0) FROM publish_parts

@@ -4,7 +4,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 
 import pytest
 
-from helpers import snapshot
+from helpers import at, snapshot
 from redelivery.client import Message, Outcome
 from redelivery.errors import (
     BatchTooLargeError,
@@ -213,6 +213,27 @@ def test_a_json_body_is_accepted_exactly_when_postgresql_takes_it(database_url, 
     except ValueError:
         python = False
     assert python == postgresql
+
+
+@pytest.mark.parametrize(
+    "text", [*EDGE_BODIES, "[" * 600 + "]" * 600, "[" * 400 + "]" * 400], ids=lambda t: t[:24]
+)
+def test_one_body_is_refused_exactly_when_a_batch_of_them_is(text):
+    """A small batch checks its JSON bodies one at a time (``codec.check_json_body``, issue 42), a
+    COPY's a chunk at a time with Arrow (``copy_rows.check_json_bodies``): the same bodies refused."""
+    from redelivery.messaging.codec import check_json_body
+    from redelivery.messaging.copy_rows import check_json_bodies, message_batch
+
+    def refused(check) -> bool:
+        try:
+            check()
+        except MalformedMessageError:
+            return True
+        return False
+
+    body = text.encode()
+    batch = message_batch(1, at(0), [None, None], [b"{}", body], [JSON, JSON], ["{}", "{}"])
+    assert refused(lambda: check_json_body(body, 1)) == refused(lambda: check_json_bodies(batch, str))
 
 
 @pytest.fixture()

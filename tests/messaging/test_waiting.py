@@ -242,6 +242,28 @@ def test_a_lease_and_an_ordered_receive_wait_too(client, topic_group, database_u
     assert leaser.error is None and [r["message_id"] for r in leaser.got] == [mid] and leaser.seconds < 10
 
 
+@pytest.mark.parametrize("answer", ["ack", "reject"])
+def test_a_key_whose_head_ends_wakes_a_waiting_consumer_of_the_ordered_group(
+    client, topic_group, database_url, no_recheck, answer
+):
+    """A key's next message becomes receivable when its head ends: the delete that ends it wakes a
+    waiter of the group (migration 0018's trigger, sent at the answer's commit), not its re-check."""
+    from redelivery.client import Message
+
+    client.create_topic("keyed")
+    client.subscribe("billing", "keyed", ordered=True)
+    first, second = client.publish("keyed", [Message({"n": 1}, key="k"), Message({"n": 2}, key="k")])
+    [head] = client.receive("billing", "keyed", 10, 30)  # the second waits behind it (BLOCKED)
+    assert head.message_id == first
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "keyed", 10, 30, wait_seconds=15))
+    waiter.start()
+    until_present(client.conn)
+    getattr(client, answer)("billing", [head])
+    waiter.join(20)
+    assert waiter.error is None and [m.message_id for m in waiter.got] == [second]
+    assert waiter.seconds < 10  # woken, not the wait's end (nor a re-check: patched away)
+
+
 @pytest.mark.parametrize("wait", [-1, 20.5, True, "5", None])
 def test_a_bad_wait_is_refused_and_changes_nothing(client, topic_group, wait):
     client.publish("orders", [{"n": 1}])

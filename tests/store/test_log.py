@@ -410,23 +410,31 @@ def _old_hour_done_and_a_new_message(client) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_backdated_publish_racing_retention_is_never_lost(client, topic_group, clean_db, monkeypatch):
+@pytest.mark.parametrize("path", ["copy", "one statement"])
+def test_a_backdated_publish_racing_retention_is_never_lost(client, topic_group, clean_db, monkeypatch, path):
     """Issue 27, defect 1 (the outside audit's loss). A publish at an old time (a backfill's ``at``,
     a Spark publish stamped with its job's start) COPYs into a partition past retention, and
     retention looks at that partition before the publish commits. Before the fix retention saw no
     holder, began to detach it, a receive (whose snapshot no longer showed the partition) took a
     newer message and moved the offset past the hidden one, and retention dropped it: ``publish``
     had returned its id, the group never got it. Now retention waits for the publishers of a
-    partition before it looks, and keeps them out while it detaches: the message is delivered."""
+    partition before it looks, and keeps them out while it detaches: the message is delivered.
+    Both ways of writing a publish: retention looks after the COPY, or after the locks of a small
+    batch's one statement (``publishing.SMALL_BATCH_MESSAGES``)."""
     from redelivery.messaging import publishing
 
     _old_hour_done_and_a_new_message(client)
-    record, retired = publishing.record_published_batch, {}
+    if path == "copy":
+        monkeypatch.setattr(publishing, "SMALL_BATCH_MESSAGES", 0)
+    hooked = (publishing, "record_published_batch") if path == "copy" else (log, "lock_partition_for_publish")
+    record, retired = getattr(*hooked), {}
     reader = psycopg.connect(clean_db, autocommit=True)
     reader.execute("BEGIN")
     reader.execute("SELECT 1 FROM redelivery.messages LIMIT 1")  # a detach would wait for this reader
 
-    def record_while_retention_looks(*args) -> list[int]:
+    def record_while_retention_looks(*args):
+        locked = record(*args) if path == "one statement" else None  # its locks, then retention
+
         def retire() -> None:
             with db.connect(clean_db, autocommit=True) as conn:
                 retired["result"] = retention_at(conn, at(2 * DAY + 60))
@@ -436,11 +444,11 @@ def test_a_backdated_publish_racing_retention_is_never_lost(client, topic_group,
         wait_for_session(
             clean_db, "wait_event_type = 'Lock' AND query LIKE '/* redelivery:%'", "retention waiting"
         )
-        return record(*args)
+        return locked or record(*args)
 
-    monkeypatch.setattr(publishing, "record_published_batch", record_while_retention_looks)
+    monkeypatch.setattr(*hooked, record_while_retention_looks)
     [late] = client.publish("orders", [{"n": 1}], batch_id="late", at=at(1), retry=False)
-    monkeypatch.setattr(publishing, "record_published_batch", record)
+    monkeypatch.setattr(*hooked, record)
     client.publish("orders", [{"n": 10}], at=at(2 * DAY + 30))  # newer than the late one
     got = client.receive("billing", "orders", 10, 30, at=at(2 * DAY + 60))
     client.ack("billing", got)

@@ -32,7 +32,8 @@ SAMPLES = {
     "topic_id": 1, "topic_ids": [1, 1], "group_id": 1, "triggered_by": None,
     "window_end": "2026-03-01T12:00:10+00:00",
     "window_start": None, "fingerprint": "3:00000000000000ff", "seconds": 1.5, "rows": 3, "part": 0,
-    "stage_run": "api", "level_count": 16,
+    "stage_run": "api", "level_count": 16, "keys": [None], "bodies": [b"{}"],
+    "content_types": ["application/json"], "properties": ["{}"],
     "settle_run": "r", "acked": 1, "retried": 0, "dead_lettered": 0, "stale": 0,
     "lateness_le": [0.5, 1.0], "bucket_bounds": [0.5, 1.0], "bucket_counts": [1, 0, 0], "observed_sum": 0.25,
     "total_groups": [1], "total_promoted": [2], "total_dead_lettered": [0], "total_stale": [1],
@@ -51,7 +52,7 @@ NOT_EXPLAINABLE = {"COPY_MESSAGES", "COPY_REPEATED_CONTENT", "CREATE_REPEATED_CO
 @pytest.mark.parametrize("name", sorted(set(S.ALL) - NOT_EXPLAINABLE))
 def test_statement_plans(name, database_url):
     text = S.ALL[name]
-    used = set(re.findall(r"%\((\w+)\)s", text))
+    used = set(re.findall(r"%\((\w+)\)[sb]", text))
     assert used <= set(SAMPLES), f"add samples for {sorted(used - set(SAMPLES))}"
     with db.connect(database_url) as conn:
         if "publish_repeated" in text:  # the session's temporary table it reads
@@ -74,6 +75,7 @@ def test_a_receive_returns_the_columns_of_the_leased_row(database_url, name):
     assert [f.name for f in fields(ReceivedMessage) if f.name not in CALL_FIELDS] == list(RECEIVE_COLUMNS)
     statement = S.ALL[name]
     with db.connect(database_url) as conn:
-        cursor = conn.execute(statement, {k: SAMPLES[k] for k in set(re.findall(r"%\((\w+)\)s", statement))})
+        used = set(re.findall(r"%\((\w+)\)[sb]", statement))
+        cursor = conn.execute(statement, {k: SAMPLES[k] for k in used})
         assert tuple(column.name for column in cursor.description) == RECEIVE_COLUMNS
         conn.rollback()

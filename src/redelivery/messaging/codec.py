@@ -96,6 +96,25 @@ JSONB_SAFE_LENGTH = 15_000
 #: Brackets a text may hold before it could nest deeper than Python decodes (orjson stops at 1,024
 #: levels, the json module at the interpreter's recursion limit): a body a consumer could not read.
 SAFE_BRACKETS = 500
+_JSONB_HAZARD_BYTES = re.compile(JSONB_HAZARD.pattern.encode())
+
+
+def check_json_body(body: bytes, index: int) -> None:
+    """Raise ``MalformedMessageError`` naming message ``index`` for a JSON body that holds what only
+    jsonb refuses or nests deeper than Python decodes: ``copy_rows.check_json_bodies`` for one body,
+    for a batch too small to be worth Arrow. Only a body that may (``JSONB_HAZARD``, its length, its
+    brackets) is decoded."""
+    suspect = (
+        len(body) > JSONB_SAFE_LENGTH
+        or _JSONB_HAZARD_BYTES.search(body) is not None
+        or (len(body) > SAFE_BRACKETS and body.count(b"[") + body.count(b"{") > SAFE_BRACKETS)
+    )
+    if not suspect:
+        return
+    try:
+        check_json_text(body.decode())
+    except (ValueError, RecursionError) as exc:
+        raise MalformedMessageError(f"message {index}: body is not valid {JSON}: {exc}") from None
 
 
 #: The properties of a message published without any (shared: it cannot change).

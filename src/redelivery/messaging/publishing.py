@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 from redelivery.errors import (
     BatchConflictError,
@@ -25,7 +25,7 @@ from redelivery.errors import (
     TooManyRequestsError,
     UnknownTopicError,
 )
-from redelivery.messaging.codec import JSON, Message, check_json_text, encode
+from redelivery.messaging.codec import JSON, Message, check_json_body, check_json_text, encode
 from redelivery.messaging.context import Role
 from redelivery.messaging.producer import MIN_CONNECT_TIMEOUT, retrying
 from redelivery.messaging.receipts import check_at
@@ -49,7 +49,20 @@ class NeedPartition(Exception):
         self.at = at
 
 
+class UseCopy(Exception):
+    """A small batch's publish wrote nothing, for the COPY path to answer: its batch id was
+    published before (the COPY path compares the repeat), PostgreSQL refused a row (the COPY's
+    error names the row), or no partition of the log holds its publish time yet."""
+
+
 MAX_BATCH_ID_LENGTH = 200
+#: A publish of at most this many messages, and bytes of bodies, is one statement
+#: (PUBLISH_SMALL_BATCH: two round trips, no Arrow) rather than a COPY (twelve round trips, and
+#: Arrow's encoding): a one-message publish took 5.8 ms through the COPY, most of a waiting
+#: consumer's publish-to-handler latency (issue 42, docs/performance.md). Its arrays go as text
+#: parameters, bytea in hex: larger batches are the COPY's.
+SMALL_BATCH_MESSAGES = 100
+SMALL_BATCH_BYTES = 64 * 1024
 
 
 def check_batch_id(batch_id: object) -> str:
@@ -281,6 +294,15 @@ class Publisher(Role):
         )
 
         count = len(columns[1])
+        if (
+            0 < count <= SMALL_BATCH_MESSAGES
+            and sum(map(len, columns[1])) <= SMALL_BATCH_BYTES
+            and self.conn.info.transaction_status == pq.TransactionStatus.IDLE  # not in the caller's
+        ):
+            try:
+                return self._publish_small(topic_id, columns, batch_id, at)
+            except UseCopy:  # rolled back: nothing was written
+                pass
         with self.conn.transaction():
             catalog.lock_topic_for_publish(self.conn, topic_id)
             claim = {"batch": batch_id, "topic_id": topic_id, "count": count, "at": at}
@@ -299,6 +321,48 @@ class Publisher(Role):
             ids, waited = record_published_batch(self.conn, topic_id, batch_id, floor, count, partition)
         if waited:  # committed: the waiting consumers may receive them now
             wake(self.conn, [(topic_id, None, len(ids))])
+        return ids
+
+    def _publish_small(self, topic_id: int, columns: tuple, batch_id: str, at) -> list[int]:
+        """One try of a small batch's publish: its messages and record written by one statement
+        (PUBLISH_SMALL_BATCH) under the locks of the COPY path, in a pipeline of two round trips
+        (the begin, the locks and the publish time; the statement and the commit). Raises as
+        ``_publish_transaction``, and ``UseCopy`` (nothing written) when the COPY path must answer.
+        Outside a transaction only: inside the caller's, the COPY path's savepoint joins it."""
+        for index, (body, content_type) in enumerate(zip(columns[1], columns[2], strict=True)):
+            if content_type == JSON:
+                check_json_body(body, index)
+        keys, bodies, content_types, properties = columns
+        statement = {"topic_id": topic_id, "batch": batch_id, "at": at, "keys": keys, "bodies": bodies,
+                     "content_types": content_types, "properties": properties}  # fmt: skip
+        conn = self.conn
+        # BEGIN and COMMIT by hand: psycopg's transaction() syncs the pipeline at each of its edges
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                topic = conn.execute(S.LOCK_TOPIC_FOR_PUBLISH, {"topic_id": topic_id})
+                published_at, partition = log.lock_partition_for_publish(conn, at)  # the first round trip
+                if topic.fetchone() is None:
+                    raise UnknownTopicError(f"the topic (id {topic_id}) was deleted")
+                try:
+                    self._check_backlog(topic_id, len(bodies))  # a round trip per capped group
+                except TooManyRequestsError:  # or a repeat, answered before the cap on the COPY's way
+                    raise UseCopy("a ready-backlog cap would be passed") from None
+                if partition is None:  # the COPY path claims the batch id before it makes one
+                    raise UseCopy(f"no partition of the log holds {published_at.isoformat()} yet")
+                published = conn.execute(S.PUBLISH_SMALL_BATCH, statement)
+                conn.execute("COMMIT")  # skipped after an error in the pipeline
+                written, ids, waited = published.fetchone()  # the second round trip
+        except BaseException as error:
+            if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+            if isinstance(error, ROW_REFUSALS):  # the COPY's error names the message
+                raise UseCopy(f"PostgreSQL refused a message: {error.diag.message_primary}") from None
+            raise
+        if not written:  # nothing was written: the batch id was published before
+            raise UseCopy(f"batch {batch_id!r} was published before")
+        if waited:  # committed: the waiting consumers may receive them now
+            wake(conn, [(topic_id, None, len(ids))])
         return ids
 
     def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:

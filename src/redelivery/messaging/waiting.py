@@ -6,10 +6,11 @@ milliseconds.
 The consumer LISTENs on a channel of its connection's own (``redelivery_wait_<backend pid>``;
 autocommit: a LISTEN takes effect at once, and the receives run between waits) and keeps a row in
 ``receive_waiters`` per topic and group while it waits; both end with the wait. A publish, a tier
-run and a redrive that made n messages receivable notify up to n of each group's backends, chosen
-at random, after their commit, and only when such a row has not expired (``NOTIFY_WAITERS``; a
-publish learns it from the statement that records its batch): a notifying commit takes a lock of
-the whole cluster, and nobody waiting must cost a publish nothing; and a message wakes one
+run and a redrive that made n messages receivable (and, in the database, the delete that ends n
+heads of an ordered group's keys: migration 0018's trigger) notify up to n of each group's
+backends, chosen at random, after their commit, and only when such a row has not expired
+(``NOTIFY_WAITERS``; a publish learns it from the statement that records its batch): a notifying
+commit takes a lock of the whole cluster, and nobody waiting must cost a publish nothing; and a message wakes one
 consumer, not a herd of every waiter that would all run a receive for it (16 consumers: 16
 receives a message). A wake-up can still be missed (a publish that read the table just before the
 row was written, a notification lost with a connection): the consumer receives again at least

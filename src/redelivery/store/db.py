@@ -79,8 +79,13 @@ def database_url() -> str:
 
 #: Session settings every connection needs, given to libpq after the user's own (a later ``-c``
 #: wins): the schema's search_path, and READ COMMITTED, whose fresh snapshot after a lock wait the
-#: statements rely on (a topic delete after waiting for its publishers, re-checks of guarded rows).
-SESSION_OPTIONS = rf"-c search_path={SCHEMA},public -c default_transaction_isolation=read\ committed"
+#: statements rely on (a topic delete after waiting for its publishers, re-checks of guarded rows),
+#: and UTF8 as the client encoding, which the COPY's text (pgpq writes UTF-8) and a small publish's
+#: parameters are sent in, whatever the database's encoding.
+SESSION_OPTIONS = (
+    rf"-c search_path={SCHEMA},public -c default_transaction_isolation=read\ committed"
+    " -c client_encoding=UTF8"
+)
 
 
 def connect(url: str | None = None, **kwargs) -> psycopg.Connection:

@@ -98,8 +98,9 @@ def lock_partition_for_publish(conn: psycopg.Connection, at: datetime | None) ->
     into a partition being detached was hidden from the receive that moved the offset past it, and
     dropped). Waits while a retention run retires that partition; raises ``PartitionChanged`` when
     it was dropped meanwhile (roll back, then publish again: a partition is made for the time)."""
-    locked = conn.execute(S.LOCK_LOG_PARTITION_FOR_PUBLISH, {"at": at, "namespace": RETIRE_LOCK}).fetchone()
-    published_at, partition = conn.execute(S.PUBLISH_TIME, {"at": at}).fetchone()  # after the wait
+    lock = conn.execute(S.LOCK_LOG_PARTITION_FOR_PUBLISH, {"at": at, "namespace": RETIRE_LOCK})
+    publish_time = conn.execute(S.PUBLISH_TIME, {"at": at})  # after the wait; in a pipeline, with it
+    locked, (published_at, partition) = lock.fetchone(), publish_time.fetchone()
     if partition != (locked[0] if locked else None):
         raise PartitionChanged(f"the log's partition of {published_at.isoformat()} changed; publish again")
     return published_at, partition

@@ -89,6 +89,38 @@ RECORD_PUBLISHED_BATCH = sql.SQL("""/* redelivery:RECORD_PUBLISHED_BATCH */
     RETURNING p.messages, p.ids,
               EXISTS (SELECT 1 FROM receive_waiters w
                       WHERE w.topic_id = %(topic_id)s AND w.expires_at > now()) AS waited""")
+#: A small batch in one statement (``publishing.SMALL_BATCH_MESSAGES``), under the topic's publish
+#: lock and its partition's retirement lock, taken before it as for the COPY. Its ids are taken in
+#: the arrays' order, ascending (the sequence of the column's default); its batch id is claimed
+#: with its record whole (range, and the fingerprint RECORD_PUBLISHED_BATCH computes, from the same
+#: values), so the batch's row is written once, never updated (no dead tuple a held horizon pins);
+#: its messages are written only if the claim succeeded. Not claimed, nothing is written: the batch
+#: id was published before (the claim waited for that transaction), and the COPY path compares the
+#: repeat. Returns (messages written, their ids ascending, whether a consumer waits on the topic).
+#: The bodies go in binary (``%(bodies)b``): bytea as text would be escaped according to the
+#: session's ``standard_conforming_strings``.
+PUBLISH_SMALL_BATCH = _named("PUBLISH_SMALL_BATCH", f"""
+    WITH numbered AS MATERIALIZED (
+      SELECT nextval('message_ids') AS id, r.key, r.body, r.content_type, r.properties
+      FROM unnest(%(keys)s::text[], %(bodies)b::bytea[], %(content_types)s::text[],
+                  %(properties)s::jsonb[]) WITH ORDINALITY AS r(key, body, content_type, properties, ord)
+      ORDER BY r.ord),
+    claimed AS (
+      INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at, first_id, last_id,
+                                   fingerprint)
+      SELECT %(batch)s, %(topic_id)s, count(*), {AT}, min(n.id), max(n.id),
+             content_fingerprint(count(*), sum(message_hash(n.key, n.body, n.content_type, n.properties)))
+      FROM numbered n
+      ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id),
+    written AS (
+      INSERT INTO messages (id, topic_id, key, body, content_type, properties, published_at)
+      SELECT n.id, %(topic_id)s, n.key, n.body, n.content_type, n.properties, {AT}
+      FROM numbered n WHERE EXISTS (SELECT 1 FROM claimed)
+      RETURNING id)
+    SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{{}}'),
+           EXISTS (SELECT 1 FROM receive_waiters v
+                   WHERE v.topic_id = %(topic_id)s AND v.expires_at > now()) AS waited
+    FROM written w""")
 #: A batch id published again: its content goes into this session's temporary table (emptied at
 #: commit), never into the log, and its fingerprint is compared with the published one's. ``ord``
 #: keeps the caller's order (REPEATED_IDS).
