@@ -12,11 +12,11 @@ backends, chosen at random, after their commit, and only when such a row has not
 (``NOTIFY_WAITERS``; a publish learns it from the statement that records its batch): a notifying
 commit takes a lock of the whole cluster, and nobody waiting must cost a publish nothing; and a
 message wakes one consumer, not a herd of every waiter that would all run a receive for it (16
-consumers: 16 receives a message). A wake-up can still be missed (a publish that read the table just before the
-row was written, a notification lost with a connection): the consumer receives again at least
-every ``RECHECK_SECONDS`` while it waits. What a wait leaves behind: nothing; a consumer that died
-waiting, its row until it expires (``PRESENCE_SECONDS`` past the wait; the next waiter deletes it
-a minute later); its LISTEN went with its session.
+consumers: 16 receives a message). A wake-up can still be missed (a publish that read the table
+just before the row was written, a notification lost with a connection): the consumer receives
+again at least every ``RECHECK_SECONDS`` while it waits. What a wait leaves behind: nothing; a
+consumer that died waiting, its row until it expires (``PRESENCE_SECONDS`` past the wait; the next
+waiter deletes it a minute later); its LISTEN went with its session.
 """
 
 from __future__ import annotations
