@@ -59,8 +59,8 @@ MAX_BATCH_ID_LENGTH = 200
 #: A publish of at most this many messages, and bytes of bodies, is one statement
 #: (PUBLISH_SMALL_BATCH: two round trips, no Arrow) rather than a COPY (twelve round trips, and
 #: Arrow's encoding): a one-message publish took 5.8 ms through the COPY, most of a waiting
-#: consumer's publish-to-handler latency (issue 42, docs/performance.md). Its arrays go as text
-#: parameters, bytea in hex: larger batches are the COPY's.
+#: consumer's publish-to-handler latency (issue 42, docs/performance.md). Its columns go as array
+#: parameters (the bodies in binary), held in memory at once: larger batches are the COPY's.
 SMALL_BATCH_MESSAGES = 100
 SMALL_BATCH_BYTES = 64 * 1024
 
@@ -301,7 +301,7 @@ class Publisher(Role):
         ):
             try:
                 return self._publish_small(topic_id, columns, batch_id, at)
-            except UseCopy:  # rolled back: nothing was written
+            except UseCopy:  # nothing was written: the COPY's way answers
                 pass
         with self.conn.transaction():
             catalog.lock_topic_for_publish(self.conn, topic_id)
