@@ -628,15 +628,7 @@ FROM (SELECT topic_id, group_id, delay_level, count(*) AS n FROM deliveries
 JOIN topics t ON t.id = c.topic_id JOIN consumer_groups g ON g.id = c.group_id;
 
 /* redelivery:NOTIFY_WAITERS */
-SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
-FROM (SELECT w.backend_pid, x.n,
-             row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
-      FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])
-           AS x(topic_id, group_id, n)
-      JOIN receive_waiters w
-        ON w.topic_id = x.topic_id AND (x.group_id IS NULL OR w.group_id = x.group_id)
-      WHERE w.expires_at > now()) w
-WHERE w.nth <= w.n;
+SELECT notify_waiters(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[]);
 
 /* redelivery:PAGE_BLOCKED */
 SELECT group_id, count(*), min(created_at) FROM deliveries

@@ -30,12 +30,12 @@ from redelivery.tiers.run import TierRunRequest, run_tier
 
 pytestmark = pytest.mark.timeout(300)
 
-#: The statements a pipeline runs for every batch (receive and every answer), for every window of
-#: a tier (lease expiry, promotion, dead-lettering), and for every batch of a redrive.
+#: The statements a pipeline runs for every batch (a small publish, receive and every answer), for
+#: every window of a tier (lease expiry, promotion, dead-lettering), and for every batch of a redrive.
 HOT = {
     "RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXTEND_LEASE",
     "EXPIRE_LEASES_RETRY", "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
-    "REDRIVE_MOVE_BATCH", "RECEIVE_ORDERED", "PAST_OFFSET",
+    "REDRIVE_MOVE_BATCH", "RECEIVE_ORDERED", "PAST_OFFSET", "PUBLISH_SMALL_BATCH",
 }  # fmt: skip
 #: The planner settings a statement runs with (what the product sets, read as it runs).
 SETTINGS = ("enable_seqscan", "enable_nestloop", "enable_hashjoin", "enable_mergejoin", "enable_bitmapscan")
@@ -69,10 +69,11 @@ class Captured:
 
 
 def work(client, url: str, captured: Captured, monkeypatch) -> None:
-    """A pipeline's work in batches of 500: receive, ack, nack, reject, extend, settle; a tier run
-    that expires leases, promotes retries (of a capped subscription too) and dead-letters those
-    past a lowered max; a receive of the promoted retries; a receive of an ordered subscription
-    (its keys' first messages handed out, the rest BLOCKED); a redrive."""
+    """A pipeline's work in batches of 500 (and one small publish): receive, ack, nack, reject,
+    extend, settle; a tier run that expires leases, promotes retries (of a capped subscription
+    too) and dead-letters those past a lowered max; a receive of the promoted retries; a receive
+    of an ordered subscription (its keys' first messages handed out, the rest BLOCKED); a
+    redrive."""
     configured(client, {"topic": "orders", "group": "capped", "max_ready_backlog": 100_000})
     client.create_topic("orders")
     for group in ("billing", "capped"):
@@ -83,6 +84,7 @@ def work(client, url: str, captured: Captured, monkeypatch) -> None:
     log.ensure_partition(client.conn, at(0), 3600)
     client.publish("orders", [Message({"n": i}, key=f"k{i % 50}") for i in range(3 * BATCH)], at=at(0))
     captured.install(monkeypatch)
+    client.publish("orders", [Message({"n": -1}, key="k0")], at=at(0))  # a small batch: one statement
     got = client.receive("billing", "orders", BATCH, 30, at=at(0))
     client.ack("billing", got[:100])
     client.nack("billing", got[100:200], error="later", at=at(1))

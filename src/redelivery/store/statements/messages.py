@@ -315,18 +315,10 @@ WAITER_GONE = _named("WAITER_GONE", """
     DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid()""")
 #: Wake the consumers waiting for the messages a commit made receivable: for each (topic id, group
 #: id or NULL for every group of the topic, n messages), up to n of the group's waiting backends,
-#: chosen at random (never a herd of every waiter for one message), one notification on each one's
-#: channel; none when nobody waits (a notifying commit takes a lock of the whole cluster).
+#: chosen at random, one notification on each one's channel (the function ``notify_waiters``,
+#: migration 0019); none when nobody waits (a notifying commit takes a lock of the whole cluster).
 NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
-    SELECT pg_notify('redelivery_wait_' || w.backend_pid, '')
-    FROM (SELECT w.backend_pid, x.n,
-                 row_number() OVER (PARTITION BY w.topic_id, w.group_id ORDER BY random()) AS nth
-          FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])
-               AS x(topic_id, group_id, n)
-          JOIN receive_waiters w
-            ON w.topic_id = x.topic_id AND (x.group_id IS NULL OR w.group_id = x.group_id)
-          WHERE w.expires_at > now()) w
-    WHERE w.nth <= w.n""")
+    SELECT notify_waiters(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])""")
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
 #: ack deletes the delivery row, and the message, below its group's offset with no row, is
 #: COMMITTED. Receipts that match nothing (late, repeated) are counted as stale on the group, in
