@@ -187,6 +187,7 @@ AND (%(dead_lettered_from)s::timestamptz IS NULL
      OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
 AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
 AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
 AND (%(error_contains)s::text IS NULL
      OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
@@ -209,18 +210,21 @@ WITH policies AS MATERIALIZED (
           AND d.due_at <= %(window_end)s AND p.max_times <> -1 AND d.reconsume_times > p.max_times
       RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
               d.reconsume_times, coalesce(d.first_failure_at, d.last_failure_at) AS first_failure_at,
-              d.last_failure_at AS last_failure_at, d.last_error AS last_error, d.attempts AS attempts,
-              d.redrive_count),
+              d.last_failure_at AS last_failure_at, d.last_error AS last_error,
+              (d.attempts -> -1 ->> 'class') AS error_class, (d.attempts -> -1 ->> 'frame') AS error_frame,
+              (d.attempts -> -1 ->> 'stack') AS error_stack, d.attempts AS attempts, d.redrive_count),
     inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
                               reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
-                              redrive_count)
+                              redrive_count, error_class, error_frame, error_stack, signature)
     SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, mv.message_id),
            m.key, m.body, m.content_type, m.properties, mv.published_at, %(reason)s::dlq_reason,
            mv.last_error,
            mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
-           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count
+           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count,
+           mv.error_class, mv.error_frame, mv.error_stack,
+           error_signature(mv.error_class, mv.last_error, mv.error_frame)
     FROM moved mv LEFT JOIN messages m
       ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
     RETURNING group_id, reason)
@@ -259,6 +263,7 @@ AND (%(dead_lettered_from)s::timestamptz IS NULL
      OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
 AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
 AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
 AND (%(error_contains)s::text IS NULL
      OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
@@ -276,6 +281,7 @@ SELECT count(*) FROM dlq_messages q WHERE q.group_id = %(group_id)s
          OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
     AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
     AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+    AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
     AND (%(error_contains)s::text IS NULL
          OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
     AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
@@ -290,6 +296,7 @@ AND (%(dead_lettered_from)s::timestamptz IS NULL
      OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
 AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
 AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
 AND (%(error_contains)s::text IS NULL
      OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
@@ -330,6 +337,7 @@ AND (%(dead_lettered_from)s::timestamptz IS NULL
      OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
 AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
 AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
 AND (%(error_contains)s::text IS NULL
      OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
@@ -337,6 +345,43 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s;
+
+/* redelivery:DLQ_SIGNATURES */
+SELECT s.signature, s.n AS count, s.first_dead_lettered_at, s.last_dead_lettered_at,
+       ARRAY(SELECT t.name FROM topics t WHERE t.id = ANY(s.topic_ids) ORDER BY 1) AS topics,
+       r.error_class, r.last_error, r.error_frame, r.message_id AS newest_message_id
+FROM (SELECT q.signature, count(*) AS n, min(q.dead_lettered_at) AS first_dead_lettered_at,
+             max(q.dead_lettered_at) AS last_dead_lettered_at, array_agg(DISTINCT q.topic_id) AS topic_ids
+      FROM dlq_messages q WHERE q.group_id = %(group_id)s
+AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
+AND (%(dead_lettered_from)s::timestamptz IS NULL
+     OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
+AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
+AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
+AND (%(error_contains)s::text IS NULL
+     OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
+AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
+AND (%(key)s::text IS NULL
+     OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
+                                    OR octet_length(q.key) <= 2000))) GROUP BY q.signature) s
+CROSS JOIN LATERAL (
+  SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
+  WHERE q.group_id = %(group_id)s
+AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
+AND (%(dead_lettered_from)s::timestamptz IS NULL
+     OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
+AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
+AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
+AND (%(error_contains)s::text IS NULL
+     OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
+AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
+AND (%(key)s::text IS NULL
+     OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
+                                    OR octet_length(q.key) <= 2000))) AND q.signature IS NOT DISTINCT FROM s.signature
+  ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r
+ORDER BY s.n DESC, s.signature LIMIT %(limit)s;
 
 /* redelivery:DLQ_SUMMARY_GROUPS */
 SELECT g.id, g.name, count(*), min(q.dead_lettered_at), max(q.dead_lettered_at)
@@ -375,18 +420,21 @@ WITH policies AS MATERIALIZED (
       WHERE d.message_id >= %(low)s AND d.message_id < %(high)s AND p.topic_id = d.topic_id AND p.group_id = d.group_id AND d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s AND NOT (p.max_times = -1 OR d.reconsume_times < p.max_times)
       RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
               d.reconsume_times, coalesce(d.first_failure_at, d.invisible_until) AS first_failure_at,
-              d.invisible_until AS last_failure_at, %(lease_error)s::text AS last_error, append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text)) AS attempts,
-              d.redrive_count),
+              d.invisible_until AS last_failure_at, %(lease_error)s::text AS last_error,
+              'redelivery.LeaseExpired'::text AS error_class, NULL::text AS error_frame,
+              NULL::text AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))) AS attempts, d.redrive_count),
     inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
                               reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
-                              redrive_count)
+                              redrive_count, error_class, error_frame, error_stack, signature)
     SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, mv.message_id),
            m.key, m.body, m.content_type, m.properties, mv.published_at, %(reason)s::dlq_reason,
            mv.last_error,
            mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
-           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count
+           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count,
+           mv.error_class, mv.error_frame, mv.error_stack,
+           error_signature(mv.error_class, mv.last_error, mv.error_frame)
     FROM moved mv LEFT JOIN messages m
       ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
     RETURNING group_id, reason)
@@ -405,7 +453,7 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
              * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000)),
       last_error = %(lease_error)s, last_failure_at = d.invisible_until,
       first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
-      attempts = append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text)), invisible_until = NULL, updated_at = now()
+      attempts = append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))), invisible_until = NULL, updated_at = now()
   FROM policies p
   WHERE d.message_id >= %(low)s AND d.message_id < %(high)s AND p.topic_id = d.topic_id AND p.group_id = d.group_id AND d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s AND (p.max_times = -1 OR d.reconsume_times < p.max_times)
   RETURNING d.group_id)
@@ -442,18 +490,21 @@ WITH policies AS MATERIALIZED (
                       AND p.topic_id = d.topic_id AND p.group_id = d.group_id AND (%(force_dead_letter)s OR NOT (p.max_times = -1 OR d.reconsume_times < p.max_times))
       RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
               d.reconsume_times, coalesce(d.first_failure_at, coalesce(%(at)s::timestamptz, now())) AS first_failure_at,
-              coalesce(%(at)s::timestamptz, now()) AS last_failure_at, (%(errors)s::jsonb ->> d.message_id::text) AS last_error, append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb ->> d.message_id::text))) AS attempts,
-              d.redrive_count),
+              coalesce(%(at)s::timestamptz, now()) AS last_failure_at, (%(errors)s::jsonb -> d.message_id::text ->> 'error') AS last_error,
+              (%(errors)s::jsonb -> d.message_id::text ->> 'class') AS error_class, (%(errors)s::jsonb -> d.message_id::text ->> 'frame') AS error_frame,
+              (%(errors)s::jsonb -> d.message_id::text ->> 'stack') AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))) AS attempts, d.redrive_count),
     inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
                               reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
-                              redrive_count)
+                              redrive_count, error_class, error_frame, error_stack, signature)
     SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, mv.message_id),
            m.key, m.body, m.content_type, m.properties, mv.published_at, %(reason)s::dlq_reason,
            mv.last_error,
            mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
-           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count
+           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count,
+           mv.error_class, mv.error_frame, mv.error_stack,
+           error_signature(mv.error_class, mv.last_error, mv.error_frame)
     FROM moved mv LEFT JOIN messages m
       ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
     RETURNING group_id, reason)
@@ -470,9 +521,9 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
       delay_level = coalesce(%(level)s::smallint, p.levels[least(d.reconsume_times + 1, cardinality(p.levels))]),
       due_at = coalesce(%(at)s::timestamptz, now()) + make_interval(secs => coalesce(%(delay)s::float8, least(p.delays[least(d.reconsume_times + 1, cardinality(p.delays))]
              * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000))),
-      invisible_until = NULL, last_error = (%(errors)s::jsonb ->> d.message_id::text), last_failure_at = coalesce(%(at)s::timestamptz, now()),
+      invisible_until = NULL, last_error = (%(errors)s::jsonb -> d.message_id::text ->> 'error'), last_failure_at = coalesce(%(at)s::timestamptz, now()),
       first_failure_at = coalesce(d.first_failure_at, coalesce(%(at)s::timestamptz, now())),
-      attempts = append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb ->> d.message_id::text))), updated_at = now()
+      attempts = append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))), updated_at = now()
   FROM policies p
   WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
                   AND d.message_id = ANY(%(ids)s::bigint[]) AND d.state::text = 'INFLIGHT' AND (%(receipts)s::jsonb -> d.message_id::text)
@@ -745,6 +796,7 @@ AND (%(dead_lettered_from)s::timestamptz IS NULL
      OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
 AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
 AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
 AND (%(error_contains)s::text IS NULL
      OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
@@ -1107,6 +1159,7 @@ AND (%(dead_lettered_from)s::timestamptz IS NULL
      OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
 AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
 AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
 AND (%(error_contains)s::text IS NULL
      OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))

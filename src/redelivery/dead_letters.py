@@ -63,16 +63,19 @@ GroupName = Annotated[Name, _name_of("group", optional=False)]
 TopicName = Annotated[Name | None, _name_of("topic", optional=True)]
 #: Text without a NUL character, a blank being no text.
 Text = Annotated[str | None, BeforeValidator(_blank_is_none)]
+#: A failure's signature (``rules.failures``: 12 lower-case hex digits), a blank being none.
+SignatureText = Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
+Signature = Annotated[SignatureText | None, BeforeValidator(_blank_is_none)]
 
 
 class DlqFilter(BaseModel):
     """Which dead letters of ``group``: all given conditions must hold. Times are ISO 8601 text or
     ``datetime`` (never a number: ``fields.Time``), UTC when they have no zone,
     ``dead_lettered_from`` inclusive and ``dead_lettered_to`` exclusive; ``error_contains``
-    matches the last error, case-insensitively, as text (never a pattern); ``key`` the message key
-    exactly. The one declaration of these fields: the CLI's options, the
-    ``dlq_redrive`` Params, the operator page's form and address and the SQL parameters of
-    ``statements.DLQ_FILTER`` are derived from it (``redelivery.fields``).
+    matches the last error, case-insensitively, as text (never a pattern); ``signature`` the last
+    failure's signature (issue 40); ``key`` the message key exactly. The one declaration of these
+    fields: the CLI's options, the ``dlq_redrive`` Params, the operator page's form and address
+    and the SQL parameters of ``statements.DLQ_FILTER`` are derived from it (``redelivery.fields``).
     Invalid values raise pydantic's ``ValidationError`` (a ``ValueError``) naming the field."""
 
     model_config = ConfigDict(extra="forbid")
@@ -103,6 +106,12 @@ class DlqFilter(BaseModel):
         title="Last error contains",
         description="Case-insensitive text of the last error (never a pattern). Empty: any.",
         json_schema_extra={"pattern": NO_NUL},
+    )
+    signature: Signature = Field(
+        default=None,
+        title="Failure signature",
+        description="Only dead letters whose last failure has this signature (12 hex digits, as "
+        "`redelivery dlq groups` lists them). Empty: any.",
     )
     message_ids: list[MessageId] = Field(
         default_factory=list,
@@ -172,6 +181,17 @@ def select(
     cur = conn.execute(S.DLQ_SELECT, {**filter_params(conn, request), "limit": limit})
     names = [c.name for c in cur.description]
     return [_selected(dict(zip(names, values, strict=True)), with_body) for values in cur.fetchall()]
+
+
+def groups(conn: psycopg.Connection, request: DlqFilter, limit: int = 50) -> list[dict]:
+    """The matching dead letters grouped by the signature of their last failure (issue 40), most
+    first, at most ``limit`` groups: ``{"signature", "count", "first_dead_lettered_at",
+    "last_dead_lettered_at", "topics", "error_class", "last_error", "error_frame",
+    "newest_message_id"}`` each, the last four the newest dead letter's (``DLQ_SIGNATURES``).
+    Raises UnknownGroupError / UnknownTopicError."""
+    cur = conn.execute(S.DLQ_SIGNATURES, {**filter_params(conn, request), "limit": limit})
+    names = [c.name for c in cur.description]
+    return [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
 
 
 def export(conn: psycopg.Connection, request: DlqFilter, limit: int) -> Iterator[str]:

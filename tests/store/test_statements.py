@@ -14,13 +14,14 @@ from redelivery.store import statements as S
 
 #: A plausible value for every parameter name the statements use (None where NULL is a variant).
 SAMPLES = {
-    "receipts": '{"1": ["1:1"], "2": ["1:1"]}', "errors": '{"1": "e", "2": null}',
+    "receipts": '{"1": ["1:1"], "2": ["1:1"]}', "errors": '{"1": {"error": "e", "class": "E"}, "2": null}',
     "count_stale": True, "ordered": False, "on_exhausted": "continue",
     "all": True, "at": None, "batch": "b-1", "bucket_ms": 100, "count": 3, "counts": [1, 2],
     "dead_lettered_at": None, "delay": None, "dest": None, "dest_name": None, "dlq_id": 1, "dry_run": False,
     "error": None, "filter": Jsonb({}), "force_dead_letter": False, "fractions": [0.5],
     "dead_lettered_from": None, "dead_lettered_to": None, "error_contains": None, "message_ids": None,
-    "group": None, "group_ids": [1], "high": 10, "holding_only": False, "ids": [1, 2], "key": 1,
+    "signature": None, "group": None, "group_ids": [1], "high": 10, "holding_only": False,
+    "ids": [1, 2], "key": 1,
     "invisible_duration": 30.0, "max_messages": 10, "scan": 100, "batch_size": 10, "runs": 5,
     "lease_error": "lease expired", "level": None, "levels": [1, 2], "limit": 10, "low": 1,
     "max_reconsume_times": None, "missing": [1], "name": "orders", "names": ["%DLQ%billing"],

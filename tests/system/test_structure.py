@@ -23,6 +23,7 @@ LAYERS = [
 ORDER = [
     "errors", "settings", "fields",
     "rules.words", "rules.leased_row", "rules.levels", "rules.names", "rules.policies", "rules.ordering",
+    "rules.failures",
     "config", "reference",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.ordered",

@@ -1,4 +1,4 @@
-"""``redelivery dlq list|show|count|summary`` and ``redelivery redrive``: dead letters by the
+"""``redelivery dlq list|show|count|groups|summary`` and ``redelivery redrive``: dead letters by the
 filter the redrive uses. Their options are the fields of ``redelivery.dead_letters.DlqFilter`` and
 ``redelivery.redrive.RedriveRequest`` under the same names (``with_fields``): one declaration."""
 
@@ -66,6 +66,31 @@ def dlq_count(fields: dict, as_json: JsonOpt = False) -> None:
     with _reading() as conn:
         n = count(conn, request)
     _emit({"group": request.group, "count": n}, as_json, str(n))
+
+
+@dlq_app.command("groups")
+@with_fields(DlqFilter)
+def dlq_groups(
+    fields: dict,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="at most this many signatures")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """The dead letters of a group that match the filters, grouped by failure signature."""
+    from redelivery.dead_letters import groups, jsonable
+
+    request = DlqFilter(**fields)
+    with _reading() as conn:
+        rows = jsonable(groups(conn, request, limit))
+    text = (
+        "\n".join(
+            f"{r['signature']} {r['count']:>8}  {r['first_dead_lettered_at']} .. {r['last_dead_lettered_at']}"
+            f"  {','.join(r['topics'])}  {r['error_class'] or '(text)'}  {r['last_error'] or ''}"
+            f"{'  at ' + r['error_frame'] if r['error_frame'] else ''}"
+            for r in rows
+        )
+        or "(no dead letters)"
+    )
+    _emit(rows, as_json, text)
 
 
 @dlq_app.command("summary")

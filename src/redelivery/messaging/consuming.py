@@ -18,15 +18,19 @@ from redelivery.messaging.receipts import (
     check_at,
     check_receipt,
     error_lookup,
-    error_texts,
+    failures_of,
     int_array,
     plan_outcome,
     receipt_lookup,
     receipts_of,
     retry_mode,
 )
+from redelivery.rules.failures import describe
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
+
+#: A failure as a call gives it: a text or an exception, one for all messages or one per message.
+ErrorArg = str | BaseException | Sequence[str | BaseException | None] | None
 
 
 class Consumer(Role):
@@ -105,16 +109,18 @@ class Consumer(Role):
         self,
         group: str,
         messages: ReceivedMessage | Iterable[ReceivedMessage],
-        error: str | Sequence[str] | None = None,
+        error: ErrorArg = None,
         at: datetime | None = None,
     ) -> int:
         """Report failed deliveries; each retry waits as the group's policy says for its retry
         number (default: the RocketMQ 5 table, RocketMQ 5, "Consumption retry"), and a message
         whose reconsume times are used up is dead-lettered. Returns how many were retried or
         dead-lettered (stale receipts change nothing and are counted as stale). ``error``: one
-        text, or one per message. Raises, before anything changes, what ``ack`` raises for the
-        receipts, what ``check_at`` raises for ``at``, ``ValueError`` (an error text PostgreSQL
-        cannot store, or not one per message)."""
+        text or exception, or one per message; an exception keeps its class, the top frame of
+        the consumer's code and its last frames, and every failure gets a signature (dead letters
+        are grouped by it: ``rules.failures``, issue 40). Raises, before anything changes, what
+        ``ack`` raises for the receipts, what ``check_at`` raises for ``at``, ``ValueError`` (an
+        error text PostgreSQL cannot store, or not one per message)."""
         return self._fail(group, messages, error, at, mode="next")
 
     def reconsume_later(
@@ -124,7 +130,7 @@ class Consumer(Role):
         *,
         delay: int | None = None,
         level: int | None = None,
-        error: str | Sequence[str] | None = None,
+        error: ErrorArg = None,
         at: datetime | None = None,
     ) -> int:
         """Retry later, Pulsar's ``reconsumeLater`` (TDMQ Pulsar, "Message retry and dead-letter
@@ -146,7 +152,7 @@ class Consumer(Role):
         self,
         group: str,
         messages: ReceivedMessage | Iterable[ReceivedMessage],
-        error: str | Sequence[str] | None = None,
+        error: ErrorArg = None,
         at: datetime | None = None,
     ) -> int:
         """Dead-letter received messages at once (reason REJECTED), whatever their attempts.
@@ -158,7 +164,7 @@ class Consumer(Role):
         group_id, _ = self.context.group(group)
         items = receipts_of(group, messages)
         plans = self._plan_failures(
-            group_id, group, items, error_texts(error, len(items)), at, mode, delay, level
+            group_id, group, items, failures_of(error, len(items)), at, mode, delay, level
         )
         counts = self._answer(group_id, acks=[], plans=plans, failed=len(items), check=items)
         return counts["retried"] + counts["dead_lettered"]
@@ -309,7 +315,7 @@ class Consumer(Role):
             receipts = sorted(
                 (i.receipt for i in group_items), key=lambda r: (r.message_id, r.delivery_count)
             )
-            by_id = {(i.receipt.message_id, i.receipt.delivery_count): i.error for i in group_items}
+            by_id = {(i.receipt.message_id, i.receipt.delivery_count): describe(i.error) for i in group_items}
             errors = [by_id[(r.message_id, r.delivery_count)] for r in receipts]
             plans += self._plan_failures(group_id, group, receipts, errors, at, mode, delay, level)
         acks.sort(key=lambda r: (r.message_id, r.delivery_count))  # rows locked in one order

@@ -16,6 +16,7 @@ from redelivery.messaging.context import Role
 from redelivery.messaging.ordered import lease_ordered
 from redelivery.messaging.receipts import check_at, error_lookup, int_array, receipt_lookup
 from redelivery.messaging.waiting import check_wait, wait_for
+from redelivery.rules.failures import UNDECODABLE_CLASS, Failure
 from redelivery.rules.leased_row import RECEIVE_COLUMNS, ReceivedMessage, row_values
 from redelivery.rules.policies import MAX_INT
 from redelivery.store import catalog, db
@@ -207,7 +208,7 @@ class Receiver(Role):
         params.update(
             ids=int_array(b[0] for b in bad),
             receipts=receipt_lookup((b[0], b[1], params["topic_id"]) for b in bad),
-            errors=error_lookup((b[0] for b in bad), (b[2] for b in bad)),
+            errors=error_lookup((b[0] for b in bad), (Failure(b[2], UNDECODABLE_CLASS) for b in bad)),
         )
 
         def dead_letter() -> None:

@@ -5,7 +5,7 @@ functions, nothing is read or written here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -15,17 +15,19 @@ import orjson
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging.codec import ReceivedMessage
+from redelivery.rules.failures import Failure, describe
 from redelivery.rules.levels import check_delay
 
 
 @dataclass(frozen=True)
 class Outcome:
     """How to answer one receipt in ``Client.settle``: ``"ack"``, ``"retry"`` (``delay`` in
-    seconds or ``level``, else the next level) or ``"reject"``, with an optional error text."""
+    seconds or ``level``, else the next level) or ``"reject"``, with an optional error: a text or
+    the exception itself (its class, top frame and stack are kept: ``rules.failures``)."""
 
     receipt: Any
     outcome: str
-    error: str | None = None
+    error: str | BaseException | None = None
     delay: int | None = None
     level: int | None = None
 
@@ -135,28 +137,25 @@ def receipt_lookup(receipts: Iterable[tuple[int, int, int]]) -> str:
     return orjson.dumps(lookup, option=orjson.OPT_NON_STR_KEYS).decode()  # int keys as "<id>"
 
 
-def error_lookup(message_ids: Iterable[int], errors: Iterable[str | None]) -> str:
-    """The error text of each message id as a JSON object (``{"<message id>": text or null}``),
-    the answering statements' ``errors``."""
-    return orjson.dumps(dict(zip(message_ids, errors, strict=True)), option=orjson.OPT_NON_STR_KEYS).decode()
+def error_lookup(message_ids: Iterable[int], failures: Iterable[Failure | None]) -> str:
+    """The failure of each message id as a JSON object (``{"<message id>": {"error", "class",
+    "frame", "stack"} or null}``), the answering statements' ``errors``."""
+    return orjson.dumps(
+        {i: f.as_json() if f is not None else None for i, f in zip(message_ids, failures, strict=True)},
+        option=orjson.OPT_NON_STR_KEYS,
+    ).decode()
 
 
-def check_error(error: object) -> str | None:
-    """An error text as PostgreSQL can store it (``ValueError`` otherwise)."""
-    if error is not None and (not isinstance(error, str) or "\x00" in error):
-        raise ValueError(
-            f"an error text must be a str without a NUL character (PostgreSQL cannot store it), got {error!r}"
-        )
-    return error
-
-
-def error_texts(error: str | Sequence[str] | None, count: int) -> list[str | None]:
-    if error is None or isinstance(error, str):
-        return [check_error(error)] * count
-    errors = [check_error(e) for e in error]
-    if len(errors) != count:
-        raise ValueError(f"got {len(errors)} errors for {count} messages")
-    return errors
+def failures_of(error: object, count: int) -> list[Failure | None]:
+    """The ``Failure`` of each of ``count`` messages from a call's ``error``: one text or exception
+    (or None) for all, or a sequence of them, one per message. Raises ``ValueError`` (what
+    ``failures.describe`` refuses, or not one per message)."""
+    if error is None or isinstance(error, str | BaseException):
+        return [describe(error)] * count
+    found = [describe(e) for e in error]
+    if len(found) != count:
+        raise ValueError(f"got {len(found)} errors for {count} messages")
+    return found
 
 
 def retry_mode(delay: object = None, level: object = None) -> tuple[str, int, int]:
@@ -188,7 +187,7 @@ def plan_outcome(item: Outcome) -> tuple[str, int, int]:
     ``InvalidLevelError`` (not an int), each naming the message."""
     where = f"message {getattr(item.receipt, 'message_id', '?')}"
     try:
-        check_error(item.error)
+        describe(item.error)
         if item.outcome == "ack":
             return ("ack", 0, 0)
         if item.outcome == "reject":

@@ -28,6 +28,7 @@ from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import MalformedMessageError
 from redelivery.messaging.codec import Receipt
 from redelivery.messaging.receipts import check_at
+from redelivery.rules.failures import Failure
 from redelivery.rules.leased_row import LEASE_SCHEMA, SPARK_COLUMNS
 from redelivery.spark.deploy import map_partitions
 from redelivery.spark.publishing import publish_dataframe
@@ -41,6 +42,9 @@ SETTLE_COLUMNS = {
     "delivery_count": "int",
     "outcome": "string",
     "error": "string",
+    "error_class": "string",
+    "error_frame": "string",
+    "error_stack": "string",
     "delay": "int",
     "level": "int",
 }
@@ -98,7 +102,9 @@ def settle(
 ) -> dict:
     """Apply a DataFrame of outcomes for ``group``'s messages of ``topic``: columns
     ``message_id``, ``delivery_count`` (the receipt), ``outcome`` (``ack``, ``retry`` or
-    ``reject``), and optionally ``error``, ``delay`` (seconds) or ``level`` for a retry, and
+    ``reject``), and optionally ``error`` with ``error_class``, ``error_frame`` and
+    ``error_stack`` (``rules.failures.Failure``'s parts: the class makes the failure's signature,
+    by which dead letters are grouped), ``delay`` (seconds) or ``level`` for a retry, and
     ``group`` (every row must be ``group``'s).
 
     The DataFrame is evaluated once (``localCheckpoint``: a UDF or a side effect upstream runs
@@ -175,7 +181,13 @@ def _outcomes_of(batches: Iterator, group: str | None, topic: str) -> Iterator[O
     for batch in batches:
         for row in batch.to_pylist():
             receipt = Receipt(row["message_id"], row["delivery_count"], topic, row.get("group") or group)
-            yield Outcome(receipt, row["outcome"], row["error"], row["delay"], row["level"])
+            yield Outcome(receipt, row["outcome"], _failure(row), row["delay"], row["level"])
+
+
+def _failure(row: dict) -> str | Failure | None:
+    """A row's error: its text, with its class, top frame and stack when the row gives them."""
+    parts = (row["error_class"], row["error_frame"], row["error_stack"])
+    return row["error"] if parts == (None, None, None) else Failure(row["error"], *parts)
 
 
 def _check_partition(url: str, group: str, topic: str, config: RedeliveryConfig):

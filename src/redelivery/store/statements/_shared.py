@@ -4,6 +4,9 @@ the dead-letter filter. Put together once, when the statements load."""
 from __future__ import annotations
 
 from textwrap import dedent
+from typing import NamedTuple
+
+from redelivery.rules.failures import LEASE_EXPIRED_CLASS
 
 
 def _named(name: str, text: str) -> str:
@@ -55,28 +58,55 @@ _IS_INFLIGHT = "d.state::text = 'INFLIGHT'"
 #: rows filtered for 500 receipts; issue 29).
 _ANSWERS_RECEIPT = """(%(receipts)s::jsonb -> d.message_id::text)
                        ? (d.delivery_count::text || ':' || d.topic_id::text)"""
-#: The error text a call gives a delivery row's message (``errors``), or NULL.
-_RECEIPT_ERROR = "(%(errors)s::jsonb ->> d.message_id::text)"
+#: A failure as SQL expressions (``rules.failures.Failure``): its text, class, top frame and stack;
+#: its signature is PostgreSQL's ``error_signature`` of the first three (migration 0020).
+class FailureSql(NamedTuple):
+    error: str
+    error_class: str = "NULL::text"
+    frame: str = "NULL::text"
+    stack: str = "NULL::text"
+
+    @property
+    def signature(self) -> str:
+        return f"error_signature({self.error_class}, {self.error}, {self.frame})"
+
+
+def _receipt_part(key: str) -> str:
+    return f"(%(errors)s::jsonb -> d.message_id::text ->> '{key}')"
+
+
+#: The failure a call gives a delivery row's message (``errors``: ``{"<message id>": {"error",
+#: "class", "frame", "stack"} or null}``, ``receipts.error_lookup``).
+_RECEIPT_FAILURE = FailureSql(*(_receipt_part(k) for k in ("error", "class", "frame", "stack")))
+#: The failure recorded last in a delivery row's history (``attempts``) with its ``last_error``.
+_LAST_FAILURE = FailureSql(
+    "d.last_error", *(f"(d.attempts -> -1 ->> '{k}')" for k in ("class", "frame", "stack"))
+)
 #: The delivery rows the receipts of a call on one topic (``topic_id``) answer, with their policy.
 _RECEIPT_MATCHES = f"""d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
                       AND d.message_id = ANY(%(ids)s::bigint[]) AND {_IS_INFLIGHT} AND {_ANSWERS_RECEIPT}
                       AND {POLICY_JOIN}"""
 
 
-def _attempt(at: str, outcome: str, error: str) -> str:
-    """Appends one failed delivery to ``d.attempts`` (the last 20 are kept: ``append_attempt``)."""
+def _attempt(at: str, outcome: str, failure: FailureSql) -> str:
+    """Appends one failed delivery to ``d.attempts``: its time, delivery count, outcome, error text
+    and, when known, class, frame and stack, and its signature (the last 20 are kept, the newest
+    one's stack only: ``append_attempt``)."""
+    parts = f"'class', {failure.error_class}, 'frame', {failure.frame}, 'stack', {failure.stack}"
     return (f"append_attempt(d.attempts, jsonb_build_object('at', {at}, 'delivery', d.delivery_count, "
-            f"'outcome', {outcome}, 'error', {error}))")
+            f"'outcome', {outcome}, 'error', {failure.error}, 'signature', {failure.signature}) "
+            f"|| jsonb_strip_nulls(jsonb_build_object({parts})))")
 
 
-def _moved(failed_at: str, error: str, attempts: str) -> str:
+def _moved(failed_at: str, failure: FailureSql, attempts: str) -> str:
     """What a DELETE of delivery rows that dead-letters returns, for _DLQ_COPY (the CTE must be
-    called "moved"): the failure that ends the delivery (at ``failed_at``, ``error``, the history
+    called "moved"): the failure that ends the delivery (at ``failed_at``, ``failure``, the history
     ``attempts``) goes into the dead letter, not into the row, which is gone."""
     return f"""RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
               d.reconsume_times, coalesce(d.first_failure_at, {failed_at}) AS first_failure_at,
-              {failed_at} AS last_failure_at, {error} AS last_error, {attempts} AS attempts,
-              d.redrive_count"""
+              {failed_at} AS last_failure_at, {failure.error} AS last_error,
+              {failure.error_class} AS error_class, {failure.frame} AS error_frame,
+              {failure.stack} AS error_stack, {attempts} AS attempts, d.redrive_count"""
 
 
 # Copies the rows of the CTE "moved" into dlq_messages with their message from the log, inside the
@@ -87,12 +117,14 @@ _DLQ_COPY = """inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
                               reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
-                              redrive_count)
+                              redrive_count, error_class, error_frame, error_stack, signature)
     SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, mv.message_id),
            m.key, m.body, m.content_type, m.properties, mv.published_at, %(reason)s::dlq_reason,
            mv.last_error,
            mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
-           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count
+           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count,
+           mv.error_class, mv.error_frame, mv.error_stack,
+           error_signature(mv.error_class, mv.last_error, mv.error_frame)
     FROM moved mv LEFT JOIN messages m
       ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
     RETURNING group_id, reason)
@@ -103,7 +135,9 @@ _DUE = """d.state = 'WAITING_RETRY' AND d.delay_level = ANY(%(levels)s::smallint
           AND d.due_at <= %(window_end)s"""
 _EXPIRED = "d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s"
 _IN_RANGE = f"d.message_id >= %(low)s AND d.message_id < %(high)s AND {POLICY_JOIN}"
-_LEASE_FAILED = _attempt("d.invisible_until", "'lease_expired'", "%(lease_error)s::text")
+#: An ended lease's failure (``LEASE_EXPIRED_CLASS``: no consumer raised it).
+_LEASE_FAILURE = FailureSql("%(lease_error)s::text", f"'{LEASE_EXPIRED_CLASS}'::text")
+_LEASE_FAILED = _attempt("d.invisible_until", "'lease_expired'", _LEASE_FAILURE)
 #: Adds one batch of observations to a tier's cumulative histogram ``metric`` (table tier_histograms):
 #: ``bucket_counts`` per bucket of ``bucket_bounds`` (seconds; the last count: above every bound),
 #: ``observed_sum`` their sum in seconds; ``rows`` selects the tier from the CTE "finished". Other
@@ -145,6 +179,7 @@ DLQ_FILTER = f"""q.group_id = %(group_id)s
          OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
     AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
     AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+    AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
     AND (%(error_contains)s::text IS NULL
          OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
     AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))

@@ -19,6 +19,22 @@ DLQ_SELECT = _named("DLQ_SELECT", f"""
            q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
     ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
+#: The matching dead letters grouped by the signature of their last failure, most first, at most
+#: ``limit`` groups: per signature how many, the first and last dead-lettered at, the topics, and
+#: the newest one's class, error text and top frame (what the group looks like); from the index
+#: ``dlq_messages_signature`` (migration 0020).
+DLQ_SIGNATURES = _named("DLQ_SIGNATURES", f"""
+    SELECT s.signature, s.n AS count, s.first_dead_lettered_at, s.last_dead_lettered_at,
+           ARRAY(SELECT t.name FROM topics t WHERE t.id = ANY(s.topic_ids) ORDER BY 1) AS topics,
+           r.error_class, r.last_error, r.error_frame, r.message_id AS newest_message_id
+    FROM (SELECT q.signature, count(*) AS n, min(q.dead_lettered_at) AS first_dead_lettered_at,
+                 max(q.dead_lettered_at) AS last_dead_lettered_at, array_agg(DISTINCT q.topic_id) AS topic_ids
+          FROM dlq_messages q WHERE {DLQ_FILTER} GROUP BY q.signature) s
+    CROSS JOIN LATERAL (
+      SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
+      WHERE {DLQ_FILTER} AND q.signature IS NOT DISTINCT FROM s.signature
+      ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r
+    ORDER BY s.n DESC, s.signature LIMIT %(limit)s""")
 #: Whether dead letter ``q`` holds its key (``halting``: its message is the HALTED head of its key,
 #: an ordered subscription's with on_exhausted halt) and how many messages of the key wait BLOCKED
 #: behind it (``behind``; NULL when it holds nothing): the HALTED row by its primary key, the

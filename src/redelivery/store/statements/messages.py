@@ -9,7 +9,7 @@ from redelivery.store.statements._shared import (
     _ANSWERS_RECEIPT,
     _DLQ_COPY,
     _IS_INFLIGHT,
-    _RECEIPT_ERROR,
+    _RECEIPT_FAILURE,
     _RECEIPT_MATCHES,
     AT,
     CAN_RETRY,
@@ -417,9 +417,9 @@ FAIL_RETRY = _named("FAIL_RETRY", f"""
       UPDATE deliveries d SET state = 'WAITING_RETRY', reconsume_times = d.reconsume_times + 1,
           delay_level = coalesce(%(level)s::smallint, {NEXT_LEVEL}),
           due_at = {AT} + make_interval(secs => coalesce(%(delay)s::float8, {NEXT_DELAY})),
-          invisible_until = NULL, last_error = {_RECEIPT_ERROR}, last_failure_at = {AT},
+          invisible_until = NULL, last_error = {_RECEIPT_FAILURE.error}, last_failure_at = {AT},
           first_failure_at = coalesce(d.first_failure_at, {AT}),
-          attempts = {_attempt(AT, "%(outcome)s::text", _RECEIPT_ERROR)}, updated_at = now()
+          attempts = {_attempt(AT, "%(outcome)s::text", _RECEIPT_FAILURE)}, updated_at = now()
       FROM policies p
       WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {CAN_RETRY}
       RETURNING 1)
@@ -430,7 +430,7 @@ FAIL_DEAD_LETTER = _named("FAIL_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
       DELETE FROM deliveries d USING policies p
       WHERE {_RECEIPT_MATCHES} AND (%(force_dead_letter)s OR NOT {CAN_RETRY})
-      {_moved(AT, _RECEIPT_ERROR, _attempt(AT, "%(outcome)s::text", _RECEIPT_ERROR))}),
+      {_moved(AT, _RECEIPT_FAILURE, _attempt(AT, "%(outcome)s::text", _RECEIPT_FAILURE))}),
     {_DLQ_COPY}""")
 
 # ---- views ----------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ from redelivery.store.statements._shared import (
     _EXPIRED,
     _HISTOGRAM_ADD,
     _IN_RANGE,
+    _LAST_FAILURE,
     _LEASE_FAILED,
+    _LEASE_FAILURE,
     _PROMOTED_COUNTS,
     CAN_RETRY,
     NEXT_DELAY,
@@ -57,7 +59,7 @@ EXPIRE_LEASES_DEAD_LETTER = _named("EXPIRE_LEASES_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
       DELETE FROM deliveries d USING policies p
       WHERE {_IN_RANGE} AND {_EXPIRED} AND NOT {CAN_RETRY}
-      {_moved("d.invisible_until", "%(lease_error)s::text", _LEASE_FAILED)}),
+      {_moved("d.invisible_until", _LEASE_FAILURE, _LEASE_FAILED)}),
     {_DLQ_COPY}""")
 #: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others).
 PROMOTE = _named("PROMOTE", f"""
@@ -72,7 +74,7 @@ DEAD_LETTER_OVER_MAX = _named("DEAD_LETTER_OVER_MAX", f"""
     WITH {POLICIES_CTE}, moved AS (
       DELETE FROM deliveries d USING policies p
       WHERE {_IN_RANGE} AND {_DUE} AND p.max_times <> -1 AND d.reconsume_times > p.max_times
-      {_moved("d.last_failure_at", "d.last_error", "d.attempts")}),
+      {_moved("d.last_failure_at", _LAST_FAILURE, "d.attempts")}),
     {_DLQ_COPY}""")
 #: Due retries of one capped subscription (topic_id, g), oldest due first, at most ``room``; but
 #: every due head of an ordered subscription's key (a keyed row that is not BLOCKED is its key's

@@ -1,0 +1,117 @@
+"""What a failed delivery records (issue 40): the error's class, its message, the top frame of the
+consumer's own code and a bounded stack. Pure functions, no I/O.
+
+The signature, the id of "the same failure", is computed by PostgreSQL from the class, the message
+and the frame (``error_signature``, migration 0020: numbers, ids, UUIDs, hex and quoted values of
+the message normalised, then hashed), so that a failure recorded by Python, by a Spark task, by a
+tier run or by a migration's backfill gets it from one definition. What no consumer raises has a
+class of its own: ``LEASE_EXPIRED_CLASS``, ``UNDECODABLE_CLASS``.
+
+The peers keep the same parts: Spring Kafka's dead-letter headers (exception class, message,
+stack trace), River's ``{at, attempt, error, trace}`` per attempt.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+#: The frames a stack keeps (the innermost ones) and its size at most, in characters.
+STACK_FRAMES, STACK_CHARS = 8, 4000
+#: The classes of the failures redelivery itself records.
+LEASE_EXPIRED_CLASS = "redelivery.LeaseExpired"
+UNDECODABLE_CLASS = "redelivery.UndecodableBody"
+
+#: Where code that is not the consumer's lives: the standard library, installed packages and
+#: redelivery itself. The top frame is the innermost frame outside them.
+_PATHS = sysconfig.get_paths()
+_NOT_OWN = tuple(
+    {str(Path(_PATHS[k]).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in _PATHS}
+    | {str(Path(__file__).resolve().parent.parent)}  # the redelivery package
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed delivery's error: ``error`` the text shown and searched (for an exception
+    ``"<class name>: <message>"``, as Python prints its last line), ``error_class`` the exception's
+    qualified class (``module.QualName``; a builtin's bare name), ``frame`` the top frame of the
+    consumer's code (``module:function``, no line number: an edit above it changes no signature),
+    ``stack`` the innermost ``STACK_FRAMES`` frames, at most ``STACK_CHARS`` characters. A text
+    given as the error has only ``error``."""
+
+    error: str | None
+    error_class: str | None = None
+    frame: str | None = None
+    stack: str | None = None
+
+    def as_json(self) -> dict:
+        """The object a statement reads (``errors``: ``{"error", "class", "frame", "stack"}``)."""
+        return {"error": self.error, "class": self.error_class, "frame": self.frame, "stack": self.stack}
+
+
+def describe(error: str | BaseException | Failure | None) -> Failure | None:
+    """The ``Failure`` of an error as a consumer gives it: a text (``Failure(text)``), an exception
+    (its class, message, top frame and stack), a ``Failure`` (its stack cut to ``STACK_CHARS``) or
+    None (no error: None). Raises ``ValueError`` for a
+    text PostgreSQL cannot store (a NUL character) or anything else; an exception's own text has
+    its NUL characters replaced (the consumer cannot change what a library raised)."""
+    if error is None:
+        return None
+    if isinstance(error, BaseException):
+        return _of_exception(error)
+    if isinstance(error, Failure):  # its parts given one by one (a Spark settle's columns)
+        for part in (error.error, error.error_class, error.frame, error.stack):
+            _check_text(part)
+        stack = error.stack[-STACK_CHARS:] if error.stack else None
+        return Failure(error.error, error.error_class, error.frame, stack)
+    return Failure(_check_text(error))
+
+
+def _check_text(text: object) -> str | None:
+    if text is not None and (not isinstance(text, str) or "\x00" in text):
+        raise ValueError(
+            "an error must be a str without a NUL character (PostgreSQL cannot store it) or an "
+            f"exception, got {type(text).__name__} {repr(text)[:40]}"
+        )
+    return text
+
+
+def _of_exception(exc: BaseException) -> Failure:
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    message = str(exc)
+    text = f"{kind.__qualname__}: {message}" if message else kind.__qualname__
+    frames = _frames(exc.__traceback__)
+    stack = "".join(traceback.format_list([summary for summary, _ in frames[-STACK_FRAMES:]]))
+    return Failure(
+        error=text.replace("\x00", "\\x00"),
+        error_class=name,
+        frame=_top_frame(frames),
+        stack=(stack[-STACK_CHARS:] or None) if stack else None,
+    )
+
+
+def _frames(tb: TracebackType | None) -> list[tuple[traceback.FrameSummary, str]]:
+    """Each frame of ``tb``, outermost first, with its ``module:function``."""
+    found = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        module = tb.tb_frame.f_globals.get("__name__", "?")
+        summary = traceback.FrameSummary(code.co_filename, tb.tb_lineno, code.co_name, lookup_line=True)
+        found.append((summary, f"{module}:{code.co_qualname}"))
+        tb = tb.tb_next
+    return found
+
+
+def _top_frame(frames: list[tuple[traceback.FrameSummary, str]]) -> str | None:
+    """The innermost frame of the consumer's own code (not the standard library's, an installed
+    package's or redelivery's), else the innermost frame; None without a traceback."""
+    for summary, name in reversed(frames):
+        path = summary.filename
+        if not path.startswith("<") and not str(Path(path).resolve()).startswith(_NOT_OWN):
+            return name
+    return frames[-1][1] if frames else None

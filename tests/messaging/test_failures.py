@@ -1,0 +1,188 @@
+"""Failures a person can read at a glance (issue 40): each failed delivery keeps its error's class,
+top frame, stack and signature; dead letters group by signature (the API, the CLI) and a redrive
+takes a signature."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from helpers import at, run_cli
+from redelivery.dead_letters import DlqFilter, count, groups
+from redelivery.messaging.receipts import Outcome
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.rules.failures import LEASE_EXPIRED_CLASS, describe
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class PaymentDeclined(Exception):
+    pass
+
+
+# Three bugs of a consumer's own code, each raising with ids that vary from message to message.
+def charge(order: int) -> None:
+    raise PaymentDeclined(f"card declined for order {order} (ref 0x{order * 7919:08x}, txn {uuid.uuid4()})")
+
+
+def find_customer(order: int) -> None:
+    customers: dict[str, int] = {}
+    customers[f"cust-{order}"]  # KeyError with the customer's quoted id
+
+
+def parse_amount(order: int) -> None:
+    int(f"{order}.5 EUR")  # ValueError: invalid literal for int() with base 10: '12.5 EUR'
+
+
+BUGS = (charge, find_customer, parse_amount)
+
+
+def raised(bug, order: int) -> BaseException:
+    try:
+        bug(order)
+    except Exception as exc:
+        return exc
+    raise AssertionError(f"{bug.__name__} did not raise")
+
+
+def signatures(conn, sql: str, *params) -> list:
+    return [row[0] for row in conn.execute(sql, params).fetchall()]
+
+
+def test_varying_ids_quotes_uuids_and_hex_are_one_signature(client):
+    rows = client.conn.execute("""
+        SELECT redelivery.error_signature(NULL, m, NULL) FROM unnest(%s::text[]) AS m""", ([
+        "order 123 failed: customer 'ab-1' (uuid 6f1c2a9e-3b1d-4c8e-9f0a-1b2c3d4e5f60, ref 0xdeadBEEF)",
+        "order 98765 failed:  customer 'zz'  (uuid 00000000-0000-0000-0000-000000000000, ref 0x1)",
+        'order 7 failed: customer "x y" (uuid 123e4567-e89b-12d3-a456-426614174000, ref 0x7f)',
+    ],)).fetchall()  # fmt: skip
+    assert len({r[0] for r in rows}) == 1, rows
+    other = client.conn.execute(
+        "SELECT redelivery.error_signature(NULL, 'order 1 refunded', NULL),"
+        " redelivery.error_signature('builtins.ValueError', 'order 1 failed', NULL),"
+        " redelivery.error_signature(NULL, 'order 1 failed', 'shop:charge'),"
+        " redelivery.error_signature(NULL, 'can''t find order ''A1''', NULL),"
+        " redelivery.error_signature(NULL, 'can''t find order ''B22''', NULL),"
+        " redelivery.error_signature(NULL, 'ids 1234567 and 12345678 and abcdef0123', NULL),"
+        " redelivery.error_signature(NULL, 'ids 7654321 and 87654321 and 0123abcdef', NULL)"
+    ).fetchone()
+    assert len(set(other[:3]) | {rows[0][0]}) == 4, "class, frame and words make another signature"
+    assert other[3] == other[4], "an apostrophe in a word opens no quote"
+    assert other[5] == other[6], "ids of 7 and 8 digits and hex runs are alike"
+
+
+def test_an_exception_gives_its_class_the_consumers_frame_and_a_bounded_stack():
+    failure = describe(raised(parse_amount, 12))
+    assert failure.error_class == "ValueError"
+    assert failure.error == "ValueError: invalid literal for int() with base 10: '12.5 EUR'"
+    assert failure.frame == f"{__name__}:parse_amount", "the consumer's frame, not int()'s or a library's"
+    assert "parse_amount" in failure.stack and len(failure.stack) <= 4000
+    own = describe(raised(charge, 1))
+    assert own.error_class == f"{__name__}.PaymentDeclined" and own.frame == f"{__name__}:charge"
+    assert describe("timeout").error_class is None and describe(None) is None
+    with pytest.raises(ValueError, match="NUL"):
+        describe("a\x00b")
+    with pytest.raises(ValueError, match="exception"):
+        describe(42)
+
+
+def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_group, clean_db):
+    """Issue 40's done test, its API and CLI half: 3,000 failures of three bugs, retried once
+    (nack) and then dead-lettered (reject, half of them by a settle), group as three signatures
+    with the right counts, in the API and the CLI; a redrive by one signature moves only its dead
+    letters."""
+    client.publish("orders", [{"n": i} for i in range(3000)], at=at(0))
+    sent = client.receive("billing", "orders", 3000, 30, at=at(0))
+    assert len(sent) == 3000
+    bug_of = {m.message_id: BUGS[i % 3] for i, m in enumerate(sent)}
+    client.nack(
+        "billing", sent, error=[raised(bug_of[m.message_id], i) for i, m in enumerate(sent)], at=at(1)
+    )
+    client.create_group("billing", max_reconsume_times=1)  # promoted now, then dead on their next failure
+    from redelivery.tiers.run import TierRunRequest, run_tier
+
+    run_tier(
+        TierRunRequest(tier="seconds", window_end=at(600), run_key="t1"), url=clean_db, config=client.config
+    )
+    again = client.receive("billing", "orders", 3000, 30, at=at(600))
+    assert len(again) == 3000
+    half = len(again) // 2
+    client.reject(
+        "billing",
+        again[:half],
+        error=[raised(bug_of[m.message_id], 10_000 + i) for i, m in enumerate(again[:half])],
+    )
+    client.settle(
+        "billing",
+        [Outcome(m, "reject", raised(bug_of[m.message_id], 20_000 + i)) for i, m in enumerate(again[half:])],
+    )
+    found = groups(client.conn, DlqFilter(group="billing"))
+    assert sorted(g["count"] for g in found) == [1000, 1000, 1000]
+    assert {g["error_class"] for g in found} == {f"{__name__}.PaymentDeclined", "KeyError", "ValueError"}
+    assert {g["error_frame"] for g in found} == {f"{__name__}:{b.__name__}" for b in BUGS}
+    assert all(g["topics"] == ["orders"] for g in found)
+
+    # the history keeps each attempt's signature, the stack of the newest only
+    letter = client.conn.execute(
+        "SELECT attempts, signature FROM redelivery.dlq_messages WHERE message_id = %s", (sent[0].message_id,)
+    ).fetchone()
+    attempts, signature = letter
+    assert [a["signature"] for a in attempts] == [signature, signature]
+    assert "stack" not in attempts[0] and "stack" in attempts[1]
+    assert attempts[0]["class"] == f"{__name__}.PaymentDeclined"
+
+    # the CLI says the same, as JSON and as text
+    shown = run_cli("dlq", "groups", "--group", "billing", "--json", database_url=clean_db)
+    assert shown.returncode == 0, shown.stderr
+    assert {g["signature"]: g["count"] for g in json.loads(shown.stdout)} == {
+        g["signature"]: 1000 for g in found
+    }
+    text = run_cli("dlq", "groups", "--group", "billing", database_url=clean_db)
+    assert len(text.stdout.strip().splitlines()) == 3 and "PaymentDeclined" in text.stdout
+
+    # a redrive by one signature moves only its dead letters
+    chosen = next(g for g in found if g["error_class"] == "KeyError")["signature"]
+    result = redrive(
+        RedriveRequest(group="billing", signature=chosen, dry_run=False), run_key="by-sig", url=clean_db
+    )
+    assert result["moved"] == 1000
+    assert count(client.conn, DlqFilter(group="billing")) == 2000
+    assert count(client.conn, DlqFilter(group="billing", signature=chosen)) == 0
+    refused = run_cli("dlq", "count", "--group", "billing", "--signature", "not-hex", database_url=clean_db)
+    assert (
+        refused.returncode != 0
+        and "signature" in refused.stderr
+        and len(refused.stderr.strip().splitlines()) == 1
+    )
+
+
+def test_an_ended_lease_has_a_signature_of_its_own(client, topic_group, clean_db):
+    from redelivery.tiers.run import TierRunRequest, run_tier
+
+    client.create_group("billing", max_reconsume_times=0)
+    client.publish("orders", [{"n": i} for i in range(5)], at=at(0))
+    client.receive("billing", "orders", 5, 30, at=at(0))
+    run_tier(
+        TierRunRequest(tier="seconds", window_end=at(600), run_key="t"), url=clean_db, config=client.config
+    )
+    [group] = groups(client.conn, DlqFilter(group="billing"))
+    assert (group["count"], group["error_class"]) == (5, LEASE_EXPIRED_CLASS)
+
+
+def test_a_text_error_and_a_row_from_before_share_the_signature_of_their_text(client, topic_group, clean_db):
+    """A text error has no class nor frame; the migration gave the rows already dead its text's
+    signature, the same the statement gives a new one."""
+    client.publish("orders", [{"n": i} for i in range(4)], at=at(0))
+    got = client.receive("billing", "orders", 4, 30, at=at(0))
+    client.reject("billing", got[:2], error=["timeout after 30 s on node 7", "timeout after 31 s on node 9"])
+    client.reject("billing", got[2:], error="schema v2 missing field")
+    found = groups(client.conn, DlqFilter(group="billing"))
+    assert sorted(g["count"] for g in found) == [2, 2]
+    expected = signatures(
+        client.conn,
+        "SELECT redelivery.error_signature(NULL, e, NULL) FROM unnest(%s::text[]) AS e",
+        ["timeout after 1 s on node 1", "schema v3 missing field"],
+    )
+    assert sorted(g["signature"] for g in found) == sorted(expected)
