@@ -365,7 +365,7 @@ AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bi
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000))) GROUP BY q.signature) s
-CROSS JOIN LATERAL (
+LEFT JOIN LATERAL (  -- a row of a process older than 0020 has no signature: no example
   SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
   WHERE q.group_id = %(group_id)s
 AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
@@ -379,8 +379,8 @@ AND (%(error_contains)s::text IS NULL
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                    OR octet_length(q.key) <= 2000))) AND q.signature IS NOT DISTINCT FROM s.signature
-  ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r
+                                    OR octet_length(q.key) <= 2000))) AND q.signature = s.signature
+  ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
 ORDER BY s.n DESC, s.signature LIMIT %(limit)s;
 
 /* redelivery:DLQ_SUMMARY_GROUPS */
@@ -699,12 +699,17 @@ WHERE rank <= %(limit)s ORDER BY 1, 3 DESC, 2;
 SELECT group_id, reason::text, count(*) FROM dlq_messages
 WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2;
 
-/* redelivery:PAGE_DLQ_TOP_ERRORS */
-SELECT group_id, error, n FROM (
-    SELECT c.*, row_number() OVER (PARTITION BY c.group_id ORDER BY c.n DESC, c.error) AS rank
-    FROM (SELECT group_id, coalesce(last_error, '(none)') AS error, count(*) AS n FROM dlq_messages
-          WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c) r
-WHERE rank <= %(limit)s ORDER BY 1, 3 DESC, 2;
+/* redelivery:PAGE_DLQ_TOP_FAILURES */
+SELECT c.group_id, c.signature, c.n, c.first_at, c.last_at, r.error_class, r.last_error, r.error_frame
+FROM (SELECT group_id, signature, count(*) AS n, min(dead_lettered_at) AS first_at,
+             max(dead_lettered_at) AS last_at,
+             row_number() OVER (PARTITION BY group_id ORDER BY count(*) DESC, signature) AS rank
+      FROM dlq_messages WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c
+LEFT JOIN LATERAL (
+  SELECT q.error_class, left(q.last_error, %(error_chars)s) AS last_error, q.error_frame
+  FROM dlq_messages q WHERE q.group_id = c.group_id AND q.signature = c.signature
+  ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
+WHERE c.rank <= %(limit)s ORDER BY 1, 3 DESC, 2;
 
 /* redelivery:PAGE_GROUPS */
 WITH chosen AS MATERIALIZED (

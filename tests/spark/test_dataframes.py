@@ -295,3 +295,46 @@ def test_a_leased_dataframe_has_the_columns_the_leased_row_declares(client, topi
         {"p": "v"},
         message_id,
     )
+
+
+def test_a_settle_with_error_classes_groups_its_dead_letters_as_python_does(
+    client, topic_group, database_url, spark
+):
+    """Issue 40: a DataFrame settle's ``error_class`` / ``error_frame`` / ``error_stack`` columns
+    make the signature a Python reject of the same exception makes: 30 rejects of three bugs (ids
+    varying in their messages) are three groups of 10, one with the Python half's."""
+    from redelivery.dead_letters import DlqFilter, groups
+    from redelivery.rules.failures import describe
+
+    def declined(n):
+        try:
+            raise LookupError(f"order {n} not found in shard {n % 7}")
+        except LookupError as exc:
+            return exc
+
+    client.publish("orders", [{"n": i} for i in range(36)])
+    python_half = client.receive("billing", "orders", 6, 60)
+    client.reject("billing", python_half, error=[declined(100 + i) for i in range(6)])
+    failure = describe(declined(1))
+    leased = lease(spark, "billing", "orders", max_messages=30, invisible_duration=60, url=database_url)
+    rows = [
+        (r["message_id"], r["delivery_count"], "reject", *parts)
+        for i, r in enumerate(leased.orderBy("message_id").collect())
+        for parts in [
+            (
+                f"LookupError: order {i} not found in shard {i % 7}",
+                failure.error_class,
+                failure.frame,
+                "stack",
+            )
+            if i % 3 == 0
+            else (f"HTTP 503 from payments for {i}", "requests.HTTPError", "shop:pay", None)
+            if i % 3 == 1
+            else (f"schema v{i} missing field 'amount'", None, None, None)
+        ]
+    ]
+    columns = "message_id long, delivery_count int, outcome string, error string, error_class string, "
+    outcomes = spark.createDataFrame(rows, columns + "error_frame string, error_stack string")
+    assert settle(outcomes.repartition(3), "billing", "orders", url=database_url)["dead_lettered"] == 30
+    found = {g["error_class"]: g["count"] for g in groups(client.conn, DlqFilter(group="billing"))}
+    assert found == {"LookupError": 16, "requests.HTTPError": 10, None: 10}

@@ -1,6 +1,7 @@
 """Migrations that convert a populated store, each on a database of its own: 0012 (a delivery row
-per message and group, COMMITTED kept, becomes the log with offsets) and 0013 (batches tagged on
-every message become id ranges, fingerprinted by PostgreSQL). Each message keeps its state per
+per message and group, COMMITTED kept, becomes the log with offsets), 0013 (batches tagged on
+every message become id ranges, fingerprinted by PostgreSQL), 0016 (long and empty keys) and 0020
+(dead letters get their signature). Each message keeps its state per
 group, and each batch id still publishes once."""
 
 from __future__ import annotations
@@ -360,3 +361,41 @@ def test_the_digest_migration_unsticks_a_long_key_and_makes_an_empty_key_none(fr
         assert [m.message_id for m in client.receive("billing", "orders", 10, 300)] == [a2]
         states = client.stats()["orders"]["billing"]
         assert (states["DLQ"], states["BLOCKED"], states["INFLIGHT"]) == (1, 0, 4)
+
+
+# ---- migration 0020: dead letters of text errors get their signature --------------------------------
+
+
+def test_the_signature_migration_gives_the_dead_letters_there_the_signature_of_their_text(fresh_url):
+    """0020 on a store of 0019 holding dead letters with text errors (and one without): each gets
+    the signature a new dead letter of the same text gets (``error_signature`` of the text, no
+    class, no frame), so that two timeouts on different nodes are one group after the upgrade."""
+    from redelivery.dead_letters import DlqFilter, groups
+    from redelivery.store import catalog
+
+    db.migrate(fresh_url, "0019")
+    with db.connect(fresh_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO topics (name) VALUES ('orders')")
+        conn.execute("INSERT INTO consumer_groups (name) VALUES ('billing')")
+        [dlq_id] = conn.execute(
+            "INSERT INTO dead_letter_queues (name) VALUES ('%DLQ%billing') RETURNING id"
+        ).fetchone()
+        catalog.ensure_dlq_tables(conn, {dlq_id})
+        conn.execute(
+            "INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body,"
+            " content_type, properties, published_at, reason, last_error, delivery_count, reconsume_times,"
+            " attempts, redrive_count)"
+            " SELECT %s, g.id, i, t.id, i, '{}', 'application/json', '{}', now(), 'REJECTED', e, 1, 0,"
+            " '[]', 0"
+            " FROM topics t, consumer_groups g, unnest(%s::text[]) WITH ORDINALITY AS x(e, i)",
+            (dlq_id, ["timeout on node 7 after 30 s", "timeout on node 12 after 31 s", None]),
+        )
+    db.migrate(fresh_url)
+    with db.connect(fresh_url, autocommit=True) as conn:
+        found = {g["newest_message_id"]: g for g in groups(conn, DlqFilter(group="billing"))}
+        assert sorted(g["count"] for g in found.values()) == [1, 2]
+        [expected] = conn.execute(
+            "SELECT error_signature(NULL, 'timeout on node 1 after 1 s', NULL)"
+        ).fetchone()
+        assert found[2]["signature"] == expected and found[2]["error_class"] is None
+        assert found[3]["signature"] is not None, "no error text is a signature too"

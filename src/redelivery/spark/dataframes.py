@@ -186,7 +186,7 @@ def _outcomes_of(batches: Iterator, group: str | None, topic: str) -> Iterator[O
 
 def _failure(row: dict) -> str | Failure | None:
     """A row's error: its text, with its class, top frame and stack when the row gives them."""
-    parts = (row["error_class"], row["error_frame"], row["error_stack"])
+    parts = (row.get("error_class"), row.get("error_frame"), row.get("error_stack"))
     return row["error"] if parts == (None, None, None) else Failure(row["error"], *parts)
 
 

@@ -75,13 +75,24 @@ def test_page_data_is_the_state(state):
         (at(60), 0, None, None),
     ]
     [billing, audit] = data["groups"]
-    assert (billing["queues"], billing["reasons"], billing["errors"]) == (
-        [("%DLQ%billing", 10)],
-        [("REJECTED", 10)],
-        [("schema violation", 10)],
-    )
+    assert (billing["queues"], billing["reasons"]) == ([("%DLQ%billing", 10)], [("REJECTED", 10)])
+    [failure] = billing["failures"]
+    [expected] = state.conn.execute("SELECT error_signature(NULL, 'schema violation', NULL)").fetchone()
+    assert (failure["signature"], failure["count"], failure["error"]) == (expected, 10, "schema violation")
+    assert (failure["first"], failure["last"], failure["error_class"]) == (at(101), at(101), None)
     assert (billing["oldest"], billing["newest"]) == (at(101), at(101)) and audit["oldest"] is None
     assert data["matched"] == 2 and data["tier_runs"]["seconds"][1:5] == ("t3", at(60), "success", False)
+
+
+def test_a_failure_links_to_its_dead_letters_by_signature(state):
+    """Issue 40: the group's failures table links each signature to the list filtered by it."""
+    html = render(page_data(state.conn))
+    [(signature, href)] = re.findall(
+        r'<a class="failure" data-signature="([0-9a-f]{12})" href="([^"]+)"', html
+    )
+    request = parse_query(parse_qsl(urlsplit(unescape(href)).query)).filter
+    assert (request.group, request.signature) == ("billing", signature)
+    assert "schema violation" in html.split('<div class="failures">', 1)[1]
 
 
 def test_the_charts_show_the_numbers(state):
@@ -168,7 +179,7 @@ def test_a_group_name_on_the_page_is_escaped(client, topic_group):
         "PAGE_WAITING_PER_LEVEL",
         "PAGE_DLQ_QUEUES",
         "PAGE_DLQ_REASONS",
-        "PAGE_DLQ_TOP_ERRORS",
+        "PAGE_DLQ_TOP_FAILURES",
         "PAGE_TIER_RUNS",
         "PAGE_WAITING_AT_LEVELS",
     ],
@@ -178,7 +189,15 @@ def test_the_page_statements_can_use_their_indexes(state, name):
     narrow index, a tier's latest runs through tier_runs_window; never every delivery."""
     state.conn.execute("BEGIN")
     state.conn.execute("SET LOCAL enable_seqscan = off")
-    values = {"runs": 20, "name": "", "limit": 200, "ids": [1, 2], "levels": [1, 2], "at": None}
+    values = {
+        "runs": 20,
+        "name": "",
+        "limit": 200,
+        "ids": [1, 2],
+        "levels": [1, 2],
+        "at": None,
+        "error_chars": 9,
+    }
     plan = "\n".join(r[0] for r in state.conn.execute("EXPLAIN " + S.ALL[name], values))
     state.conn.execute("ROLLBACK")
     assert not re.search(r"Seq Scan on (deliveries|dlq_messages|tier_runs)\b", plan), plan
@@ -382,7 +401,7 @@ def test_a_name_the_list_refuses_gets_no_link(client, topic_group):
     data = page_data(client.conn)
     group = {"id": 1, "name": "a&b <i>", "READY": 0, "INFLIGHT": 0, "WAITING_RETRY": 0, "DLQ": 3}
     data["groups"], data["matched"] = (
-        [{**group, "oldest": None, "newest": None, "waiting": {}, "queues": [], "errors": [],
+        [{**group, "oldest": None, "newest": None, "waiting": {}, "queues": [], "failures": [],
           "reasons": [("REJECTED", 3)], "BLOCKED": 0, "held": {"keys": 0, "list": [], "since": None}}],
         1,
     )  # fmt: skip

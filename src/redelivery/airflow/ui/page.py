@@ -47,7 +47,10 @@ RECENT_RUNS = 20
 #: At most this many groups are listed (after the filter); the page says how many more matched.
 GROUP_LIMIT = 200
 #: Per listed group: its DLQs and its most frequent last errors shown.
-TOP_QUEUES, TOP_ERRORS = 20, 5
+TOP_QUEUES, TOP_FAILURES = 20, 5
+#: A failure of the page (``PAGE_DLQ_TOP_FAILURES``), and the characters of its error text shown.
+FAILURE_FIELDS = ("signature", "count", "first", "last", "error_class", "error", "frame")
+FAILURE_CHARS = 200
 #: Live states in the state machine's order, with their colours (COMMITTED is not shown).
 STATES = {
     "READY": "#38a169",
@@ -117,8 +120,10 @@ def page_data(
     lateness p99 s, last finished at)}, "redrives": LATEST_REDRIVES rows, "waiting_at": {tier:
     (retries waiting at its levels, of them due)}}``; a group is ``{"id", "name", "READY",
     "INFLIGHT", "WAITING_RETRY", "DLQ", "BLOCKED": counts, "oldest", "newest": dead-lettering times
-    or None, "waiting": {delay level: n}, "queues", "reasons", "errors": [(value, count)], most
-    first, "held": {"keys": keys an ordered subscription holds by a failure, "list": the
+    or None, "waiting": {delay level: n}, "queues", "reasons": [(value, count)], most first,
+    "failures": [{"signature", "count", "first", "last", "error_class", "error", "frame"}]: the
+    dead letters by the signature of their last failure, most first (``TOP_FAILURES``), "held":
+    {"keys": keys an ordered subscription holds by a failure, "list": the
     ``HELD_KEYS`` held longest ({"topic", "key", "message_id", "why", "since", "due_at",
     "behind"}), "since": when the oldest BLOCKED message was passed by the offset}}``: a key is
     held when its head waits for a retry or is a dead letter holding it (on_exhausted halt); one
@@ -148,7 +153,7 @@ def _groups(conn: psycopg.Connection, name_filter: str, limit: int) -> tuple[lis
     groups = {
         gid: {"id": gid, "name": name, "READY": ready, "INFLIGHT": inflight, "WAITING_RETRY": waiting,
               "DLQ": dead, "BLOCKED": blocked, "oldest": oldest, "newest": newest, "waiting": {},
-              "queues": [], "reasons": [], "errors": [], "held": {"keys": 0, "list": [], "since": None}}
+              "queues": [], "reasons": [], "failures": [], "held": {"keys": 0, "list": [], "since": None}}
         for gid, name, ready, inflight, waiting, dead, blocked, oldest, newest, _ in rows
     }  # fmt: skip
     ids = list(groups)
@@ -167,11 +172,13 @@ def _groups(conn: psycopg.Connection, name_filter: str, limit: int) -> tuple[lis
     details = (
         ("queues", S.PAGE_DLQ_QUEUES, TOP_QUEUES),
         ("reasons", S.PAGE_DLQ_REASONS, None),
-        ("errors", S.PAGE_DLQ_TOP_ERRORS, TOP_ERRORS),
     )
     for key, statement, top in details:
         for gid, value, n in conn.execute(statement, {"ids": with_dead, "limit": top}):
             groups[gid][key].append((value, n))
+    params = {"ids": with_dead, "limit": TOP_FAILURES, "error_chars": FAILURE_CHARS}
+    for gid, *values in conn.execute(S.PAGE_DLQ_TOP_FAILURES, params):
+        groups[gid]["failures"].append(dict(zip(FAILURE_FIELDS, values, strict=True)))
     return list(groups.values()), rows[0][-1] if rows else 0
 
 
@@ -399,19 +406,45 @@ def levels_chart(group: str, counts: dict[int, int]) -> str:
     )
 
 
-def list_link(text: str, group: str, reasons: tuple[str, ...] = (), css: str = "") -> str:
-    """A link to ``group``'s dead-letter list under the filter ``reasons`` (the address written as
-    the list reads it: ``fields.query_string`` of a ``DlqFilter``), relative like the page's other
-    links to its own pages, so it opens in the UI's frame; the text alone when the filter refuses
-    the name or a reason (a row older than the naming rule: the list would refuse it too)."""
+def list_link(
+    text: str, group: str, reasons: tuple[str, ...] = (), css: str = "", signature: str | None = None
+) -> str:
+    """A link to ``group``'s dead-letter list under the filter ``reasons`` or ``signature`` (the
+    address written as the list reads it: ``fields.query_string`` of a ``DlqFilter``), relative
+    like the page's other links to its own pages, so it opens in the UI's frame; the text alone
+    when the filter refuses the name or a reason (a row older than the naming rule: the list would
+    refuse it too)."""
     try:
-        href = "dlq/messages?" + query_string(DlqFilter(group=group, reasons=list(reasons)))
+        request = DlqFilter(group=group, reasons=list(reasons), signature=signature)
+        href = "dlq/messages?" + query_string(request)
     except ValidationError:
         return escape(text)
     attributes = f' class="{css}"' if css else ""
     if reasons:
         attributes += f' data-reason="{escape(reasons[0])}"'
+    if signature:
+        attributes += f' data-signature="{escape(signature)}"'
     return f'<a{attributes} href="{escape(href)}">{escape(text)}</a>'
+
+
+def failures_table(group: str, failures: list[dict]) -> str:
+    """The group's dead letters by failure (issue 40): per signature, linked to its dead letters
+    on the list (where they are redriven), the newest one's class, text and top frame, how many,
+    and when the first and the last were dead-lettered."""
+    rows = [
+        [
+            Html(list_link(f["signature"] or "(none)", group, signature=f["signature"], css="failure")),
+            f["error_class"] or "(text)",
+            f["error"] or "",
+            f["frame"] or "",
+            f["count"],
+            when(f["first"]),
+            when(f["last"]),
+        ]
+        for f in failures
+    ]
+    headers = ["failure", "class", "newest error", "top frame", "dead letters", "first", "last"]
+    return '<div class="failures">' + table(headers, rows) + "</div>"
 
 
 def browse_links(group: str, dead: int, reasons: list[tuple[str, int]]) -> str:
@@ -452,9 +485,9 @@ def group_section(group: dict) -> str:
             '<div class="row">'
             + table(["dead-letter queue", "messages"], [list(q) for q in group["queues"]])
             + table(["reason", "messages"], [list(r) for r in group["reasons"]])
-            + table(["top last errors", "messages"], [list(e) for e in group["errors"]])
             + "</div>"
         )
+        parts.append(failures_table(name, group["failures"]))
         parts.append(browse_links(name, dead, group["reasons"]))
     return "".join(parts) + "</section>"
 

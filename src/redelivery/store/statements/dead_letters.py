@@ -30,10 +30,10 @@ DLQ_SIGNATURES = _named("DLQ_SIGNATURES", f"""
     FROM (SELECT q.signature, count(*) AS n, min(q.dead_lettered_at) AS first_dead_lettered_at,
                  max(q.dead_lettered_at) AS last_dead_lettered_at, array_agg(DISTINCT q.topic_id) AS topic_ids
           FROM dlq_messages q WHERE {DLQ_FILTER} GROUP BY q.signature) s
-    CROSS JOIN LATERAL (
+    LEFT JOIN LATERAL (  -- a row of a process older than 0020 has no signature: no example
       SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
-      WHERE {DLQ_FILTER} AND q.signature IS NOT DISTINCT FROM s.signature
-      ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r
+      WHERE {DLQ_FILTER} AND q.signature = s.signature
+      ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
     ORDER BY s.n DESC, s.signature LIMIT %(limit)s""")
 #: Whether dead letter ``q`` holds its key (``halting``: its message is the HALTED head of its key,
 #: an ordered subscription's with on_exhausted halt) and how many messages of the key wait BLOCKED

@@ -114,14 +114,21 @@ PAGE_DLQ_QUEUES = _named("PAGE_DLQ_QUEUES", """
 PAGE_DLQ_REASONS = _named("PAGE_DLQ_REASONS", """
     SELECT group_id, reason::text, count(*) FROM dlq_messages
     WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2""")
-#: The ``limit`` most frequent last errors of the groups ``ids`` (a dead letter's whole row is
-#: read: the error is not in an index): (group id, error or '(none)', count), most first.
-PAGE_DLQ_TOP_ERRORS = _named("PAGE_DLQ_TOP_ERRORS", """
-    SELECT group_id, error, n FROM (
-        SELECT c.*, row_number() OVER (PARTITION BY c.group_id ORDER BY c.n DESC, c.error) AS rank
-        FROM (SELECT group_id, coalesce(last_error, '(none)') AS error, count(*) AS n FROM dlq_messages
-              WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c) r
-    WHERE rank <= %(limit)s ORDER BY 1, 3 DESC, 2""")
+#: The ``limit`` most frequent failures of the groups ``ids``, by the signature of their dead
+#: letters' last failure (issue 40; index ``dlq_messages_signature``): (group id, signature, count,
+#: first and last dead-lettered at, and the newest one's class, error text (its first
+#: ``error_chars`` characters) and top frame), most first.
+PAGE_DLQ_TOP_FAILURES = _named("PAGE_DLQ_TOP_FAILURES", """
+    SELECT c.group_id, c.signature, c.n, c.first_at, c.last_at, r.error_class, r.last_error, r.error_frame
+    FROM (SELECT group_id, signature, count(*) AS n, min(dead_lettered_at) AS first_at,
+                 max(dead_lettered_at) AS last_at,
+                 row_number() OVER (PARTITION BY group_id ORDER BY count(*) DESC, signature) AS rank
+          FROM dlq_messages WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c
+    LEFT JOIN LATERAL (
+      SELECT q.error_class, left(q.last_error, %(error_chars)s) AS last_error, q.error_frame
+      FROM dlq_messages q WHERE q.group_id = c.group_id AND q.signature = c.signature
+      ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
+    WHERE c.rank <= %(limit)s ORDER BY 1, 3 DESC, 2""")
 #: Per tier with runs: its latest run (by window end: run key, window end, status, dry run,
 #: promoted, dead-lettered, lateness p99 in seconds) and when its latest finished run finished.
 #: The tiers by the skip scan of RECENT_TIER_LATENESS, each tier's runs read backwards.
