@@ -650,6 +650,20 @@ FROM (SELECT dlq_id, group_id, topic_id, reason, count(*) AS n FROM dlq_messages
 JOIN dead_letter_queues dq ON dq.id = c.dlq_id JOIN topics t ON t.id = c.topic_id
 JOIN consumer_groups g ON g.id = c.group_id;
 
+/* redelivery:METRICS_DEAD_LETTER_SIGNATURES */
+SELECT g.name, c.signature, x.error_class, c.n
+FROM (SELECT group_id, CASE WHEN rank <= %(top)s THEN signature ELSE 'other' END AS signature,
+             sum(n)::bigint AS n
+      FROM (SELECT group_id, coalesce(signature, 'none') AS signature, count(*) AS n,
+                   row_number() OVER (PARTITION BY group_id
+                                      ORDER BY count(*) DESC, coalesce(signature, 'none')) AS rank
+            FROM dlq_messages GROUP BY group_id, signature) r
+      GROUP BY 1, 2) c
+JOIN consumer_groups g ON g.id = c.group_id
+-- the class of a signature shown (one probe each; 'other' and 'none' match no row)
+LEFT JOIN LATERAL (SELECT q.error_class FROM dlq_messages q
+                   WHERE q.group_id = c.group_id AND q.signature = c.signature LIMIT 1) x ON true;
+
 /* redelivery:METRICS_GROUP_TOTALS */
 SELECT name, promoted, dead_lettered, redriven, stale_receipts FROM consumer_groups;
 

@@ -26,6 +26,7 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 | ``redelivery_log_oldest_partition_end_age_seconds`` | gauge | | how long ago the oldest partition of the log ended (0 while it has not) | ``log_partitions`` |
 | ``redelivery_log_held_partitions`` | gauge | topic, group | partitions past ``retention.messages`` that this subscription keeps from being dropped: its offset is below one of their messages, or it has unfinished deliveries in them (a group that lags) | each expired partition's table, ``subscriptions``, ``deliveries`` (``redelivery.store.log.partition_holders``); only when the caller passes the retention |
 | ``redelivery_dlq_messages`` | gauge | dlq, group, reason | dead letters in each DLQ, per reason | ``dlq_messages``, index ``dlq_messages_reason`` |
+| ``redelivery_dlq_signature_messages`` | gauge | group, signature, error_class | dead letters per group by the signature of their last failure (issue 40): the ``SIGNATURES_PER_GROUP`` most frequent signatures of each group with their error class (empty for a text error), the rest as signature ``other``: bounded however many distinct failures there are | ``dlq_messages``, index ``dlq_messages_signature`` |
 | ``redelivery_promoted_messages_total`` | counter | group | retries a tier run moved WAITING_RETRY -> READY | ``consumer_groups.promoted``, added in the transaction of the promotion |
 | ``redelivery_send_to_dlq_messages_total`` | counter | group | messages dead-lettered, for any reason (RocketMQ ``rocketmq_send_to_dlq_messages_total``) | ``consumer_groups.dead_lettered``, added in the dead-lettering transaction (client or tier run) |
 | ``redelivery_redriven_messages_total`` | counter | group | dead letters a redrive moved out of the DLQ (back to READY, or closed with a copy sent to another topic) | ``consumer_groups.redriven``, added by each redrive batch's statement |
@@ -69,6 +70,8 @@ from redelivery.store import statements as S
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The delivery states ``redelivery_messages`` counts (COMMITTED is history: see above).
 LIVE_STATES = tuple(s for s in COUNTED_STATES if s != "COMMITTED")
+#: The signatures of a group the gauge redelivery_dlq_signature_messages shows one by one (the rest: "other").
+SIGNATURES_PER_GROUP = 10
 #: Counter name -> column of METRICS_GROUP_TOTALS (after the group name) and help text.
 COUNTERS = {
     "redelivery_promoted_messages": (1, "Retries promoted to READY by tier runs."),
@@ -228,6 +231,9 @@ class StateStoreCollector(Collector):
                 "inflight": execute(S.METRICS_INFLIGHT).fetchall(),
                 "waiting": execute(S.METRICS_WAITING).fetchall(),
                 "dead": execute(S.METRICS_DEAD_LETTERS).fetchall(),
+                "signatures": execute(
+                    S.METRICS_DEAD_LETTER_SIGNATURES, {"top": SIGNATURES_PER_GROUP}
+                ).fetchall(),
                 "blocked": execute(S.METRICS_BLOCKED, {"at": self.at}).fetchall(),
                 "committed": execute(S.METRICS_COMMITTED).fetchall(),
                 "totals": execute(S.METRICS_GROUP_TOTALS).fetchall(),
@@ -306,6 +312,16 @@ def _live_gauges(rows: dict) -> Iterator:
         "Dead letters per DLQ, group and reason.",
         ["dlq", "group", "reason"],
         ((list(labels), n) for labels, n in sorted(per_queue.items())),
+    )
+    yield _gauge(
+        "redelivery_dlq_signature_messages",
+        f"Dead letters per group by the signature of their last failure: each group's {SIGNATURES_PER_GROUP}"
+        " most frequent signatures with their error class, the rest as signature 'other'.",
+        ["group", "signature", "error_class"],
+        (
+            ([group, signature, error_class or ""], n)
+            for group, signature, error_class, n in sorted(rows["signatures"], key=lambda r: (r[0], r[1]))
+        ),
     )
 
 

@@ -47,6 +47,21 @@ def raised(bug, order: int) -> BaseException:
     raise AssertionError(f"{bug.__name__} did not raise")
 
 
+def signature_gauge(conn) -> dict:
+    """The samples of ``redelivery_dlq_signature_messages`` in a scrape: {(group, signature): n}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from redelivery.metrics import render
+
+    families = text_string_to_metric_families(render(conn).decode())
+    return {
+        (s.labels["group"], s.labels["signature"]): s.value
+        for family in families
+        if family.name == "redelivery_dlq_signature_messages"
+        for s in family.samples
+    }
+
+
 def signatures(conn, sql: str, *params) -> list:
     return [row[0] for row in conn.execute(sql, params).fetchall()]
 
@@ -123,6 +138,7 @@ def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_gro
     assert {g["error_class"] for g in found} == {f"{__name__}.PaymentDeclined", "KeyError", "ValueError"}
     assert {g["error_frame"] for g in found} == {f"{__name__}:{b.__name__}" for b in BUGS}
     assert all(g["topics"] == ["orders"] for g in found)
+    assert signature_gauge(client.conn) == {("billing", g["signature"]): 1000 for g in found}
 
     # the history keeps each attempt's signature, the stack of the newest only
     letter = client.conn.execute(
@@ -186,3 +202,17 @@ def test_a_text_error_and_a_row_from_before_share_the_signature_of_their_text(cl
         ["timeout after 1 s on node 1", "schema v3 missing field"],
     )
     assert sorted(g["signature"] for g in found) == sorted(expected)
+
+
+def test_the_gauge_shows_ten_signatures_a_group_and_the_rest_as_other(client, topic_group):
+    """Bounded cardinality: 12 distinct failures (words differ, not numbers) are 10 series and
+    'other' with the 2 least frequent."""
+    from redelivery.metrics import SIGNATURES_PER_GROUP
+
+    words = [f"stage {chr(ord('a') + i)} broke" for i in range(12)]
+    errors = [w for i, w in enumerate(words) for _ in range(14 - i)]  # a: 14 ... l: 3
+    client.publish("orders", [{"n": i} for i in range(len(errors))], at=at(0))
+    client.reject("billing", client.receive("billing", "orders", len(errors), 30, at=at(0)), error=errors)
+    gauge = signature_gauge(client.conn)
+    assert len(gauge) == SIGNATURES_PER_GROUP + 1 == 11
+    assert gauge[("billing", "other")] == 4 + 3 and sum(gauge.values()) == len(errors)

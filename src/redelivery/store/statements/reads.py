@@ -199,6 +199,23 @@ METRICS_DEAD_LETTERS = _named("METRICS_DEAD_LETTERS", """
     FROM (SELECT dlq_id, group_id, topic_id, reason, count(*) AS n FROM dlq_messages GROUP BY 1, 2, 3, 4) c
     JOIN dead_letter_queues dq ON dq.id = c.dlq_id JOIN topics t ON t.id = c.topic_id
     JOIN consumer_groups g ON g.id = c.group_id""")
+#: Dead letters per group by the signature of their last failure (issue 40): the ``top`` most
+#: frequent signatures of each group with their class, the rest summed as signature 'other' (a
+#: bounded number of series however many distinct failures there are); index
+#: ``dlq_messages_signature``.
+METRICS_DEAD_LETTER_SIGNATURES = _named("METRICS_DEAD_LETTER_SIGNATURES", """
+    SELECT g.name, c.signature, x.error_class, c.n
+    FROM (SELECT group_id, CASE WHEN rank <= %(top)s THEN signature ELSE 'other' END AS signature,
+                 sum(n)::bigint AS n
+          FROM (SELECT group_id, coalesce(signature, 'none') AS signature, count(*) AS n,
+                       row_number() OVER (PARTITION BY group_id
+                                          ORDER BY count(*) DESC, coalesce(signature, 'none')) AS rank
+                FROM dlq_messages GROUP BY group_id, signature) r
+          GROUP BY 1, 2) c
+    JOIN consumer_groups g ON g.id = c.group_id
+    -- the class of a signature shown (one probe each; 'other' and 'none' match no row)
+    LEFT JOIN LATERAL (SELECT q.error_class FROM dlq_messages q
+                       WHERE q.group_id = c.group_id AND q.signature = c.signature LIMIT 1) x ON true""")
 #: Ordered subscriptions' keys held by a failure and BLOCKED messages: (topic, group, keys whose head
 #: waits for a retry or is HALTED (``deliveries_held``; a head in flight or READY is busy, not held),
 #: BLOCKED messages, the age in seconds at ``at`` (default the database clock) of the oldest BLOCKED
