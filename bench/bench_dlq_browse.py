@@ -9,7 +9,9 @@ Fills a database of its own (redelivery_bench_dlq; REDELIVERY_BENCH_DLQ_DATABASE
 in SQL (INSERT ... SELECT over generate_series): one topic, one group, one DLQ (``%DLQ%billing``),
 every message dead-lettered in it: dead-lettered over 30 days (ten at each instant: ties), four
 reasons in turn, keys ``order-<i mod 100,000>`` (ten dead letters a key), last errors ``HTTP 500
-from billing-api (attempt <i mod 97>)`` and, for one in a hundred, ``Timeout calling ERP``.
+from billing-api (attempt <i mod 97>)``, for one in three ``stage <one of 26 letters> failed for
+order <i>`` (class ``shop.StageError``) and, for one in a hundred, ``Timeout calling ERP``: 28
+failure signatures, as the dead-lettering statement computes them.
 Then ANALYZE and VACUUM (the steady state autovacuum keeps), and each query is timed ``--rounds``
 times after a warm-up, on one connection (psycopg prepares a statement run five times, and
 PostgreSQL may then plan it once for any values: that is measured too). Printed, in milliseconds
@@ -20,6 +22,9 @@ PostgreSQL may then plan it once for any values: that is measured too). Printed,
   browse(...)     a page of 50 rows (Python included): the first, at row 500,000 and at the last
                   row (a cursor), and under each kind of filter the redrive shares
   message(...)    one dead letter for its page (a body preview, its redrive history)
+  groups(...)     the dead letters grouped by failure signature (issue 40, ``DLQ_SIGNATURES``), whole
+                  and filtered, with the page's and the metric's statements; against a plain
+                  count(*) of the group's dead letters (every row's index entry read once)
 
 The data is truncated at the end unless ``--keep``.
 """
@@ -84,16 +89,22 @@ def fill(url: str, n: int) -> dict:
             """INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                                          content_type, properties, published_at, reason, last_error,
                                          delivery_count, reconsume_times, first_failure_at, last_failure_at,
-                                         dead_lettered_at, attempts)
+                                         dead_lettered_at, attempts, error_class, signature)
                SELECT 1, 1, m.id, 1, m.id, m.key, m.body, m.content_type, m.properties, m.published_at,
-                      (%(reasons)s::dlq_reason[])[1 + m.id %% 4],
-                      CASE WHEN m.id %% 100 = 0 THEN 'Timeout calling ERP'
-                           ELSE 'HTTP 500 from billing-api (attempt ' || m.id %% 97 || ')' END,
-                      17, 16, m.published_at, at, at,
+                      (%(reasons)s::dlq_reason[])[1 + m.id %% 4], e.error, 17, 16, m.published_at, at, at,
                       jsonb_build_array(jsonb_build_object('at', at, 'delivery', 17, 'outcome', 'nack',
-                                                           'error', 'HTTP 500 from billing-api'))
+                                                           'error', 'HTTP 500 from billing-api')),
+                      e.error_class, error_signature(e.error_class, e.error, NULL)
                FROM messages m,
-                    LATERAL (SELECT now() - ((%(n)s - m.id) / 10) * %(step)s::interval AS at) t""",
+                    LATERAL (SELECT now() - ((%(n)s - m.id) / 10) * %(step)s::interval AS at) t,
+                    LATERAL (SELECT CASE WHEN m.id %% 100 = 0 THEN 'Timeout calling ERP'
+                                         WHEN m.id %% 3 = 0
+                                         THEN 'stage ' || chr(97 + (m.id %% 26)::int)
+                                              || ' failed for order ' || m.id
+                                         ELSE 'HTTP 500 from billing-api (attempt ' || m.id %% 97 || ')' END
+                                      AS error,
+                                    CASE WHEN m.id %% 3 = 0 AND m.id %% 100 <> 0 THEN 'shop.StageError' END
+                                      AS error_class) e""",
             {"reasons": REASONS, "n": n, "step": step},
         )
         steps["dead letters"] = time.perf_counter() - start
@@ -128,7 +139,11 @@ def cursor_at(conn, row: int):
 
 def measurements(conn, n: int, rounds: int) -> list[tuple[str, float, int]]:
     """(label, median ms, rows) of the baseline, the OFFSET page, pages of browse and message()."""
-    from redelivery.dead_letters import PAGE_ROWS, DlqFilter, browse, message
+    from redelivery.dead_letters import PAGE_ROWS, DlqFilter, browse, groups, message
+    from redelivery.store import statements as S
+
+    count_all = "SELECT count(*) FROM dlq_messages WHERE group_id = 1"
+    [signature] = conn.execute("SELECT signature FROM dlq_messages WHERE message_id = 3").fetchone()
 
     middle, last = cursor_at(conn, n // 2), cursor_at(conn, n - 1)
     offset = (
@@ -164,6 +179,24 @@ def measurements(conn, n: int, rounds: int) -> list[tuple[str, float, int]]:
         ("browse: error contains 'timeout' (1 in 100)", page(error_contains="timeout")),
         ("browse: error contains text no row has (every row read)", page(error_contains="no such text")),
         ("message: one dead letter for its page", lambda: message(conn, "billing", n // 2)),
+        ("browse: one signature (1 in 78)", page(signature=signature)),
+        ("count(*) of the group (the floor of a grouping)", sql(count_all, None)),
+        (f"groups: all {n:,} by signature", lambda: groups(conn, DlqFilter(group="billing"))),
+        (
+            "groups: reason REJECTED (1 in 4)",
+            lambda: groups(conn, DlqFilter(group="billing", reasons=["REJECTED"])),
+        ),
+        (
+            "groups: one day in the middle",
+            lambda: groups(
+                conn, DlqFilter(group="billing", dead_lettered_from=day[0], dead_lettered_to=day[1])
+            ),
+        ),
+        (
+            "page: top failures (PAGE_DLQ_TOP_FAILURES)",
+            sql(S.PAGE_DLQ_TOP_FAILURES, {"ids": [1], "limit": 5, "error_chars": 200}),
+        ),
+        ("metric: METRICS_DEAD_LETTER_SIGNATURES", sql(S.METRICS_DEAD_LETTER_SIGNATURES, {"top": 10})),
     ]
     out = []
     for label, call in cases:

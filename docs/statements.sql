@@ -311,6 +311,7 @@ SELECT name, id FROM dead_letter_queues WHERE name = ANY(%(names)s::text[]);
 SELECT q.message_id, q.key, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
        q.last_error, q.delivery_count, q.reconsume_times, q.redrive_count, q.dead_lettered_at,
        q.first_failure_at, q.last_failure_at, q.published_at, q.origin_message_id, q.content_type,
+       q.signature, q.error_class, q.error_frame, q.error_stack,
        substring(q.body FROM 1 FOR %(body_bytes)s) AS body, octet_length(q.body) AS body_size,
        q.properties, q.attempts, EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
                         AND h.message_id = q.message_id AND h.state = 'HALTED') AS halting,
@@ -347,12 +348,16 @@ AND (%(key)s::text IS NULL
 ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s;
 
 /* redelivery:DLQ_SIGNATURES */
-SELECT s.signature, s.n AS count, s.first_dead_lettered_at, s.last_dead_lettered_at,
+SELECT s.signature, s.n AS count, s.failed_again, s.first_dead_lettered_at, s.last_dead_lettered_at,
        ARRAY(SELECT t.name FROM topics t WHERE t.id = ANY(s.topic_ids) ORDER BY 1) AS topics,
        r.error_class, r.last_error, r.error_frame, r.message_id AS newest_message_id
-FROM (SELECT q.signature, count(*) AS n, min(q.dead_lettered_at) AS first_dead_lettered_at,
-             max(q.dead_lettered_at) AS last_dead_lettered_at, array_agg(DISTINCT q.topic_id) AS topic_ids
-      FROM dlq_messages q WHERE q.group_id = %(group_id)s
+FROM (SELECT p.signature, sum(p.n)::bigint AS n, sum(p.failed_again)::bigint AS failed_again,
+             min(p.first_at) AS first_dead_lettered_at, max(p.last_at) AS last_dead_lettered_at,
+             array_agg(p.topic_id) AS topic_ids
+      FROM (SELECT q.signature, q.topic_id, count(*) AS n,
+                   count(*) FILTER (WHERE q.redrive_count > 0) AS failed_again,
+                   min(q.dead_lettered_at) AS first_at, max(q.dead_lettered_at) AS last_at
+            FROM dlq_messages q WHERE q.group_id = %(group_id)s
 AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
 AND (%(dead_lettered_from)s::timestamptz IS NULL
      OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
@@ -364,7 +369,8 @@ AND (%(error_contains)s::text IS NULL
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                    OR octet_length(q.key) <= 2000))) GROUP BY q.signature) s
+                                    OR octet_length(q.key) <= 2000))) GROUP BY q.signature, q.topic_id) p
+      GROUP BY p.signature) s
 LEFT JOIN LATERAL (  -- a row of a process older than 0020 has no signature: no example
   SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
   WHERE q.group_id = %(group_id)s
@@ -714,8 +720,10 @@ SELECT group_id, reason::text, count(*) FROM dlq_messages
 WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2;
 
 /* redelivery:PAGE_DLQ_TOP_FAILURES */
-SELECT c.group_id, c.signature, c.n, c.first_at, c.last_at, r.error_class, r.last_error, r.error_frame
-FROM (SELECT group_id, signature, count(*) AS n, min(dead_lettered_at) AS first_at,
+SELECT c.group_id, c.signature, c.n, c.failed_again, c.first_at, c.last_at, r.error_class, r.last_error,
+       r.error_frame
+FROM (SELECT group_id, signature, count(*) AS n,
+             count(*) FILTER (WHERE redrive_count > 0) AS failed_again, min(dead_lettered_at) AS first_at,
              max(dead_lettered_at) AS last_at,
              row_number() OVER (PARTITION BY group_id ORDER BY count(*) DESC, signature) AS rank
       FROM dlq_messages WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c

@@ -185,7 +185,8 @@ def select(
 
 def groups(conn: psycopg.Connection, request: DlqFilter, limit: int = 50) -> list[dict]:
     """The matching dead letters grouped by the signature of their last failure (issue 40), most
-    first, at most ``limit`` groups: ``{"signature", "count", "first_dead_lettered_at",
+    first, at most ``limit`` groups: ``{"signature", "count", "failed_again" (of them, dead
+    letters redriven before: they failed again after a redrive), "first_dead_lettered_at",
     "last_dead_lettered_at", "topics", "error_class", "last_error", "error_frame",
     "newest_message_id"}`` each, the last four the newest dead letter's (``DLQ_SIGNATURES``).
     Raises UnknownGroupError / UnknownTopicError."""
@@ -388,10 +389,13 @@ def message(
     and ``body_shown`` (bytes of it read, at most ``BODY_PREVIEW_BYTES``); ``properties`` (dict: the
     user's own and, once it was retried, REAL_TOPIC, ORIGIN_MESSAGE_ID, RETRY_TOPIC and
     RECONSUMETIMES, as its last delivery carried them; the retry topic named by ``config``'s policy,
-    default the process's config), ``attempts`` (each failed delivery: at, delivery, outcome, error)
-    and ``redrives`` (each earlier redrive of it in this group: run key, triggered by, moved at,
-    destination topic). Raises UnknownGroupError, or ValueError for a message id that is no
-    bigint."""
+    default the process's config), ``attempts`` (each failed delivery: at, delivery, outcome, error,
+    and since issue 40 its class, frame and signature), ``redrives`` (each earlier redrive of it in
+    this group: run key, triggered by, moved at, destination topic), its last failure's
+    ``signature``, ``error_class``, ``error_frame`` and ``error_stack``, and
+    ``signature_before_redrive`` (the failure that dead-lettered it before its latest redrive, or
+    None: a message that failed again after a redrive says whether it is the same failure).
+    Raises UnknownGroupError, or ValueError for a message id that is no bigint."""
     if not 1 <= message_id <= MAX_MESSAGE_ID:
         raise ValueError(f"message id {message_id} is out of range (1 to {MAX_MESSAGE_ID})")
     group_id = group(conn, check_name("group", group_name))[0]
@@ -406,7 +410,19 @@ def message(
     redrives = conn.execute(S.MESSAGE_REDRIVES, params)
     names = [c.name for c in redrives.description]
     row["redrives"] = [dict(zip(names, r, strict=True)) for r in redrives.fetchall()]
+    row["signature_before_redrive"] = _signature_before_redrive(row)
     return row
+
+
+def _signature_before_redrive(row: dict) -> str | None:
+    """The signature of the failure that dead-lettered the message before its latest redrive in
+    this group (the newest attempt of the history older than that redrive), or None: never
+    redriven here, or that attempt is no longer among the 20 the history keeps."""
+    if not row["redrives"]:
+        return None
+    redriven_at = max(r["moved_at"] for r in row["redrives"])
+    before = [a for a in row["attempts"] if a.get("at") and datetime.fromisoformat(a["at"]) < redriven_at]
+    return before[-1].get("signature") if before else None
 
 
 def _delivered_properties(row: dict, group_name: str, config: RedeliveryConfig) -> dict:

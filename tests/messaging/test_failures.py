@@ -10,7 +10,8 @@ import uuid
 import pytest
 
 from helpers import at, run_cli
-from redelivery.dead_letters import DlqFilter, count, groups
+from redelivery.airflow.ui.dead_letter_pages import failed_again
+from redelivery.dead_letters import DlqFilter, count, groups, message
 from redelivery.messaging.receipts import Outcome
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.rules.failures import LEASE_EXPIRED_CLASS, describe
@@ -103,11 +104,9 @@ def test_an_exception_gives_its_class_the_consumers_frame_and_a_bounded_stack():
         describe(42)
 
 
-def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_group, clean_db):
-    """Issue 40's done test, its API and CLI half: 3,000 failures of three bugs, retried once
-    (nack) and then dead-lettered (reject, half of them by a settle), group as three signatures
-    with the right counts, in the API and the CLI; a redrive by one signature moves only its dead
-    letters."""
+def three_bugs_dead(client, url: str) -> list:
+    """3,000 failures of three bugs (1,000 each), retried once (nack, a tier run) and then
+    dead-lettered (reject, half of them by a settle); returns the first deliveries."""
     client.publish("orders", [{"n": i} for i in range(3000)], at=at(0))
     sent = client.receive("billing", "orders", 3000, 30, at=at(0))
     assert len(sent) == 3000
@@ -118,9 +117,7 @@ def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_gro
     client.create_group("billing", max_reconsume_times=1)  # promoted now, then dead on their next failure
     from redelivery.tiers.run import TierRunRequest, run_tier
 
-    run_tier(
-        TierRunRequest(tier="seconds", window_end=at(600), run_key="t1"), url=clean_db, config=client.config
-    )
+    run_tier(TierRunRequest(tier="seconds", window_end=at(600), run_key="t1"), url=url, config=client.config)
     again = client.receive("billing", "orders", 3000, 30, at=at(600))
     assert len(again) == 3000
     half = len(again) // 2
@@ -133,6 +130,14 @@ def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_gro
         "billing",
         [Outcome(m, "reject", raised(bug_of[m.message_id], 20_000 + i)) for i, m in enumerate(again[half:])],
     )
+    return sent
+
+
+def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_group, clean_db):
+    """Issue 40's done test, its API, CLI and metric half: 3,000 failures of three bugs group as
+    three signatures with the right counts, in the API, the CLI and the metric; a redrive by one
+    signature moves only its dead letters."""
+    sent = three_bugs_dead(client, clean_db)
     found = groups(client.conn, DlqFilter(group="billing"))
     assert sorted(g["count"] for g in found) == [1000, 1000, 1000]
     assert {g["error_class"] for g in found} == {f"{__name__}.PaymentDeclined", "KeyError", "ValueError"}
@@ -166,12 +171,39 @@ def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_gro
     assert result["moved"] == 1000
     assert count(client.conn, DlqFilter(group="billing")) == 2000
     assert count(client.conn, DlqFilter(group="billing", signature=chosen)) == 0
+
     refused = run_cli("dlq", "count", "--group", "billing", "--signature", "not-hex", database_url=clean_db)
     assert (
         refused.returncode != 0
         and "signature" in refused.stderr
         and len(refused.stderr.strip().splitlines()) == 1
     )
+
+
+def test_a_redriven_failure_that_fails_again_says_so(client, topic_group, clean_db):
+    """Issue 40.3: dead letters redriven by one signature that die again count as failed again in
+    their group, and each says whether it is the failure it had before the redrive."""
+    three_bugs_dead(client, clean_db)
+    everything = DlqFilter(group="billing")
+    chosen = next(g for g in groups(client.conn, everything) if g["error_class"] == "KeyError")["signature"]
+    redrive(RedriveRequest(group="billing", signature=chosen, dry_run=False), run_key="by-sig", url=clean_db)
+    # they fail again: half the same way (the fix did not hold), half another way
+    back = client.receive("billing", "orders", 3000, 30)
+    assert len(back) == 1000
+    client.reject("billing", back[:500], error=[raised(find_customer, i) for i in range(500)])
+    client.reject("billing", back[500:], error=[raised(parse_amount, i) for i in range(500)])
+    again_by_class = {
+        g["error_class"]: (g["count"], g["failed_again"]) for g in groups(client.conn, everything)
+    }
+    assert again_by_class == {
+        "KeyError": (500, 500),
+        "ValueError": (1500, 500),
+        f"{__name__}.PaymentDeclined": (1000, 0),
+    }
+    same, other = (message(client.conn, "billing", m.message_id) for m in (back[0], back[500]))
+    assert same["signature_before_redrive"] == same["signature"] == chosen
+    assert other["signature_before_redrive"] == chosen != other["signature"]
+    assert "the fix did not hold" in failed_again(same) and "another failure" in failed_again(other)
 
 
 def test_an_ended_lease_has_a_signature_of_its_own(client, topic_group, clean_db):

@@ -20,7 +20,7 @@ SAMPLES = {
     "dead_lettered_at": None, "delay": None, "dest": None, "dest_name": None, "dlq_id": 1, "dry_run": False,
     "error": None, "filter": Jsonb({}), "force_dead_letter": False, "fractions": [0.5],
     "dead_lettered_from": None, "dead_lettered_to": None, "error_contains": None, "message_ids": None,
-    "signature": None, "group": None, "group_ids": [1], "high": 10, "holding_only": False,
+    "signature": None, "top": 10, "group": None, "group_ids": [1], "high": 10, "holding_only": False,
     "ids": [1, 2], "key": 1,
     "invisible_duration": 30.0, "max_messages": 10, "scan": 100, "batch_size": 10, "runs": 5,
     "lease_error": "lease expired", "level": None, "levels": [1, 2], "limit": 10, "low": 1,

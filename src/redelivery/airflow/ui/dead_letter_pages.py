@@ -372,6 +372,8 @@ def message_page(letter: dict, query: Query, base: str, ui_root: str, refusal: s
         ("redrive count", letter["redrive_count"]), ("origin message id", letter["origin_message_id"]),
         ("published at", letter["published_at"]), ("first failure at", letter["first_failure_at"]),
         ("last failure at", letter["last_failure_at"]), ("dead-lettered at", letter["dead_lettered_at"]),
+        ("failure signature", letter["signature"]), ("error class", letter["error_class"] or "(text)"),
+        ("top frame", letter["error_frame"]),
     ]  # fmt: skip
     properties = [
         [name, Html(f"{escape(value)} <span class='broker'>(added on redelivery)</span>")]
@@ -379,8 +381,8 @@ def message_page(letter: dict, query: Query, base: str, ui_root: str, refusal: s
         else [name, value]
         for name, value in letter["properties"].items()
     ]
-    attempts = [[_when_text(a.get("at")), a.get("delivery"), a.get("outcome"), a.get("error")]
-                for a in letter["attempts"]]  # fmt: skip
+    attempts = [[_when_text(a.get("at")), a.get("delivery"), a.get("outcome"), a.get("error"),
+                 a.get("signature")] for a in letter["attempts"]]  # fmt: skip
     redrives = [[run_link(r["run_key"], ui_root, ()), r["triggered_by"], r["moved_at"], r["destination_topic"]
                  or "its own topic"] for r in letter["redrives"]]  # fmt: skip
     holds = ""
@@ -395,12 +397,14 @@ def message_page(letter: dict, query: Query, base: str, ui_root: str, refusal: s
         f'<p><a href="{escape(base)}?{escape(query_string(request))}">← the list</a></p>'
         + holds
         + table(["field", "value"], [list(f) for f in fields])
+        + failed_again(letter)
         + f"<h2>Last error</h2><pre class='error'>{escape(letter['last_error'] or '')}</pre>"
+        + (f"<pre class='stack'>{escape(letter['error_stack'])}</pre>" if letter["error_stack"] else "")
         + f"<h2>Body</h2>{_body(letter)}"
         + "<h2>Properties</h2>"
         + (table(["name", "value"], properties) if properties else "<p class='muted'>none</p>")
         + f"<h2>Failed deliveries</h2><p class='muted'>The last {len(attempts)} kept (at most 20).</p>"
-        + table(["at", "delivery", "outcome", "error"], attempts)
+        + table(["at", "delivery", "outcome", "error", "signature"], attempts)
         + "<h2>Redrives</h2>"
         + (
             table(["run", "triggered by", "moved at", "to"], redrives)
@@ -412,6 +416,26 @@ def message_page(letter: dict, query: Query, base: str, ui_root: str, refusal: s
         + "</form>"
     )
     return _page(f"Dead letter {mid} of {request.group}", body)
+
+
+def failed_again(letter: dict) -> str:
+    """For a dead letter redriven before (issue 40): it failed again after redrive N, with the
+    signature of the failure before the latest redrive and of this one, and whether they are the
+    same (a fix that did not work) or not; '' for one never redriven."""
+    if not letter["redrive_count"]:
+        return ""
+    before, now = letter["signature_before_redrive"], letter["signature"]
+    verdict = (
+        "the same failure as before: the fix did not hold"
+        if before == now
+        else "another failure than before"
+        if before
+        else "the failure before it is no longer in its history"
+    )
+    return (
+        f"<p class='failed-again'><b>Failed again after redrive {letter['redrive_count']}</b>: "
+        f"signature before {escape(before or '?')}, now {escape(now or '?')} ({verdict}).</p>"
+    )
 
 
 def problems_page(title: str, problems: list[str], back: str | None = None) -> str:

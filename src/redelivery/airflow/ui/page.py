@@ -49,7 +49,7 @@ GROUP_LIMIT = 200
 #: Per listed group: its DLQs and its most frequent last errors shown.
 TOP_QUEUES, TOP_FAILURES = 20, 5
 #: A failure of the page (``PAGE_DLQ_TOP_FAILURES``), and the characters of its error text shown.
-FAILURE_FIELDS = ("signature", "count", "first", "last", "error_class", "error", "frame")
+FAILURE_FIELDS = ("signature", "count", "failed_again", "first", "last", "error_class", "error", "frame")
 FAILURE_CHARS = 200
 #: Live states in the state machine's order, with their colours (COMMITTED is not shown).
 STATES = {
@@ -121,7 +121,8 @@ def page_data(
     (retries waiting at its levels, of them due)}}``; a group is ``{"id", "name", "READY",
     "INFLIGHT", "WAITING_RETRY", "DLQ", "BLOCKED": counts, "oldest", "newest": dead-lettering times
     or None, "waiting": {delay level: n}, "queues", "reasons": [(value, count)], most first,
-    "failures": [{"signature", "count", "first", "last", "error_class", "error", "frame"}]: the
+    "failures": [{"signature", "count", "failed_again", "first", "last", "error_class", "error",
+    "frame"}]: the
     dead letters by the signature of their last failure, most first (``TOP_FAILURES``), "held":
     {"keys": keys an ordered subscription holds by a failure, "list": the
     ``HELD_KEYS`` held longest ({"topic", "key", "message_id", "why", "since", "due_at",
@@ -430,7 +431,8 @@ def list_link(
 def failures_table(group: str, failures: list[dict]) -> str:
     """The group's dead letters by failure (issue 40): per signature, linked to its dead letters
     on the list (where they are redriven), the newest one's class, text and top frame, how many,
-    and when the first and the last were dead-lettered."""
+    how many of them had been redriven before (a fix that did not hold), and when the first and
+    the last were dead-lettered."""
     rows = [
         [
             Html(list_link(f["signature"] or "(none)", group, signature=f["signature"], css="failure")),
@@ -438,12 +440,14 @@ def failures_table(group: str, failures: list[dict]) -> str:
             f["error"] or "",
             f["frame"] or "",
             f["count"],
+            f["failed_again"],
             when(f["first"]),
             when(f["last"]),
         ]
         for f in failures
     ]
-    headers = ["failure", "class", "newest error", "top frame", "dead letters", "first", "last"]
+    headers = ["failure", "class", "newest error", "top frame", "dead letters",
+               "failed again after a redrive", "first", "last"]  # fmt: skip
     return '<div class="failures">' + table(headers, rows) + "</div>"
 
 

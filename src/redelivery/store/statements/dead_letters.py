@@ -20,16 +20,23 @@ DLQ_SELECT = _named("DLQ_SELECT", f"""
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
     ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s""")
 #: The matching dead letters grouped by the signature of their last failure, most first, at most
-#: ``limit`` groups: per signature how many, the first and last dead-lettered at, the topics, and
-#: the newest one's class, error text and top frame (what the group looks like); from the index
-#: ``dlq_messages_signature`` (migration 0020).
+#: ``limit`` groups: per signature how many, how many of them had been redriven before (they failed
+#: again after a redrive), the first and last dead-lettered at, the topics, and the newest one's
+#: class, error text and top frame (what the group looks like). Counted per (signature, topic)
+#: first, from the index ``dlq_messages_signature`` alone when only the group is filtered
+#: (migration 0020), then per signature over those few rows.
 DLQ_SIGNATURES = _named("DLQ_SIGNATURES", f"""
-    SELECT s.signature, s.n AS count, s.first_dead_lettered_at, s.last_dead_lettered_at,
+    SELECT s.signature, s.n AS count, s.failed_again, s.first_dead_lettered_at, s.last_dead_lettered_at,
            ARRAY(SELECT t.name FROM topics t WHERE t.id = ANY(s.topic_ids) ORDER BY 1) AS topics,
            r.error_class, r.last_error, r.error_frame, r.message_id AS newest_message_id
-    FROM (SELECT q.signature, count(*) AS n, min(q.dead_lettered_at) AS first_dead_lettered_at,
-                 max(q.dead_lettered_at) AS last_dead_lettered_at, array_agg(DISTINCT q.topic_id) AS topic_ids
-          FROM dlq_messages q WHERE {DLQ_FILTER} GROUP BY q.signature) s
+    FROM (SELECT p.signature, sum(p.n)::bigint AS n, sum(p.failed_again)::bigint AS failed_again,
+                 min(p.first_at) AS first_dead_lettered_at, max(p.last_at) AS last_dead_lettered_at,
+                 array_agg(p.topic_id) AS topic_ids
+          FROM (SELECT q.signature, q.topic_id, count(*) AS n,
+                       count(*) FILTER (WHERE q.redrive_count > 0) AS failed_again,
+                       min(q.dead_lettered_at) AS first_at, max(q.dead_lettered_at) AS last_at
+                FROM dlq_messages q WHERE {DLQ_FILTER} GROUP BY q.signature, q.topic_id) p
+          GROUP BY p.signature) s
     LEFT JOIN LATERAL (  -- a row of a process older than 0020 has no signature: no example
       SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
       WHERE {DLQ_FILTER} AND q.signature = s.signature
@@ -64,6 +71,7 @@ DLQ_MESSAGE = _named("DLQ_MESSAGE", f"""
     SELECT q.message_id, q.key, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
            q.last_error, q.delivery_count, q.reconsume_times, q.redrive_count, q.dead_lettered_at,
            q.first_failure_at, q.last_failure_at, q.published_at, q.origin_message_id, q.content_type,
+           q.signature, q.error_class, q.error_frame, q.error_stack,
            substring(q.body FROM 1 FOR %(body_bytes)s) AS body, octet_length(q.body) AS body_size,
            q.properties, q.attempts, {_HALTING}
     FROM {_DLQ_FROM} WHERE q.group_id = %(group_id)s AND q.message_id = %(message_id)s""")

@@ -115,12 +115,14 @@ PAGE_DLQ_REASONS = _named("PAGE_DLQ_REASONS", """
     SELECT group_id, reason::text, count(*) FROM dlq_messages
     WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2""")
 #: The ``limit`` most frequent failures of the groups ``ids``, by the signature of their dead
-#: letters' last failure (issue 40; index ``dlq_messages_signature``): (group id, signature, count,
-#: first and last dead-lettered at, and the newest one's class, error text (its first
-#: ``error_chars`` characters) and top frame), most first.
+#: letters' last failure (issue 40; index ``dlq_messages_signature`` alone): (group id, signature,
+#: count, how many failed again after a redrive, first and last dead-lettered at, and the newest
+#: one's class, error text (its first ``error_chars`` characters) and top frame), most first.
 PAGE_DLQ_TOP_FAILURES = _named("PAGE_DLQ_TOP_FAILURES", """
-    SELECT c.group_id, c.signature, c.n, c.first_at, c.last_at, r.error_class, r.last_error, r.error_frame
-    FROM (SELECT group_id, signature, count(*) AS n, min(dead_lettered_at) AS first_at,
+    SELECT c.group_id, c.signature, c.n, c.failed_again, c.first_at, c.last_at, r.error_class, r.last_error,
+           r.error_frame
+    FROM (SELECT group_id, signature, count(*) AS n,
+                 count(*) FILTER (WHERE redrive_count > 0) AS failed_again, min(dead_lettered_at) AS first_at,
                  max(dead_lettered_at) AS last_at,
                  row_number() OVER (PARTITION BY group_id ORDER BY count(*) DESC, signature) AS rank
           FROM dlq_messages WHERE group_id = ANY(%(ids)s::int[]) GROUP BY 1, 2) c

@@ -12,8 +12,10 @@ a signature (issue 40).
 - ``dlq_messages`` gains ``error_class``, ``error_frame``, ``error_stack`` and ``signature``, plain
   nullable columns (adding them rewrites nothing); the rows already there get the signature of their
   text (no class, no frame). The statement that dead-letters sets it.
-- ``dlq_messages_signature`` (group, signature, dead-lettered at, message id): the failures of a
-  group grouped, and the dead letters of one signature, from the index. Built partition by
+- ``dlq_messages_signature`` (group, signature, dead-lettered at, message id, topic, redrive
+  count): the failures of a group grouped (with their topics, and how many failed again after a
+  redrive) from the index alone, and the dead letters of one signature in the list's order. A dead
+  letter is never updated, so the two trailing columns cost no index churn. Built partition by
   partition, concurrently.
 - ``append_attempt`` keeps the stack of the newest entry only: 20 entries of history, one stack.
 
@@ -78,7 +80,9 @@ def upgrade() -> None:
     WHERE signature IS NULL
     """)
     build_partitioned_index(
-        "dlq_messages_signature", "dlq_messages", "group_id, signature, dead_lettered_at, message_id"
+        "dlq_messages_signature",
+        "dlq_messages",
+        "group_id, signature, dead_lettered_at, message_id, topic_id, redrive_count",
     )
 
 
