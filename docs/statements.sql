@@ -706,6 +706,13 @@ SELECT group_id, count(*), min(created_at) FROM deliveries
 WHERE state = 'BLOCKED' AND group_id = ANY(%(ids)s::int[])
 GROUP BY 1;
 
+/* redelivery:PAGE_DLQ_FAILURE_TIMELINE */
+SELECT signature, least(width_bucket(extract(epoch FROM dead_lettered_at), %(low)s::float8,
+                                     %(high)s::float8, %(buckets)s), %(buckets)s) AS span, count(*)
+FROM dlq_messages
+WHERE group_id = %(group_id)s AND signature = ANY(%(signatures)s::text[])
+GROUP BY 1, 2;
+
 /* redelivery:PAGE_DLQ_QUEUES */
 SELECT group_id, name, n FROM (
     SELECT c.group_id, dq.name, c.n,

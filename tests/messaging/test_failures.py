@@ -5,47 +5,18 @@ takes a signature."""
 from __future__ import annotations
 
 import json
-import uuid
 
+import bugs
 import pytest
+from bugs import BUGS, find_customer, parse_amount, raised, three_bugs_dead
 
 from helpers import at, run_cli
 from redelivery.airflow.ui.dead_letter_pages import failed_again
 from redelivery.dead_letters import DlqFilter, count, groups, message
-from redelivery.messaging.receipts import Outcome
 from redelivery.redrive import RedriveRequest, redrive
 from redelivery.rules.failures import LEASE_EXPIRED_CLASS, describe
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class PaymentDeclined(Exception):
-    pass
-
-
-# Three bugs of a consumer's own code, each raising with ids that vary from message to message.
-def charge(order: int) -> None:
-    raise PaymentDeclined(f"card declined for order {order} (ref 0x{order * 7919:08x}, txn {uuid.uuid4()})")
-
-
-def find_customer(order: int) -> None:
-    customers: dict[str, int] = {}
-    customers[f"cust-{order}"]  # KeyError with the customer's quoted id
-
-
-def parse_amount(order: int) -> None:
-    int(f"{order}.5 EUR")  # ValueError: invalid literal for int() with base 10: '12.5 EUR'
-
-
-BUGS = (charge, find_customer, parse_amount)
-
-
-def raised(bug, order: int) -> BaseException:
-    try:
-        bug(order)
-    except Exception as exc:
-        return exc
-    raise AssertionError(f"{bug.__name__} did not raise")
 
 
 def signature_gauge(conn) -> dict:
@@ -93,44 +64,17 @@ def test_an_exception_gives_its_class_the_consumers_frame_and_a_bounded_stack():
     failure = describe(raised(parse_amount, 12))
     assert failure.error_class == "ValueError"
     assert failure.error == "ValueError: invalid literal for int() with base 10: '12.5 EUR'"
-    assert failure.frame == f"{__name__}:parse_amount", "the consumer's frame, not int()'s or a library's"
+    assert failure.frame == f"{bugs.__name__}:parse_amount", (
+        "the consumer's frame, not int()'s or a library's"
+    )
     assert "parse_amount" in failure.stack and len(failure.stack) <= 4000
-    own = describe(raised(charge, 1))
-    assert own.error_class == f"{__name__}.PaymentDeclined" and own.frame == f"{__name__}:charge"
+    own = describe(raised(bugs.charge, 1))
+    assert own.error_class == f"{bugs.__name__}.PaymentDeclined" and own.frame == f"{bugs.__name__}:charge"
     assert describe("timeout").error_class is None and describe(None) is None
     with pytest.raises(ValueError, match="NUL"):
         describe("a\x00b")
     with pytest.raises(ValueError, match="exception"):
         describe(42)
-
-
-def three_bugs_dead(client, url: str) -> list:
-    """3,000 failures of three bugs (1,000 each), retried once (nack, a tier run) and then
-    dead-lettered (reject, half of them by a settle); returns the first deliveries."""
-    client.publish("orders", [{"n": i} for i in range(3000)], at=at(0))
-    sent = client.receive("billing", "orders", 3000, 30, at=at(0))
-    assert len(sent) == 3000
-    bug_of = {m.message_id: BUGS[i % 3] for i, m in enumerate(sent)}
-    client.nack(
-        "billing", sent, error=[raised(bug_of[m.message_id], i) for i, m in enumerate(sent)], at=at(1)
-    )
-    client.create_group("billing", max_reconsume_times=1)  # promoted now, then dead on their next failure
-    from redelivery.tiers.run import TierRunRequest, run_tier
-
-    run_tier(TierRunRequest(tier="seconds", window_end=at(600), run_key="t1"), url=url, config=client.config)
-    again = client.receive("billing", "orders", 3000, 30, at=at(600))
-    assert len(again) == 3000
-    half = len(again) // 2
-    client.reject(
-        "billing",
-        again[:half],
-        error=[raised(bug_of[m.message_id], 10_000 + i) for i, m in enumerate(again[:half])],
-    )
-    client.settle(
-        "billing",
-        [Outcome(m, "reject", raised(bug_of[m.message_id], 20_000 + i)) for i, m in enumerate(again[half:])],
-    )
-    return sent
 
 
 def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_group, clean_db):
@@ -140,8 +84,8 @@ def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_gro
     sent = three_bugs_dead(client, clean_db)
     found = groups(client.conn, DlqFilter(group="billing"))
     assert sorted(g["count"] for g in found) == [1000, 1000, 1000]
-    assert {g["error_class"] for g in found} == {f"{__name__}.PaymentDeclined", "KeyError", "ValueError"}
-    assert {g["error_frame"] for g in found} == {f"{__name__}:{b.__name__}" for b in BUGS}
+    assert {g["error_class"] for g in found} == {f"{bugs.__name__}.PaymentDeclined", "KeyError", "ValueError"}
+    assert {g["error_frame"] for g in found} == {f"{bugs.__name__}:{b.__name__}" for b in BUGS}
     assert all(g["topics"] == ["orders"] for g in found)
     assert signature_gauge(client.conn) == {("billing", g["signature"]): 1000 for g in found}
 
@@ -152,7 +96,7 @@ def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_gro
     attempts, signature = letter
     assert [a["signature"] for a in attempts] == [signature, signature]
     assert "stack" not in attempts[0] and "stack" in attempts[1]
-    assert attempts[0]["class"] == f"{__name__}.PaymentDeclined"
+    assert attempts[0]["class"] == f"{bugs.__name__}.PaymentDeclined"
 
     # the CLI says the same, as JSON and as text
     shown = run_cli("dlq", "groups", "--group", "billing", "--json", database_url=clean_db)
@@ -198,7 +142,7 @@ def test_a_redriven_failure_that_fails_again_says_so(client, topic_group, clean_
     assert again_by_class == {
         "KeyError": (500, 500),
         "ValueError": (1500, 500),
-        f"{__name__}.PaymentDeclined": (1000, 0),
+        f"{bugs.__name__}.PaymentDeclined": (1000, 0),
     }
     same, other = (message(client.conn, "billing", m.message_id) for m in (back[0], back[500]))
     assert same["signature_before_redrive"] == same["signature"] == chosen

@@ -22,6 +22,7 @@ EXAMPLES = {
     "client": ("README.md", "## Using it"),
     "ordered": ("docs/using.md", "## Ordered subscriptions"),
     "waiting": ("docs/using.md", "## Waiting for a message"),
+    "failures": ("docs/using.md", "## Failures, grouped by signature"),
     "spark": ("docs/using.md", "## In Spark: lease, transform, settle"),
     "message queue trigger": ("docs/airflow.md", "A consumer DAG of your own"),
 }
@@ -74,6 +75,19 @@ def test_the_client_example(clean_db):
         assert client.stats()["orders"]["billing"]["COMMITTED"] == 1
         again = [Message({"id": 1}, key="order-1", properties={"tenant": "a"})]
         assert client.publish("orders", again, batch_id="orders-2026-11-22") == [1]  # published once
+
+
+def test_the_failures_example(clean_db):
+    """Two rejects of one bug with different customers: one failure signature, its class and the
+    example's own frame."""
+    from redelivery.client import Client
+    from redelivery.dead_letters import DlqFilter, groups
+
+    exec(compile(python_block("failures"), "using.md", "exec"), {"__name__": "payments_consumer"})
+    with Client(clean_db) as client:
+        [failure] = groups(client.conn, DlqFilter(group="ledger"))
+    assert (failure["count"], failure["error_class"]) == (2, "KeyError")
+    assert failure["error_frame"] == "payments_consumer:charge"
 
 
 def test_the_ordered_example(clean_db):

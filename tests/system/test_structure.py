@@ -43,6 +43,7 @@ ORDER = [
     "airflow.provider", "airflow.retention", "airflow.params", "airflow.ui.trigger_check", "airflow.engine",
     "airflow.operators", "airflow.http_delivery", "airflow.dags.tiers", "airflow.dags.consumer",
     "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.pauses",
+    "airflow.ui.style",
     "airflow.ui.page",
     "airflow.ui.dead_letter_pages", "airflow.ui.app", "airflow.plugin",
     "cli.common", "cli.store", "cli.dead_letters", "cli.app", "__main__",

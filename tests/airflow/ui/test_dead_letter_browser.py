@@ -273,3 +273,34 @@ def test_a_cross_origin_or_bad_selection_post_is_refused_and_audited(airflow, le
         "message_ids": [ids["hostile"]],
         "dry_run": False,
     }
+
+
+def test_three_bugs_are_three_failures_on_the_page_each_opening_its_dead_letters(
+    airflow, browser, client, topic_group, database_url
+):
+    """Issue 40's done test, its page half: 3,000 dead letters of three bugs are three failures in
+    the group's table (class, count, a sparkline), and a failure's link opens the list of its dead
+    letters only."""
+    from bugs import three_bugs_dead
+
+    three_bugs_dead(client, database_url)
+    browser.goto(f"{airflow}/plugin/dead-letters", wait_until="networkidle")
+    frame = browser.frame_locator("iframe").first
+    rows = frame.locator("div.failures tr:has(a.failure)")
+    rows.first.wait_for(timeout=20_000)
+    texts = rows.all_inner_texts()
+    assert len(texts) == 3 and all("\t1,000\t" in t for t in texts), texts
+    assert sorted(t.split("\t")[1] for t in texts) == ["KeyError", "ValueError", "bugs.PaymentDeclined"]
+    bars = frame.locator("div.failures svg.sparkline rect").evaluate_all(
+        "bars => bars.map(b => Number(b.dataset.value))"
+    )
+    assert sum(bars) == 3000  # every dead letter in one span of each sparkline
+    ARTIFACTS.mkdir(exist_ok=True)  # the group's section (README shows it: docs/dead-letters-failures.png)
+    frame.locator("section.group").first.screenshot(path=str(ARTIFACTS / "dead-letters-failures.png"))
+    key_error = frame.locator("div.failures tr:has(a.failure)", has_text="KeyError")
+    signature = key_error.locator("a.failure").inner_text()
+    key_error.locator("a.failure").click()
+    frame.locator("tr[data-message-id]").first.wait_for(timeout=20_000)
+    assert f"signature={signature}" in framed_url(browser)
+    shown = frame.locator("tr[data-message-id]").all_inner_texts()
+    assert len(shown) == 50 and all("KeyError" in row for row in shown)

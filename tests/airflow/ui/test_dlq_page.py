@@ -98,13 +98,19 @@ def test_a_failure_links_to_its_dead_letters_by_signature(state):
 def test_the_charts_show_the_numbers(state):
     html = render(page_data(state.conn))
     svgs = charts(html)
+    [signature] = state.conn.execute("SELECT DISTINCT signature FROM dlq_messages").fetchone()
     assert set(svgs) == {
         "states-billing",
         "levels-billing",
         "states-audit",
         "levels-audit",
         "lateness-seconds",
+        f"failure-billing-{signature}",  # its dead letters over time
     }
+    spans = [
+        int(r.get("data-value")) for r in svgs[f"failure-billing-{signature}"].iter() if r.get("data-value")
+    ]
+    assert len(spans) == 24 and sum(spans) == 10
     for group, expected in STATES.items():
         shown = bars(svgs[f"states-{group}"])
         assert {label: int(v) for label, (v, _, _) in shown.items()} == expected

@@ -33,8 +33,9 @@ from urllib.parse import quote
 import psycopg
 from pydantic import ValidationError
 
-from redelivery.airflow.ui.charts import Bar, Series, columns, horizontal_bars, lines, number
+from redelivery.airflow.ui.charts import Bar, Series, columns, horizontal_bars, lines, number, sparkline
 from redelivery.airflow.ui.pauses import PauseEvent, bulk_covers, pause_changes  # noqa: F401  (the page's names)
+from redelivery.airflow.ui.style import STYLE, TOP_LINKS  # noqa: F401  (the page's names)
 from redelivery.config import cached_config
 from redelivery.dead_letters import DlqFilter
 from redelivery.fields import query_string
@@ -51,6 +52,8 @@ TOP_QUEUES, TOP_FAILURES = 20, 5
 #: A failure of the page (``PAGE_DLQ_TOP_FAILURES``), and the characters of its error text shown.
 FAILURE_FIELDS = ("signature", "count", "failed_again", "first", "last", "error_class", "error", "frame")
 FAILURE_CHARS = 200
+#: The spans of a failure's sparkline on the page (the group's dead letters, oldest to newest).
+TIMELINE_SPANS = 24
 #: Live states in the state machine's order, with their colours (COMMITTED is not shown).
 STATES = {
     "READY": "#38a169",
@@ -64,35 +67,6 @@ HELD_KEYS, KEY_CHARS = 20, 60
 #: Why a key is held, by its head's state.
 HELD_WHY = {"WAITING_RETRY": "waiting for its retry", "HALTED": "dead letter, on_exhausted halt"}
 P50, P99 = "#3182ce", "#e53e3e"
-
-STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#1a202c}
-table{border-collapse:collapse;margin:8px 0 16px}
-td,th{border:1px solid #cbd5e0;padding:4px 10px;text-align:left;vertical-align:top}th{background:#edf2f7}
-td.n{text-align:right;font-variant-numeric:tabular-nums}
-h1{font-size:22px}h2{font-size:18px;margin:28px 0 4px}.muted{color:#718096}
-.row{display:flex;flex-wrap:wrap;gap:12px 28px;align-items:flex-start}
-section.group{border-top:1px solid #e2e8f0;margin-top:16px}
-div.paused{background:#fff5f5;border:1px solid #feb2b2;border-left:6px solid #e53e3e;padding:8px 12px;
-margin:0 0 10px;max-width:1100px}
-form.filter{margin:8px 0}form.filter input{width:240px}
-form.filter button{background:#2b6cb0;color:#fff;border:0;padding:5px 12px;border-radius:4px;
-cursor:pointer}
-ul.refused{margin:8px 0;padding-left:20px;max-width:1100px}
-ul.refused li{font-family:ui-monospace,monospace;margin:2px 0;overflow-wrap:anywhere}"""
-
-# A link to a page of the Airflow UI (data-top). The UI shows this page in an iframe sandboxed
-# without allow-top-navigation, so such a link cannot take the UI there by itself: a click makes
-# the same link in the top document and clicks that one (a link of the top document is navigated
-# by the top document; see redelivery.airflow.ui.app). Opened top-level, links work as links.
-TOP_LINKS = """<script>document.addEventListener("click", function (e) {
-  var a = e.target.closest && e.target.closest("a[data-top]");
-  if (!a || window.top === window) return;
-  e.preventDefault();
-  var top = window.top.document.createElement("a");
-  top.href = a.href;
-  window.top.document.body.appendChild(top);
-  top.click();
-});</script>"""
 
 
 class Html(str):
@@ -122,7 +96,7 @@ def page_data(
     "INFLIGHT", "WAITING_RETRY", "DLQ", "BLOCKED": counts, "oldest", "newest": dead-lettering times
     or None, "waiting": {delay level: n}, "queues", "reasons": [(value, count)], most first,
     "failures": [{"signature", "count", "failed_again", "first", "last", "error_class", "error",
-    "frame"}]: the
+    "frame", "timeline": dead letters per ``TIMELINE_SPANS`` equal spans of time}]: the
     dead letters by the signature of their last failure, most first (``TOP_FAILURES``), "held":
     {"keys": keys an ordered subscription holds by a failure, "list": the
     ``HELD_KEYS`` held longest ({"topic", "key", "message_id", "why", "since", "due_at",
@@ -144,6 +118,23 @@ def page_data(
             "redrives": conn.execute(S.LATEST_REDRIVES).fetchall(),
             "waiting_at": {tier: _waiting_at(conn, tier) for tier in paused_tiers},
         }
+
+
+def _add_timelines(conn: psycopg.Connection, group: dict) -> None:
+    """Each of ``group``'s failures gets ``timeline``: its dead letters in each of
+    ``TIMELINE_SPANS`` equal spans from the group's oldest dead letter to its newest."""
+    failures = [f for f in group["failures"] if f["signature"]]
+    if not failures:
+        return
+    low = group["oldest"].timestamp()
+    high = max(group["newest"].timestamp(), low + 1)  # width_bucket needs two bounds
+    params = {"group_id": group["id"], "signatures": [f["signature"] for f in failures], "low": low,
+              "high": high, "buckets": TIMELINE_SPANS}  # fmt: skip
+    spans: dict[str, list[int]] = {f["signature"]: [0] * TIMELINE_SPANS for f in failures}
+    for signature, span, n in conn.execute(S.PAGE_DLQ_FAILURE_TIMELINE, params):
+        spans[signature][span - 1] = n
+    for f in failures:
+        f["timeline"] = spans[f["signature"]]
 
 
 def _groups(conn: psycopg.Connection, name_filter: str, limit: int) -> tuple[list[dict], int]:
@@ -180,6 +171,8 @@ def _groups(conn: psycopg.Connection, name_filter: str, limit: int) -> tuple[lis
     params = {"ids": with_dead, "limit": TOP_FAILURES, "error_chars": FAILURE_CHARS}
     for gid, *values in conn.execute(S.PAGE_DLQ_TOP_FAILURES, params):
         groups[gid]["failures"].append(dict(zip(FAILURE_FIELDS, values, strict=True)))
+    for gid in with_dead:
+        _add_timelines(conn, groups[gid])
     return list(groups.values()), rows[0][-1] if rows else 0
 
 
@@ -428,11 +421,12 @@ def list_link(
     return f'<a{attributes} href="{escape(href)}">{escape(text)}</a>'
 
 
-def failures_table(group: str, failures: list[dict]) -> str:
+def failures_table(group: str, failures: list[dict], oldest=None, newest=None) -> str:
     """The group's dead letters by failure (issue 40): per signature, linked to its dead letters
     on the list (where they are redriven), the newest one's class, text and top frame, how many,
-    how many of them had been redriven before (a fix that did not hold), and when the first and
-    the last were dead-lettered."""
+    how many of them had been redriven before (a fix that did not hold), when the first and the
+    last were dead-lettered, and a sparkline of them from the group's ``oldest`` dead letter to
+    its ``newest``."""
     rows = [
         [
             Html(list_link(f["signature"] or "(none)", group, signature=f["signature"], css="failure")),
@@ -443,11 +437,22 @@ def failures_table(group: str, failures: list[dict]) -> str:
             f["failed_again"],
             when(f["first"]),
             when(f["last"]),
+            Html(
+                sparkline(
+                    f"failure-{group}-{f['signature']}",
+                    f["signature"],
+                    f["timeline"],
+                    when(oldest),
+                    when(newest),
+                )
+            )
+            if "timeline" in f
+            else "",
         ]
         for f in failures
     ]
-    headers = ["failure", "class", "newest error", "top frame", "dead letters",
-               "failed again after a redrive", "first", "last"]  # fmt: skip
+    headers = ["failure", "class", "newest error", "top frame", "dead letters", "failed again",
+               "first", "last", "over time"]  # fmt: skip
     return '<div class="failures">' + table(headers, rows) + "</div>"
 
 
@@ -491,7 +496,7 @@ def group_section(group: dict) -> str:
             + table(["reason", "messages"], [list(r) for r in group["reasons"]])
             + "</div>"
         )
-        parts.append(failures_table(name, group["failures"]))
+        parts.append(failures_table(name, group["failures"], group["oldest"], group["newest"]))
         parts.append(browse_links(name, dead, group["reasons"]))
     return "".join(parts) + "</section>"
 

@@ -131,6 +131,16 @@ PAGE_DLQ_TOP_FAILURES = _named("PAGE_DLQ_TOP_FAILURES", """
       FROM dlq_messages q WHERE q.group_id = c.group_id AND q.signature = c.signature
       ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
     WHERE c.rank <= %(limit)s ORDER BY 1, 3 DESC, 2""")
+#: The dead letters of one group's failures ``signatures`` over time: per signature, how many in
+#: each of ``buckets`` equal spans from ``low`` to ``high`` (epoch seconds; the last span includes
+#: ``high``): (signature, span 1..buckets, count), spans without any left out; from the index
+#: ``dlq_messages_signature`` alone.
+PAGE_DLQ_FAILURE_TIMELINE = _named("PAGE_DLQ_FAILURE_TIMELINE", """
+    SELECT signature, least(width_bucket(extract(epoch FROM dead_lettered_at), %(low)s::float8,
+                                         %(high)s::float8, %(buckets)s), %(buckets)s) AS span, count(*)
+    FROM dlq_messages
+    WHERE group_id = %(group_id)s AND signature = ANY(%(signatures)s::text[])
+    GROUP BY 1, 2""")
 #: Per tier with runs: its latest run (by window end: run key, window end, status, dry run,
 #: promoted, dead-lettered, lateness p99 in seconds) and when its latest finished run finished.
 #: The tiers by the skip scan of RECENT_TIER_LATENESS, each tier's runs read backwards.
