@@ -211,7 +211,7 @@ WITH policies AS MATERIALIZED (
       RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
               d.reconsume_times, coalesce(d.first_failure_at, d.last_failure_at) AS first_failure_at,
               d.last_failure_at AS last_failure_at, d.last_error AS last_error,
-              (d.attempts -> -1 ->> 'class') AS error_class, (d.attempts -> -1 ->> 'frame') AS error_frame,
+              coalesce(d.attempts -> -1 ->> 'class', system_error_class(NULL, d.attempts)) AS error_class, (d.attempts -> -1 ->> 'frame') AS error_frame,
               (d.attempts -> -1 ->> 'stack') AS error_stack, d.attempts AS attempts, d.redrive_count),
     inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
@@ -370,8 +370,9 @@ AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bi
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000))) GROUP BY q.signature, q.topic_id) p
-      GROUP BY p.signature) s
-LEFT JOIN LATERAL (  -- a row of a process older than 0020 has no signature: no example
+      GROUP BY p.signature ORDER BY 2 DESC, 1 LIMIT %(limit)s) s
+-- the newest of each listed signature only (one probe of the index each)
+LEFT JOIN LATERAL (
   SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
   WHERE q.group_id = %(group_id)s
 AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
@@ -387,7 +388,7 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000))) AND q.signature = s.signature
   ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
-ORDER BY s.n DESC, s.signature LIMIT %(limit)s;
+ORDER BY s.n DESC, s.signature;
 
 /* redelivery:DLQ_SUMMARY_GROUPS */
 SELECT g.id, g.name, count(*), min(q.dead_lettered_at), max(q.dead_lettered_at)

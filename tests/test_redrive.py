@@ -477,6 +477,19 @@ def test_a_stopped_run_resumes_under_its_key(dead, database_url):
     assert states(dead)["orders"]["READY"] == 30
 
 
+def test_a_run_recorded_before_the_signature_filter_resumes_under_its_key(dead, database_url):
+    """A run stopped by the version before migration 0020 (its recorded filter has no
+    ``signature``) resumes after the upgrade: a filter without a signature is recorded without it."""
+    request = RedriveRequest(group="billing", topic="orders", rate_limit=10, dry_run=False)
+    calls = []
+    stop = lambda: calls.append(1) or len(calls) > 1  # noqa: E731
+    redrive(request, run_key="old", url=database_url, log=lambda *_: None, should_stop=stop)
+    recorded = dead.conn.execute("SELECT filter FROM redrive_runs WHERE run_key = 'old'").fetchone()[0]
+    assert "signature" not in recorded and "key" not in recorded  # as the version before recorded it
+    again = redrive(request, run_key="old", url=database_url, log=lambda *_: None)
+    assert (again["status"], again["moved"]) == ("success", 30)
+
+
 def run_row(conn, run_key):
     return conn.execute(
         "SELECT status, dry_run, finished_at, filter, moved FROM redrive_runs WHERE run_key = %s", (run_key,)

@@ -91,8 +91,10 @@ class RedriveRequest(DlqFilter):
 
     def selection(self) -> dict:
         """What the run moves, as JSON (the dry-run flag aside): a run key stands for one selection."""
-        # without a key, as runs recorded before the filter had one: a resumed run matches them
-        return self.model_dump(mode="json", exclude={"dry_run"} | ({"key"} if self.key is None else set()))
+        # without a key or a signature when none is given, as runs recorded before the filter had
+        # them: a resumed run matches them
+        unset = {name for name in ("key", "signature") if getattr(self, name) is None}
+        return self.model_dump(mode="json", exclude={"dry_run"} | unset)
 
 
 def _moving_params(conn: psycopg.Connection, request: RedriveRequest) -> dict:

@@ -58,6 +58,18 @@ def test_varying_ids_quotes_uuids_and_hex_are_one_signature(client):
     assert len(set(other[:3]) | {rows[0][0]}) == 4, "class, frame and words make another signature"
     assert other[3] == other[4], "an apostrophe in a word opens no quote"
     assert other[5] == other[6], "ids of 7 and 8 digits and hex runs are alike"
+    long_ones = client.conn.execute(
+        "SELECT redelivery.error_signature(NULL, %s, NULL), redelivery.error_signature(NULL, %s, NULL),"
+        " redelivery.error_signature(NULL, %s, NULL), redelivery.error_signature(NULL, %s, NULL)",
+        (
+            "ids " + " ".join(str(i) for i in range(600)) + " then the cause: disk full",
+            "ids " + " ".join(str(i * 1000) for i in range(600)) + " then the cause: disk full",
+            "bad frame b'\\x00\\x01' from E'peer' at r'x'",
+            "bad frame b'\\xff' from E'other' at r'y'",
+        ),
+    ).fetchone()
+    assert long_ones[0] == long_ones[1], "ids of other lengths early in a long message move no cut"
+    assert long_ones[2] == long_ones[3], "a prefixed literal (b'', E'', r'') is a quoted value"
 
 
 def test_an_exception_gives_its_class_the_consumers_frame_and_a_bounded_stack():
@@ -75,6 +87,24 @@ def test_an_exception_gives_its_class_the_consumers_frame_and_a_bounded_stack():
         describe("a\x00b")
     with pytest.raises(ValueError, match="exception"):
         describe(42)
+    with pytest.raises(ValueError, match="surrogate"):
+        describe("bad \udcff byte")
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no attribute after unpickling")
+
+
+def test_an_exception_that_cannot_be_stored_as_it_is_is_still_recorded(client, topic_group):
+    """A broken __str__, a NUL and a lone surrogate in an exception's text (a library's, which the
+    consumer cannot change) are written as escapes: the failure is recorded, not refused."""
+    odd = [raised(lambda n: (_ for _ in ()).throw(Unprintable()), 0), ValueError("a\x00b \udcff"), KeyError()]
+    assert describe(odd[0]).error == "Unprintable: <exception str() failed>"
+    client.publish("orders", [{"n": i} for i in range(3)], at=at(0))
+    client.reject("billing", client.receive("billing", "orders", 3, 30, at=at(0)), error=odd, at=at(1))
+    errors = sorted(g["last_error"] for g in groups(client.conn, DlqFilter(group="billing")))
+    assert errors == ["KeyError", "Unprintable: <exception str() failed>", "ValueError: a\\x00b \\udcff"]
 
 
 def test_three_bugs_through_3000_failures_are_three_signatures(client, topic_group, clean_db):
@@ -163,9 +193,9 @@ def test_an_ended_lease_has_a_signature_of_its_own(client, topic_group, clean_db
     assert (group["count"], group["error_class"]) == (5, LEASE_EXPIRED_CLASS)
 
 
-def test_a_text_error_and_a_row_from_before_share_the_signature_of_their_text(client, topic_group, clean_db):
-    """A text error has no class nor frame; the migration gave the rows already dead its text's
-    signature, the same the statement gives a new one."""
+def test_a_text_error_has_the_signature_of_its_text(client, topic_group, clean_db):
+    """A text error has no class nor frame: its signature is its normalised text's (the rows dead
+    before migration 0020 get the same: tests/store/test_upgrades.py)."""
     client.publish("orders", [{"n": i} for i in range(4)], at=at(0))
     got = client.receive("billing", "orders", 4, 30, at=at(0))
     client.reject("billing", got[:2], error=["timeout after 30 s on node 7", "timeout after 31 s on node 9"])
@@ -192,3 +222,10 @@ def test_the_gauge_shows_ten_signatures_a_group_and_the_rest_as_other(client, to
     gauge = signature_gauge(client.conn)
     assert len(gauge) == SIGNATURES_PER_GROUP + 1 == 11
     assert gauge[("billing", "other")] == 4 + 3 and sum(gauge.values()) == len(errors)
+
+
+def test_failed_again_claims_the_same_failure_only_when_both_signatures_are_known():
+    letter = {"redrive_count": 2, "signature": None, "signature_before_redrive": None}
+    assert "no signature in its history" in failed_again(letter)
+    assert "no signature" in failed_again({**letter, "signature": "0123456789ab"})
+    assert failed_again({**letter, "redrive_count": 0}) == ""

@@ -366,10 +366,22 @@ def test_the_digest_migration_unsticks_a_long_key_and_makes_an_empty_key_none(fr
 # ---- migration 0020: dead letters of text errors get their signature --------------------------------
 
 
+def _migration_0020():
+    import importlib.util
+
+    path = db.MIGRATIONS / "versions" / "0020_error_signatures.py"
+    spec = importlib.util.spec_from_file_location("migration_0020", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_signature_migration_gives_the_dead_letters_there_the_signature_of_their_text(fresh_url):
-    """0020 on a store of 0019 holding dead letters with text errors (and one without): each gets
-    the signature a new dead letter of the same text gets (``error_signature`` of the text, no
-    class, no frame), so that two timeouts on different nodes are one group after the upgrade."""
+    """0020 on a store of 0019 holding dead letters with text errors (one without, one undecodable,
+    one of an ended lease), cut off once after its first steps committed (as a lock timeout or a
+    killed job leaves it) and run again: each dead letter gets the signature a new dead letter of
+    the same failure gets (the text's, or redelivery's own class's), in batches; a dead letter
+    made without one afterwards (a process of the version before) gets it from the trigger."""
     from redelivery.dead_letters import DlqFilter, groups
     from redelivery.store import catalog
 
@@ -381,21 +393,40 @@ def test_the_signature_migration_gives_the_dead_letters_there_the_signature_of_t
             "INSERT INTO dead_letter_queues (name) VALUES ('%DLQ%billing') RETURNING id"
         ).fetchone()
         catalog.ensure_dlq_tables(conn, {dlq_id})
-        conn.execute(
+        insert = (
             "INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body,"
             " content_type, properties, published_at, reason, last_error, delivery_count, reconsume_times,"
             " attempts, redrive_count)"
-            " SELECT %s, g.id, i, t.id, i, '{}', 'application/json', '{}', now(), 'REJECTED', e, 1, 0,"
-            " '[]', 0"
-            " FROM topics t, consumer_groups g, unnest(%s::text[]) WITH ORDINALITY AS x(e, i)",
-            (dlq_id, ["timeout on node 7 after 30 s", "timeout on node 12 after 31 s", None]),
+            " SELECT %s, g.id, i, t.id, i, '{}', 'application/json', '{}', now(), r::dlq_reason, e, 1, 0,"
+            " a::jsonb, 0 FROM topics t, consumer_groups g, unnest(%s::text[], %s::text[], %s::text[])"
+            " WITH ORDINALITY AS x(e, r, a, i)"
         )
-    db.migrate(fresh_url)
+        lease = '[{"outcome": "lease_expired", "error": "lease expired"}]'
+        conn.execute(insert, (dlq_id, ["timeout on node 7 after 30 s", "timeout on node 12 after 31 s", None,
+                                        "not JSON: nested too deep", "lease expired"],
+                              ["REJECTED", "REJECTED", "REJECTED", "UNDECODABLE", "MAX_DELIVERIES_EXCEEDED"],
+                              ["[]", "[]", "[]", "[]", lease]))  # fmt: skip
+        migration = _migration_0020()  # cut off: its first steps committed, the version still 0019
+        conn.execute(migration.FUNCTIONS.replace("%", "%%"))
+        conn.execute("ALTER TABLE dlq_messages ADD COLUMN error_class text, ADD COLUMN signature text")
+    db.migrate(fresh_url)  # run again: every step again, nothing refused
     with db.connect(fresh_url, autocommit=True) as conn:
+        conn.execute(  # a process of the version before: no signature, no class
+            "INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, body,"
+            " content_type, properties, published_at, reason, last_error, delivery_count, reconsume_times,"
+            " attempts, redrive_count) SELECT %s, 1, 6, 1, 6, '{}', 'application/json', '{}', now(),"
+            " 'REJECTED', 'timeout on node 3 after 9 s', 1, 0, '[]', 0",
+            (dlq_id,),
+        )
         found = {g["newest_message_id"]: g for g in groups(conn, DlqFilter(group="billing"))}
-        assert sorted(g["count"] for g in found.values()) == [1, 2]
-        [expected] = conn.execute(
-            "SELECT error_signature(NULL, 'timeout on node 1 after 1 s', NULL)"
+        assert sorted(g["count"] for g in found.values()) == [1, 1, 1, 3]
+        expected = conn.execute(
+            "SELECT error_signature(NULL, 'timeout on node 1 after 1 s', NULL),"
+            " error_signature('redelivery.UndecodableBody', 'not JSON: nested too deep', NULL),"
+            " error_signature('redelivery.LeaseExpired', 'lease expired', NULL)"
         ).fetchone()
-        assert found[2]["signature"] == expected and found[2]["error_class"] is None
+        assert found[6]["signature"] == expected[0] and found[6]["error_class"] is None
+        assert (found[4]["signature"], found[4]["error_class"]) == (expected[1], "redelivery.UndecodableBody")
+        assert (found[5]["signature"], found[5]["error_class"]) == (expected[2], "redelivery.LeaseExpired")
         assert found[3]["signature"] is not None, "no error text is a signature too"
+        assert conn.execute("SELECT count(*) FROM dlq_messages WHERE signature IS NULL").fetchone()[0] == 0

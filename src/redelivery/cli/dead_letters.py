@@ -83,7 +83,8 @@ def dlq_groups(
         rows = jsonable(groups(conn, request, limit))
     text = (
         "\n".join(
-            f"{r['signature']} {r['count']:>8}  {r['first_dead_lettered_at']} .. {r['last_dead_lettered_at']}"
+            f"{r['signature'] or '(none)':<12} {r['count']:>8}  {r['first_dead_lettered_at']}"
+            f" .. {r['last_dead_lettered_at']}"
             f"  {','.join(r['topics'])}  {r['error_class'] or '(text)'}  {r['last_error'] or ''}"
             f"{'  at ' + r['error_frame'] if r['error_frame'] else ''}"
             for r in rows

@@ -13,9 +13,11 @@ stack trace), River's ``{at, attempt, error, trace}`` per attempt.
 
 from __future__ import annotations
 
+import os
 import sysconfig
 import traceback
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
 
@@ -29,8 +31,11 @@ UNDECODABLE_CLASS = "redelivery.UndecodableBody"
 #: redelivery itself. The top frame is the innermost frame outside them.
 _PATHS = sysconfig.get_paths()
 _NOT_OWN = tuple(
-    {str(Path(_PATHS[k]).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in _PATHS}
-    | {str(Path(__file__).resolve().parent.parent)}  # the redelivery package
+    str(path) + os.sep  # a directory and what is under it, not a sibling that starts alike
+    for path in {
+        Path(_PATHS[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in _PATHS
+    }
+    | {Path(__file__).resolve().parent.parent}  # the redelivery package
 )
 
 
@@ -72,9 +77,10 @@ def describe(error: str | BaseException | Failure | None) -> Failure | None:
 
 
 def _check_text(text: object) -> str | None:
-    if text is not None and (not isinstance(text, str) or "\x00" in text):
+    if text is not None and (not isinstance(text, str) or "\x00" in text or not _is_utf8(text)):
         raise ValueError(
-            "an error must be a str without a NUL character (PostgreSQL cannot store it) or an "
+            "an error must be a str without a NUL character or a lone surrogate (PostgreSQL cannot "
+            "store them) or an "
             f"exception, got {type(text).__name__} {repr(text)[:40]}"
         )
     return text
@@ -83,16 +89,27 @@ def _check_text(text: object) -> str | None:
 def _of_exception(exc: BaseException) -> Failure:
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    message = str(exc)
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001  (a broken __str__ must not lose the failure; traceback's words)
+        message = "<exception str() failed>"
     text = f"{kind.__qualname__}: {message}" if message else kind.__qualname__
     frames = _frames(exc.__traceback__)
     stack = "".join(traceback.format_list([summary for summary, _ in frames[-STACK_FRAMES:]]))
     return Failure(
-        error=text.replace("\x00", "\\x00"),
-        error_class=name,
-        frame=_top_frame(frames),
-        stack=(stack[-STACK_CHARS:] or None) if stack else None,
+        error=_storable(text),
+        error_class=_storable(name),
+        frame=_storable(_top_frame(frames)),
+        stack=_storable(stack[-STACK_CHARS:]) if stack else None,
     )
+
+
+def _storable(text: str | None) -> str | None:
+    """``text`` as PostgreSQL and JSON can hold it: a NUL and a lone surrogate (a path or bytes
+    decoded with surrogateescape) written as escapes."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
 def _frames(tb: TracebackType | None) -> list[tuple[traceback.FrameSummary, str]]:
@@ -111,7 +128,21 @@ def _top_frame(frames: list[tuple[traceback.FrameSummary, str]]) -> str | None:
     """The innermost frame of the consumer's own code (not the standard library's, an installed
     package's or redelivery's), else the innermost frame; None without a traceback."""
     for summary, name in reversed(frames):
-        path = summary.filename
-        if not path.startswith("<") and not str(Path(path).resolve()).startswith(_NOT_OWN):
+        if _is_own(summary.filename):
             return name
     return frames[-1][1] if frames else None
+
+
+@lru_cache(maxsize=4096)
+def _is_own(path: str) -> bool:
+    """Whether a frame's file is the consumer's (resolved once per file: a batch of failures
+    walks the same files)."""
+    return not path.startswith("<") and not (str(Path(path).resolve()) + os.sep).startswith(_NOT_OWN)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -426,11 +426,12 @@ def failed_again(letter: dict) -> str:
         return ""
     before, now = letter["signature_before_redrive"], letter["signature"]
     verdict = (
-        "the same failure as before: the fix did not hold"
+        "the failure before it has no signature in its history (recorded before signatures, or no "
+        "longer among the last 20)"
+        if before is None or now is None
+        else "the same failure as before: the fix did not hold"
         if before == now
         else "another failure than before"
-        if before
-        else "the failure before it is no longer in its history"
     )
     return (
         f"<p class='failed-again'><b>Failed again after redrive {letter['redrive_count']}</b>: "

@@ -429,7 +429,10 @@ def failures_table(group: str, failures: list[dict], oldest=None, newest=None) -
     its ``newest``."""
     rows = [
         [
-            Html(list_link(f["signature"] or "(none)", group, signature=f["signature"], css="failure")),
+            # a dead letter without a signature (made during an upgrade) has no list of its own
+            Html(list_link(f["signature"], group, signature=f["signature"], css="failure"))
+            if f["signature"]
+            else "(none)",
             f["error_class"] or "(text)",
             f["error"] or "",
             f["frame"] or "",

@@ -80,7 +80,10 @@ def _receipt_part(key: str) -> str:
 _RECEIPT_FAILURE = FailureSql(*(_receipt_part(k) for k in ("error", "class", "frame", "stack")))
 #: The failure recorded last in a delivery row's history (``attempts``) with its ``last_error``.
 _LAST_FAILURE = FailureSql(
-    "d.last_error", *(f"(d.attempts -> -1 ->> '{k}')" for k in ("class", "frame", "stack"))
+    "d.last_error",
+    # a history from before migration 0020 has no class: an ended lease's is still known
+    "coalesce(d.attempts -> -1 ->> 'class', system_error_class(NULL, d.attempts))",
+    *(f"(d.attempts -> -1 ->> '{k}')" for k in ("frame", "stack")),
 )
 #: The delivery rows the receipts of a call on one topic (``topic_id``) answer, with their policy.
 _RECEIPT_MATCHES = f"""d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s

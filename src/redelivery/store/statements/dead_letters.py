@@ -36,12 +36,13 @@ DLQ_SIGNATURES = _named("DLQ_SIGNATURES", f"""
                        count(*) FILTER (WHERE q.redrive_count > 0) AS failed_again,
                        min(q.dead_lettered_at) AS first_at, max(q.dead_lettered_at) AS last_at
                 FROM dlq_messages q WHERE {DLQ_FILTER} GROUP BY q.signature, q.topic_id) p
-          GROUP BY p.signature) s
-    LEFT JOIN LATERAL (  -- a row of a process older than 0020 has no signature: no example
+          GROUP BY p.signature ORDER BY 2 DESC, 1 LIMIT %(limit)s) s
+    -- the newest of each listed signature only (one probe of the index each)
+    LEFT JOIN LATERAL (
       SELECT q.error_class, q.last_error, q.error_frame, q.message_id FROM dlq_messages q
       WHERE {DLQ_FILTER} AND q.signature = s.signature
       ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
-    ORDER BY s.n DESC, s.signature LIMIT %(limit)s""")
+    ORDER BY s.n DESC, s.signature""")
 #: Whether dead letter ``q`` holds its key (``halting``: its message is the HALTED head of its key,
 #: an ordered subscription's with on_exhausted halt) and how many messages of the key wait BLOCKED
 #: behind it (``behind``; NULL when it holds nothing): the HALTED row by its primary key, the
