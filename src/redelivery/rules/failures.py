@@ -95,7 +95,11 @@ def _of_exception(exc: BaseException) -> Failure:
         message = "<exception str() failed>"
     text = f"{kind.__qualname__}: {message}" if message else kind.__qualname__
     frames = _frames(exc.__traceback__)
-    stack = "".join(traceback.format_list([summary for summary, _ in frames[-STACK_FRAMES:]]))
+    kept = [  # the source lines of the kept frames only (a deep traceback costs its last frames)
+        traceback.FrameSummary(path, line, function, lookup_line=True)
+        for path, line, function, _ in frames[-STACK_FRAMES:]
+    ]
+    stack = "".join(traceback.format_list(kept))
     return Failure(
         error=_storable(text),
         error_class=_storable(name),
@@ -112,25 +116,24 @@ def _storable(text: str | None) -> str | None:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
-def _frames(tb: TracebackType | None) -> list[tuple[traceback.FrameSummary, str]]:
-    """Each frame of ``tb``, outermost first, with its ``module:function``."""
+def _frames(tb: TracebackType | None) -> list[tuple[str, int, str, str]]:
+    """Each frame of ``tb``, outermost first: (file, line, function, ``module:function``)."""
     found = []
     while tb is not None:
         code = tb.tb_frame.f_code
         module = tb.tb_frame.f_globals.get("__name__", "?")
-        summary = traceback.FrameSummary(code.co_filename, tb.tb_lineno, code.co_name, lookup_line=True)
-        found.append((summary, f"{module}:{code.co_qualname}"))
+        found.append((code.co_filename, tb.tb_lineno, code.co_name, f"{module}:{code.co_qualname}"))
         tb = tb.tb_next
     return found
 
 
-def _top_frame(frames: list[tuple[traceback.FrameSummary, str]]) -> str | None:
+def _top_frame(frames: list[tuple[str, int, str, str]]) -> str | None:
     """The innermost frame of the consumer's own code (not the standard library's, an installed
     package's or redelivery's), else the innermost frame; None without a traceback."""
-    for summary, name in reversed(frames):
-        if _is_own(summary.filename):
+    for path, _, _, name in reversed(frames):
+        if _is_own(path):
             return name
-    return frames[-1][1] if frames else None
+    return frames[-1][3] if frames else None
 
 
 @lru_cache(maxsize=4096)
