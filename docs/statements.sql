@@ -329,7 +329,8 @@ SELECT name FROM dead_letter_queues;
 
 /* redelivery:DLQ_SELECT */
 SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
-       q.last_error, q.delivery_count, q.reconsume_times, q.dead_lettered_at, q.first_failure_at,
+       q.last_error, q.signature, q.error_class, q.error_frame, q.delivery_count, q.reconsume_times,
+       q.dead_lettered_at, q.first_failure_at,
        q.last_failure_at, q.redrive_count,
        q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
 FROM dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id WHERE q.group_id = %(group_id)s

@@ -11,10 +11,12 @@ from redelivery.store.statements.ordered import _BLOCKED_OF, _HELD, _ORDERING_KE
 # ---- dead letters ---------------------------------------------------------------------------------
 
 DLQ_COUNT = _named("DLQ_COUNT", f"SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER}")
-#: The matching dead letters, oldest first, at most ``limit``.
+#: The matching dead letters, oldest first, at most ``limit`` (with their last failure's signature,
+#: class and top frame: a download says which failure each one is).
 DLQ_SELECT = _named("DLQ_SELECT", f"""
     SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
-           q.last_error, q.delivery_count, q.reconsume_times, q.dead_lettered_at, q.first_failure_at,
+           q.last_error, q.signature, q.error_class, q.error_frame, q.delivery_count, q.reconsume_times,
+           q.dead_lettered_at, q.first_failure_at,
            q.last_failure_at, q.redrive_count,
            q.origin_message_id, q.key, q.body, q.content_type, q.properties, q.attempts
     FROM {_DLQ_FROM} WHERE {DLQ_FILTER}
