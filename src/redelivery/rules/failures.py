@@ -61,9 +61,10 @@ class Failure:
 def describe(error: str | BaseException | Failure | None) -> Failure | None:
     """The ``Failure`` of an error as a consumer gives it: a text (``Failure(text)``), an exception
     (its class, message, top frame and stack), a ``Failure`` (its stack cut to ``STACK_CHARS``) or
-    None (no error: None). Raises ``ValueError`` for a
-    text PostgreSQL cannot store (a NUL character) or anything else; an exception's own text has
-    its NUL characters replaced (the consumer cannot change what a library raised)."""
+    None (no error: None). Raises ``ValueError`` for a text PostgreSQL cannot store (a NUL
+    character, a lone surrogate) or anything else; an exception's own texts have those written as
+    escapes, and a ``__str__`` that raises is named as such (the consumer cannot change what a
+    library raised, and its failure must still be recorded)."""
     if error is None:
         return None
     if isinstance(error, BaseException):
@@ -79,9 +80,8 @@ def describe(error: str | BaseException | Failure | None) -> Failure | None:
 def _check_text(text: object) -> str | None:
     if text is not None and (not isinstance(text, str) or "\x00" in text or not _is_utf8(text)):
         raise ValueError(
-            "an error must be a str without a NUL character or a lone surrogate (PostgreSQL cannot "
-            "store them) or an "
-            f"exception, got {type(text).__name__} {repr(text)[:40]}"
+            "an error must be an exception, or a str without a NUL character or a lone surrogate "
+            f"(PostgreSQL cannot store them), got {type(text).__name__} {repr(text)[:40]}"
         )
     return text
 
