@@ -27,6 +27,8 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 | ``redelivery_log_held_partitions`` | gauge | topic, group | partitions past ``retention.messages`` that this subscription keeps from being dropped: its offset is below one of their messages, or it has unfinished deliveries in them (a group that lags) | each expired partition's table, ``subscriptions``, ``deliveries`` (``redelivery.store.log.partition_holders``); only when the caller passes the retention |
 | ``redelivery_dlq_messages`` | gauge | dlq, group, reason | dead letters in each DLQ, per reason | ``dlq_messages``, index ``dlq_messages_reason`` |
 | ``redelivery_dlq_signature_messages`` | gauge | group, signature, error_class | dead letters per group by the signature of their last failure (issue 40): the ``SIGNATURES_PER_GROUP`` most frequent signatures of each group with their error class (empty for a text error), the rest as signature ``other``: bounded however many distinct failures there are | ``dlq_messages``, index ``dlq_messages_signature`` |
+| ``redelivery_breaker_open`` | gauge | topic, group, state | 1 while the subscription's circuit breaker is open, half-open or held (``state`` says which), 0 closed (issue 41): receives hand out nothing (half-open: a probe), counted failures are parked | ``breakers`` |
+| ``redelivery_breaker_transitions_total`` | counter | topic, group, to | times the breaker went to ``to`` (open, closed, held), by itself or by an operator | ``breakers`` (opened_total, closed_total, held_total), added by the transition's statement |
 | ``redelivery_promoted_messages_total`` | counter | group | retries a tier run moved WAITING_RETRY -> READY | ``consumer_groups.promoted``, added in the transaction of the promotion |
 | ``redelivery_send_to_dlq_messages_total`` | counter | group | messages dead-lettered, for any reason (RocketMQ ``rocketmq_send_to_dlq_messages_total``) | ``consumer_groups.dead_lettered``, added in the dead-lettering transaction (client or tier run) |
 | ``redelivery_redriven_messages_total`` | counter | group | dead letters a redrive moved out of the DLQ (back to READY, or closed with a copy sent to another topic) | ``consumer_groups.redriven``, added by each redrive batch's statement |
@@ -212,6 +214,7 @@ class StateStoreCollector(Collector):
             committed.add_metric([topic, group], n)
         yield committed
         yield from _histograms(rows["histograms"])
+        yield from _breakers(rows["breakers"])
         if self.tier_paused is not None:  # the state store does not know it: only Airflow does
             yield _tier_paused(self.tier_paused)
 
@@ -238,6 +241,7 @@ class StateStoreCollector(Collector):
                 "committed": execute(S.METRICS_COMMITTED).fetchall(),
                 "totals": execute(S.METRICS_GROUP_TOTALS).fetchall(),
                 "histograms": execute(S.METRICS_HISTOGRAMS).fetchall(),
+                "breakers": execute(S.METRICS_BREAKERS, {"at": self.at}).fetchall(),
                 "partitions": log.partitions(self.conn),
                 "now": self.at or execute(S.DB_NOW).fetchone()[0],
                 "held": self._held(),
@@ -352,6 +356,26 @@ def _counters(totals: list) -> Iterator:
         for row in sorted(totals):
             family.add_metric([row[0]], row[column])
         yield family
+
+
+def _breakers(breakers: list) -> Iterator:
+    """Each subscription's breaker: whether it is open (and how), and its transitions."""
+    rows = sorted(breakers)
+    yield _gauge(
+        "redelivery_breaker_open",
+        "1 while the subscription's circuit breaker is open, half-open or held (state), 0 closed.",
+        ["topic", "group", "state"],
+        (([topic, group, state], int(state != "closed")) for topic, group, state, *_ in rows),
+    )
+    family = CounterMetricFamily(
+        "redelivery_breaker_transitions",
+        "Times the subscription's circuit breaker went to open, closed or held.",
+        labels=["topic", "group", "to"],
+    )
+    for topic, group, _, opened, closed, held in rows:
+        for to, n in (("open", opened), ("closed", closed), ("held", held)):
+            family.add_metric([topic, group, to], n)
+    yield family
 
 
 def _histograms(histograms: list) -> Iterator:

@@ -46,6 +46,10 @@ SAMPLES = {
     "message_id": 1, "span": 3600.0, "partition_name": "messages_20260301t120000",
     "starts_at": "2026-03-01T12:00:00+00:00", "ends_at": "2026-03-01T13:00:00+00:00", "from_beginning": False,
     "statement_timeout": "0", "lock_timeout": "0", "floor": 0, "seq": 0, "data": b"",
+    "p_rule": ['{"exclude": ["ValueError"]}'], "rule": '{"include": ["0123456789ab"]}',
+    "succeeded": 3, "window_seconds": 60.0, "min_attempts": 10, "failure_ratio": 0.15,
+    "open_seconds": 60.0, "max_open_seconds": 14400.0, "probe_size": 5, "state": "held",
+    "changed_by": "cli:test", "note": None,
 }  # fmt: skip
 # EXPLAIN takes neither COPY, nor SHOW, nor CREATE TABLE (which the tests of publish run)
 NOT_EXPLAINABLE = {"COPY_MESSAGES", "COPY_REPEATED_CONTENT", "CREATE_REPEATED_CONTENT", "DATA_DIRECTORY"}

@@ -22,16 +22,16 @@ LAYERS = [
 #: Modules bottom to top, layer by layer: each may import only modules before it.
 ORDER = [
     "errors", "settings", "fields",
-    "rules.words", "rules.leased_row", "rules.levels", "rules.names", "rules.policies", "rules.ordering",
-    "rules.failures",
+    "rules.words", "rules.leased_row", "rules.levels", "rules.names", "rules.breaker", "rules.policies",
+    "rules.ordering", "rules.failures",
     "config", "reference",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.ordered",
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
-    "store.statements.housekeeping", "store.statements", "store.embedded", "store.db", "store.log",
+    "store.statements.housekeeping", "store.statements.breakers", "store.statements", "store.embedded", "store.db", "store.log",
     "store.catalog", "store.maintenance",
     "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer", "messaging.waiting",
-    "messaging.context", "messaging.admin", "messaging.publishing", "messaging.ordered",
+    "messaging.breaking", "messaging.context", "messaging.admin", "messaging.publishing", "messaging.ordered",
     "messaging.leasing", "messaging.consuming",
     "dead_letters", "client",
     "spark.deploy", "spark.tasks", "spark.cds_warmup", "spark.jvm", "spark.connect_server", "spark.session",
@@ -46,7 +46,7 @@ ORDER = [
     "airflow.ui.style",
     "airflow.ui.page",
     "airflow.ui.dead_letter_pages", "airflow.ui.app", "airflow.plugin",
-    "cli.common", "cli.store", "cli.dead_letters", "cli.app", "__main__",
+    "cli.common", "cli.store", "cli.dead_letters", "cli.breakers", "cli.app", "__main__",
 ]  # fmt: skip
 #: Packages: their __init__ files import nothing of ours (the top one: ``client``, lazily).
 PACKAGES = {"", "rules", "store", "messaging", "tiers", "spark", "jobs", "airflow", "airflow.dags",

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from redelivery.cli import (
+    breakers,  # registers the breaker commands
     dead_letters,  # noqa: F401  (registers the dlq and redrive commands)
     store,  # registers --verbose; finds the state store (``store.use``)
 )
@@ -266,11 +267,15 @@ def publish(
 @app.command("stats")
 def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """Counts per topic, group and state."""
-    data = _client(reading=True).stats()
+    client = _client(reading=True)
+    data = client.stats()
     lines = [f"{'topic':<20} {'group':<24} " + " ".join(f"{s:>13}" for s in COUNTED_STATES)]
     for topic, groups in data.items():
         for group, counts in groups.items():
             lines.append(f"{topic:<20} {group:<24} " + " ".join(f"{counts[s]:>13}" for s in COUNTED_STATES))
+    shown = [b for b in client.breakers() if b["state"] != "closed"] if not as_json else []
+    if shown:  # a breaker that is not closed is why a group's messages wait
+        lines += ["", "breakers not closed:", breakers.breaker_lines(shown)]
     _emit(data, as_json, "\n".join(lines))
 
 

@@ -3,8 +3,10 @@ topics, groups and subscriptions created, updated and deleted, policies, ``stats
 
 from __future__ import annotations
 
-from redelivery.errors import ConfigError, InvalidNameError, UnknownTopicError
+from redelivery.errors import ConfigError, InvalidNameError, NotSubscribedError, UnknownTopicError
+from redelivery.messaging import breaking
 from redelivery.messaging.context import Role
+from redelivery.rules.breaker import MAX_BREAKER_SECONDS, BreakerConfig
 from redelivery.rules.names import check_name
 from redelivery.rules.policies import MAX_INT, EffectivePolicy
 from redelivery.rules.words import COUNTED_STATES, DEFAULT_ON_EXHAUSTED, ON_EXHAUSTED, OnExhausted, one_of
@@ -170,3 +172,66 @@ class Administration(Role):
         for topic, group, *counts in self.conn.execute(S.SUBSCRIPTION_STATES):
             out.setdefault(topic, {})[group] = dict(zip(COUNTED_STATES, counts, strict=True))
         return out
+
+    # ---- circuit breakers (issue 41) --------------------------------------------------------------
+
+    def breakers(self, group: str | None = None) -> list[dict]:
+        """Every subscription's breaker (of ``group`` when given), not closed ones first: topic,
+        group, state ("closed", "open", "half_open", "held"), open_until, opened_at, open_seconds,
+        probe_size, changed_at, changed_by, opened/closed/held totals, and its answers of the last
+        minute (succeeded, failed: counted failures)."""
+        return breaking.breakers(self.conn, group)
+
+    def breaker_history(self, group: str | None = None, limit: int = 20) -> list[dict]:
+        """The latest ``limit`` (1..10,000) breaker transitions (of ``group`` when given), newest
+        first, each with its figures and who made it. Raises ``ValueError`` for a bad limit."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be an int in 1..10000, got {limit!r}")
+        return breaking.history(self.conn, group, limit)
+
+    def open_breaker(
+        self,
+        topic: str,
+        group: str,
+        *,
+        seconds: float | None = None,
+        by: str = "api",
+        note: str | None = None,
+    ) -> dict:
+        """Open the breaker of ``group`` on ``topic`` by hand: for ``seconds`` (1..604800; half-open
+        after, as after a trip), or, None, held open until ``close_breaker``. Receives hand nothing
+        out, counted failures are parked, due retries wait. ``by`` and ``note`` go into the audit.
+        Returns {"from", "to", "open_until"}. Raises ``UnknownTopicError``, ``UnknownGroupError``,
+        ``NotSubscribedError``, ``ValueError`` (seconds, note), before anything changes."""
+        if seconds is not None and (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 1 <= seconds <= MAX_BREAKER_SECONDS
+        ):
+            raise ValueError(
+                f"seconds must be a number in 1..{MAX_BREAKER_SECONDS}, or None (held), got {seconds!r}"
+            )
+        state = "held" if seconds is None else "open"
+        return self._set_breaker(topic, group, state, None if seconds is None else float(seconds), by, note)
+
+    def close_breaker(self, topic: str, group: str, *, by: str = "api", note: str | None = None) -> dict:
+        """Close the breaker of ``group`` on ``topic`` by hand: deliveries go on, parked retries are
+        promoted by their tier's next window, answers counted before no longer count. Returns
+        {"from", "to", "open_until"}; raises what ``open_breaker`` raises."""
+        return self._set_breaker(topic, group, "closed", None, by, note)
+
+    def _set_breaker(self, topic: str, group: str, state: str, seconds, by: str, note: str | None) -> dict:
+        for name, value, most in (("by", by, 200), ("note", note, 1000)):
+            if value is not None and (not isinstance(value, str) or len(value) > most or "\x00" in value):
+                raise ValueError(f"{name} must be a text of at most {most} characters without NUL")
+        topic_id, group_id = self.context.topic_id(topic), self.context.group(group)[0]
+        try:  # the probe of the subscription's breaker, or the default one's without a policy of it
+            breaker = (
+                self.context.effective_policy(topic_id, group_id, topic, group).breaker or BreakerConfig()
+            )
+        except NotSubscribedError:
+            breaker = BreakerConfig()  # SET_BREAKER finds no row: refused below, nothing changed
+        done = breaking.set_state(self.conn, topic_id, group_id, state, seconds, by, note, breaker.probe_size)
+        if done is None:
+            raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")
+        return done

@@ -10,6 +10,7 @@ from datetime import datetime
 import psycopg
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
+from redelivery.messaging import breaking
 from redelivery.messaging.codec import Receipt, ReceivedMessage
 from redelivery.messaging.context import Role
 from redelivery.messaging.leasing import check_lease
@@ -60,7 +61,7 @@ class Consumer(Role):
         items = receipts_of(group, messages)
         if not items:
             return 0
-        return self._answer(group_id, acks=items, plans=[], failed=0)["acked"]
+        return self._answer(group_id, acks=items, plans=[], failed=0, group=group)["acked"]
 
     def extend_lease(
         self,
@@ -166,11 +167,19 @@ class Consumer(Role):
         plans = self._plan_failures(
             group_id, group, items, failures_of(error, len(items)), at, mode, delay, level
         )
-        counts = self._answer(group_id, acks=[], plans=plans, failed=len(items), check=items)
+        counts = self._answer(group_id, acks=[], plans=plans, failed=len(items), check=items, group=group)
         return counts["retried"] + counts["dead_lettered"]
 
     def _answer(
-        self, group_id: int, *, acks: list, plans: list, failed: int, marker=None, check: Sequence = ()
+        self,
+        group_id: int,
+        *,
+        acks: list,
+        plans: list,
+        failed: int,
+        marker=None,
+        check: Sequence = (),
+        group: str = "",
     ) -> dict:
         """Apply answers of group ``group_id``, every one checked and planned before: the one path
         of ``ack``, ``nack`` / ``reconsume_later``, ``reject`` and ``settle``. ``acks``: receipts to
@@ -179,30 +188,26 @@ class Consumer(Role):
         are one statement that counts their stale receipts itself, and only when some receipt
         matched nothing are the receipts' topics checked (the acks', or ``check``'s: a
         ``ForeignReceiptError`` then rolls everything back: a refused call changes nothing).
-        Returns ``{"acked", "retried", "dead_lettered", "stale"}``. The answering statements are
-        planned for their arrays each time (``prepare=False``): a generic plan would not know the
-        batch's size."""
+        Returns ``{"acked", "retried", "dead_lettered", "stale"}`` (a parked failure is retried).
+        The answering statements are planned for their arrays each time (``prepare=False``): a
+        generic plan would not know the batch's size. A subscription with a breaker (issue 41): its
+        row locked first when a failure may spend an attempt, its answers counted last, its next
+        state taken after the commit (``messaging.breaking``)."""
         if not acks and not plans and marker is None:  # nothing to answer: no statement
             return {"acked": 0, "retried": 0, "dead_lettered": 0, "stale": 0}
+        watched = self._watched(group_id, group, acks, plans)
+        counted: dict[int, tuple[int, str | None]] = {}
         ack_params = {
             "group_id": group_id,
             **self._receipt_params(acks),
             "count_stale": not plans and marker is None,
         }
         if ack_params["count_stale"]:
-
-            def ack_only() -> int:
-                with self.conn.transaction():
-                    acked = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()[0]
-                    if acked < len(acks):  # a receipt matched no delivery: is it of the topic it names?
-                        self._check_receipt_topics(group_id, acks)  # if not, raises: all rolled back
-                return acked
-
-            acked = db.retry_lock_conflicts(ack_only)
-            return {"acked": acked, "retried": 0, "dead_lettered": 0, "stale": len(acks) - acked}
+            return self._ack_only(group_id, acks, ack_params, watched)
 
         def apply() -> dict:
             with self.conn.transaction():
+                catalog.lock_breakers(self.conn, (sorted(watched), [group_id] * len(watched)))
                 if marker is not None:
                     keys = {"settle_run": marker[0], "part": marker[1]}
                     if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
@@ -217,19 +222,80 @@ class Consumer(Role):
                 counts = {"acked": acked, "retried": retried, "dead_lettered": dead, "stale": stale}
                 if marker is not None:
                     self.conn.execute(S.SETTLE_PART_RECORD, {**keys, **counts})
+                counted.clear()
+                counted.update(self._count(group_id, watched))
                 return counts
 
         try:
-            return db.retry_lock_conflicts(apply)
+            counts = db.retry_lock_conflicts(apply)
         except psycopg.errors.CheckViolation as error:
             if '"dlq_messages"' not in (error.diag.message_primary or ""):
                 raise
-        # the first dead letter of a DLQ: its table is made (a short transaction of its own), and
-        # the answer, rolled back whole, runs again; no round trip asks for the table before. A
-        # refused call changes nothing: the receipts' topics are checked before the table is made
-        self._check_receipt_topics(group_id, check)
-        catalog.ensure_dlq_tables(self.conn, {params["p_dlq"][0] for params in plans})
-        return db.retry_lock_conflicts(apply)
+            # the first dead letter of a DLQ: its table is made (a short transaction of its own),
+            # and the answer, rolled back whole, runs again; no round trip asks for the table
+            # before. A refused call changes nothing: the receipts' topics are checked before the
+            # table is made
+            self._check_receipt_topics(group_id, check)
+            catalog.ensure_dlq_tables(self.conn, {params["p_dlq"][0] for params in plans})
+            counts = db.retry_lock_conflicts(apply)
+        self._evaluate(group_id, watched, counted)
+        return counts
+
+    def _ack_only(self, group_id: int, acks: list, ack_params: dict, watched: dict) -> dict:
+        """``_answer`` of acks alone: one statement (with the breakers' counts, when watched)."""
+        counted: dict[int, tuple[int, str | None]] = {}
+
+        def ack_only() -> int:
+            with self.conn.transaction():
+                acked = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()[0]
+                if acked < len(acks):  # a receipt matched no delivery: is it of the topic it names?
+                    self._check_receipt_topics(group_id, acks)  # if not, raises: all rolled back
+                counted.clear()
+                counted.update(self._count(group_id, watched))
+            return acked
+
+        acked = db.retry_lock_conflicts(ack_only)
+        self._evaluate(group_id, watched, counted)
+        return {"acked": acked, "retried": 0, "dead_lettered": 0, "stale": len(acks) - acked}
+
+    def _watched(self, group_id: int, group: str, acks: list, plans: list) -> dict[int, tuple]:
+        """The topics of an answer whose subscription has a breaker: topic id -> (its
+        ``BreakerConfig``, acks of the topic, the ``errors`` JSON of its failures that are not
+        rejects: a reject is a verdict on a message, not an attempt against a dependency)."""
+        watched: dict[int, tuple] = {}
+        for receipt in acks:
+            topic_id = self.context.topic_id(receipt.topic)
+            policy = self.context.effective_policy(topic_id, group_id, receipt.topic, group)
+            if policy.breaker is not None:
+                config, n, errors = watched.get(topic_id, (policy.breaker, 0, []))
+                watched[topic_id] = (config, n + 1, errors)
+        for params in plans:
+            topic_id = params["topic_id"]
+            policy = self.context.policies[(topic_id, group_id)][0]  # _plan_failures resolved it
+            if policy.breaker is not None:
+                config, n, errors = watched.get(topic_id, (policy.breaker, 0, []))
+                watched[topic_id] = (
+                    config,
+                    n,
+                    errors + ([] if params["force_dead_letter"] else [params["errors"]]),
+                )
+        return watched
+
+    def _count(self, group_id: int, watched: dict) -> dict[int, tuple[int, str | None]]:
+        """The answers of each watched topic counted for its breaker, last in the answer's
+        transaction (after the group's row: lock order): topic id -> (failures counted, the
+        breaker's state)."""
+        return {
+            topic_id: breaking.count_answers(self.conn, config, topic_id, group_id, succeeded, errors)
+            for topic_id, (config, succeeded, errors) in sorted(watched.items())
+        }
+
+    def _evaluate(self, group_id: int, watched: dict, counted: dict) -> None:
+        """After the answer committed: each watched breaker takes its next state when the answer
+        counted a failure or found it not closed."""
+        for topic_id, (failed, state) in counted.items():
+            if failed or state not in (None, "closed"):
+                breaking.evaluate(self.conn, watched[topic_id][0], topic_id, group_id)
 
     def _receipt_params(self, items: list) -> dict:
         """``ids`` (one per receipt: the stale ones are counted from it), ``topic_ids`` and
@@ -277,12 +343,17 @@ class Consumer(Role):
         return plans
 
     def _apply_failures(self, plans: list) -> tuple[int, int]:
-        """(retried, dead-lettered) by ``plans``, in the caller's transaction."""
+        """(retried, dead-lettered) by ``plans``, in the caller's transaction; a parked failure
+        (its breaker open) counts as retried."""
         retried = dead = 0
         for params in plans:
             done = 0  # a statement that can move nothing is not sent: a round trip each
             if not params["force_dead_letter"]:
                 done = self.conn.execute(S.FAIL_RETRY, params, prepare=False).fetchone()[0]
+                if (
+                    done < params["receipt_count"]
+                ):  # some not retried: parked (breaker open), out of retries, stale
+                    done += self.conn.execute(S.FAIL_PARK, params, prepare=False).fetchone()[0]
                 retried += done
             if done < params["receipt_count"]:  # some receipt not retried: out of retries, or stale
                 dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
@@ -320,7 +391,7 @@ class Consumer(Role):
             plans += self._plan_failures(group_id, group, receipts, errors, at, mode, delay, level)
         acks.sort(key=lambda r: (r.message_id, r.delivery_count))  # rows locked in one order
         failed = sum(len(v) for v in failures.values())
-        return self._answer(group_id, acks=acks, plans=plans, failed=failed, marker=marker)
+        return self._answer(group_id, acks=acks, plans=plans, failed=failed, marker=marker, group=group)
 
     def check_outcomes(self, group: str, outcomes: Iterable[Outcome]) -> None:
         """Check ``outcomes`` as ``settle`` does before it changes anything, changing nothing (a

@@ -43,8 +43,10 @@ def _one_transaction(conn: psycopg.Connection, params: dict, share: float) -> tu
     scan = first_scan(room, share)
     scanned = 0
     with conn.transaction(), conn.cursor(binary=True) as cursor:
-        if cursor.execute(S.LOCK_ORDERED_SUBSCRIPTION, params).fetchone() is None:
+        admitted = cursor.execute(S.LOCK_ORDERED_SUBSCRIPTION, params).fetchone()
+        if admitted is None or admitted[0] == 0:  # not ordered (or gone), or its breaker is open
             return [], False, share
+        room = min(room, admitted[0])  # half-open: its probe
         while True:
             got = cursor.execute(S.RECEIVE_ORDERED, {**params, "max_messages": room, "scan": scan}).fetchall()
             first, rows, room, scanned = not scanned, rows + got, room - len(got), scanned + scan

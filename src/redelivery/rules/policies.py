@@ -22,6 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from redelivery.rules.breaker import BreakerConfig
 from redelivery.rules.levels import (
     MAX_DELAY_SECONDS,
     ROCKETMQ_BROKER_LEVELS,
@@ -324,6 +325,12 @@ class PolicyConfig(_Strict):
         f"{ON_EXHAUSTED_HELP}",
     )
 
+    breaker: BreakerConfig | None = Field(
+        None,
+        description="the subscription's circuit breaker (`rules.breaker`): when it opens, for how long, "
+        "which failures count; `null` turns off one a less specific policy set",
+    )
+
     @field_validator("explicit_levels")
     @classmethod
     def _explicit_levels_parse(cls, value: str | None) -> str | None:
@@ -406,6 +413,7 @@ class EffectivePolicy:
     clamp_explicit_levels: bool = False
     ordered: bool = False
     on_exhausted: OnExhausted = DEFAULT_ON_EXHAUSTED
+    breaker: BreakerConfig | None = None
 
     @property
     def jitter(self) -> float:
@@ -488,6 +496,7 @@ class EffectivePolicy:
                 routing.level_for_delay(max(1, round(self.base_delay(n)))) for n in range(1, retries + 1)
             ],
             "dead_letters_after_delivery": self.dead_letters_after(),
+            "breaker": self.breaker.model_dump() if self.breaker else None,
         }
 
 
@@ -536,4 +545,5 @@ def resolve(
         clamp_explicit_levels=bool(merged.get("clamp_explicit_levels")),
         ordered=bool(merged.get("ordered")),
         on_exhausted=merged.get("on_exhausted") or DEFAULT_ON_EXHAUSTED,
+        breaker=merged.get("breaker"),
     )

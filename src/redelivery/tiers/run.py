@@ -20,6 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.errors import InvalidLevelError, InvalidWindowError
 from redelivery.fields import AwareTime
+from redelivery.messaging import breaking
 from redelivery.messaging.waiting import wake
 from redelivery.spark.tasks import default_parallelism, run_in_tasks
 from redelivery.store import db
@@ -233,7 +234,8 @@ def _apply(
     seconds since ``started`` it reports)."""
     problems: dict = {}
     window_end, dry_run = request.window_end, request.dry_run
-    policies = policy_table(conn, config, effective_policies(conn, config, problems=problems))
+    effective = effective_policies(conn, config, problems=problems)
+    policies = policy_table(conn, config, effective)
     if not dry_run:
         ensure_dlq_tables(conn, dlq_tables_needed(conn, levels, window_end, policies))
     if spark is not None and threshold > 0 and count_window(conn, levels, window_end) < threshold:
@@ -254,8 +256,16 @@ def _apply(
         total.merge(part)
     if total.promoted_by_topic and not dry_run:  # committed: their waiting consumers may receive them
         wake(conn, [(topic_id, group_id, n) for (group_id, topic_id), n in total.promoted_by_topic.items()])
+    # every breaker takes its next state once a window (half-open once its open time passed, answers
+    # a crash left uncounted by a transition)
+    watched = [(t, g, p.breaker) for (t, g), p in sorted(effective.items()) if p.breaker is not None]
+    transitions = [] if dry_run else breaking.evaluate_all(conn, watched)
     seconds = time.perf_counter() - started
     summary = _summary(conn, total, request, levels, len(ranges), seconds)
+    summary["breaker_transitions"] = [
+        {"topic_id": t.topic_id, "group_id": t.group_id, "from": t.from_state, "to": t.to_state}
+        for t in transitions
+    ]
     summary["engine"] = "spark" if spark is not None and ranges else "in-process"
     summary["unresolved_subscriptions"] = [
         {"topic": topic, "group": group, "error": error} for (topic, group), error in sorted(problems.items())
@@ -283,6 +293,7 @@ def _summary(conn, total: WindowResult, request: TierRunRequest, levels, partiti
                 "retried_after_lease_expiry": 0,
                 "dead_lettered": {},
                 "held_back_by_backlog_cap": 0,
+                "parked_after_lease_expiry": 0,
             },
         )
 
@@ -296,6 +307,8 @@ def _summary(conn, total: WindowResult, request: TierRunRequest, levels, partiti
         entry(group_id)["dead_lettered"][reason] = n
     for group_id, n in total.held_back.items():
         entry(group_id)["held_back_by_backlog_cap"] = n
+    for group_id, n in total.parked.items():
+        entry(group_id)["parked_after_lease_expiry"] = n
     iso = lambda t: t.astimezone(UTC).isoformat() if t else None  # noqa: E731
     return {
         "tier": request.tier,
@@ -307,6 +320,7 @@ def _summary(conn, total: WindowResult, request: TierRunRequest, levels, partiti
         "retried_after_lease_expiry": sum(total.retried.values()),
         "dead_lettered": sum(total.dead_lettered.values()),
         "held_back_by_backlog_cap": sum(total.held_back.values()),
+        "parked_after_lease_expiry": sum(total.parked.values()),
         "by_group": by_group,
         "lateness_seconds": lateness_percentiles(total.lateness),
         "lateness_histogram": {

@@ -19,7 +19,13 @@ from datetime import datetime
 import psycopg
 
 from redelivery.store import statements as S
-from redelivery.store.catalog import add_group_totals, lock_backlog, missing_dlq_tables, ready_count
+from redelivery.store.catalog import (
+    add_group_totals,
+    lock_backlog,
+    lock_breakers,
+    missing_dlq_tables,
+    ready_count,
+)
 
 LEASE_EXPIRED_ERROR = "lease expired: no ack or nack within the invisible duration"
 LATENESS_BUCKET_MS = 100
@@ -41,7 +47,8 @@ class WindowResult:
     {(group_id, topic_id): n}, the promotions per subscription (its asset events);
     ``lateness_counts``: {i: n} promotions per bucket of ``LATENESS_BOUNDS`` (i: the first bound at
     least the lateness; ``len(LATENESS_BOUNDS)``: above them all) and ``lateness_sum`` their
-    lateness in seconds."""
+    lateness in seconds; ``parked``: {group_id: n} leases that ended while their breaker was open,
+    waiting again with no attempt spent (issue 41)."""
 
     promoted: dict = field(default_factory=dict)
     retried: dict = field(default_factory=dict)
@@ -51,6 +58,7 @@ class WindowResult:
     promoted_by_topic: dict = field(default_factory=dict)
     lateness_counts: dict = field(default_factory=dict)
     lateness_sum: float = 0.0
+    parked: dict = field(default_factory=dict)
 
     def merge(self, other: WindowResult) -> WindowResult:
         for mine, theirs in (
@@ -60,6 +68,7 @@ class WindowResult:
             (self.held_back, other.held_back),
             (self.promoted_by_topic, other.promoted_by_topic),
             (self.lateness_counts, other.lateness_counts),
+            (self.parked, other.parked),
         ):
             for key, n in theirs.items():
                 mine[key] = mine.get(key, 0) + n
@@ -181,7 +190,8 @@ def apply_window_range(
 
     1. INFLIGHT messages whose lease (invisible_until) ended by ``window_end`` count as a failed
        delivery: back to WAITING_RETRY as their policy says (due = lease end + wait), or to the DLQ
-       (reason LEASE_EXPIRED) when their reconsume times are used up.
+       (reason LEASE_EXPIRED) when their reconsume times are used up; parked, with no attempt
+       spent, while their subscription's breaker is open (its row locked first: ``lock_breakers``).
     2. WAITING_RETRY messages at one of ``levels`` due by ``window_end`` go to READY (subscriptions
        with a ready-backlog cap excepted: see ``promote_capped``), or to the DLQ
        (MAX_DELIVERIES_EXCEEDED) if their policy's max reconsume times is now below theirs.
@@ -193,6 +203,9 @@ def apply_window_range(
     params = {**window_params(policies, levels, window_end), "low": low, "high": high}
     result = WindowResult()
     with conn.transaction(force_rollback=dry_run):
+        lock_breakers(conn, (policies["breaker_topics"], policies["breaker_groups"]))
+        for group_id, n in conn.execute(S.EXPIRE_LEASES_PARK, params):
+            result.parked[group_id] = n
         for group_id, n in conn.execute(S.EXPIRE_LEASES_RETRY, params):
             result.retried[group_id] = n
         result.add_dead_lettered(

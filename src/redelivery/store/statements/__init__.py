@@ -29,6 +29,7 @@ import textwrap
 
 # Each part by subject; this module is their one namespace (``statements.RECEIVE``).
 from redelivery.store.statements._shared import *  # noqa: F403
+from redelivery.store.statements.breakers import *  # noqa: F403
 from redelivery.store.statements.dead_letters import *  # noqa: F403
 from redelivery.store.statements.housekeeping import *  # noqa: F403
 from redelivery.store.statements.messages import *  # noqa: F403
@@ -39,8 +40,9 @@ from redelivery.store.statements.topology import *  # noqa: F403
 
 # fmt: off
 #: The statements and the trigger that change deliveries (docs/ARCHITECTURE.md, "State changes").
-STATE_CHANGES = ("RECEIVE", "ACK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_RETRY",
-                 "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED", "DEAD_LETTER_OVER_MAX",
+STATE_CHANGES = ("RECEIVE", "ACK", "FAIL_PARK", "FAIL_RETRY", "FAIL_DEAD_LETTER", "EXPIRE_LEASES_PARK",
+                 "EXPIRE_LEASES_RETRY", "EXPIRE_LEASES_DEAD_LETTER", "PROMOTE", "PROMOTE_CAPPED",
+                 "DEAD_LETTER_OVER_MAX",
                  "RECEIVE_ORDERED", "finish_ordered_heads", "REDRIVE_MOVE_BATCH", "CLEANUP_DEAD_LETTERS",
                  "DELETE_TOPIC_DELIVERIES")
 #: Of them, the trigger functions (of the migrations): not statements of ``ALL``.

@@ -26,12 +26,19 @@ AT = "coalesce(%(at)s::timestamptz, now())"
 #: The policy of each subscription, one row each, from the parameters ``catalog.policy_table``
 #: builds: waits (seconds) and routing levels of retries 1..K as array literals, the Artemis
 #: collision-avoidance factor, max reconsume times (-1 unlimited), the DLQ and the ready-backlog cap.
+#: With each, its breaker (issue 41): ``rule``, which failures count (``rules.breaker.counting_rule``),
+#: and ``open_until``, read from its ``breakers`` row (NULL: closed; a time past: half-open). A
+#: statement that may spend an attempt runs after BREAKERS_SHARE locked the rows of the subscriptions
+#: with a breaker: no opening commits between this read and the statement's commit.
 POLICIES_CTE = """policies AS MATERIALIZED (
     SELECT p.topic_id, p.group_id, p.max_times, p.delays::float8[] AS delays, p.levels::int[] AS levels,
-           p.jitter, p.dlq_id, p.cap
+           p.jitter, p.dlq_id, p.cap, p.rule::jsonb AS rule,
+           (SELECT b.open_until FROM breakers b WHERE b.topic_id = p.topic_id AND b.group_id = p.group_id)
+               AS open_until
     FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays)s::text[],
-                %(p_levels)s::text[], %(p_jitter)s::float8[], %(p_dlq)s::int[], %(p_cap)s::int[])
-        AS p(topic_id, group_id, max_times, delays, levels, jitter, dlq_id, cap))"""
+                %(p_levels)s::text[], %(p_jitter)s::float8[], %(p_dlq)s::int[], %(p_cap)s::int[],
+                %(p_rule)s::text[])
+        AS p(topic_id, group_id, max_times, delays, levels, jitter, dlq_id, cap, rule))"""
 POLICY_JOIN = "p.topic_id = d.topic_id AND p.group_id = d.group_id"
 CAN_RETRY = "(p.max_times = -1 OR d.reconsume_times < p.max_times)"
 # Retry n = d.reconsume_times + 1: its routing level, and its wait in seconds with Artemis collision
@@ -85,6 +92,27 @@ _LAST_FAILURE = FailureSql(
     "coalesce(d.attempts -> -1 ->> 'class', system_error_class(NULL, d.attempts))",
     *(f"(d.attempts -> -1 ->> '{k}')" for k in ("frame", "stack")),
 )
+
+
+def counted(rule: str, failure: FailureSql) -> str:
+    """Whether ``failure`` counts for a breaker whose rule (jsonb, ``counting_rule``) is ``rule``:
+    when the rule includes some, its class or signature is one of them; and neither is excluded
+    (``rules.breaker.counts`` says the same in Python)."""
+    names = f"ARRAY[{failure.error_class}, {failure.signature}]"
+    return f"""(coalesce(NOT ({rule} ? 'include')
+                       OR ({rule} -> 'include') ?| array_remove({names}, NULL), true)
+              AND NOT coalesce(({rule} -> 'exclude') ?| array_remove({names}, NULL), false))"""
+
+
+def parked(failure: FailureSql) -> str:
+    """A failure whose delivery is parked rather than retried or dead-lettered, when it counts: its
+    subscription's breaker is open now (``p.open_until`` past now(); held: infinity), or half-open
+    (``p.open_until`` passed) and it has no retry left: a probe spends an attempt but never makes
+    a dead letter of a failure the breaker counts."""
+    return f"""(p.open_until IS NOT NULL AND (p.open_until > now() OR NOT {CAN_RETRY})
+             AND {counted('p.rule', failure)})"""
+
+
 #: The delivery rows the receipts of a call on one topic (``topic_id``) answer, with their policy.
 _RECEIPT_MATCHES = f"""d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
                       AND d.message_id = ANY(%(ids)s::bigint[]) AND {_IS_INFLIGHT} AND {_ANSWERS_RECEIPT}

@@ -19,6 +19,7 @@ from redelivery.store.statements._shared import (
     _attempt,
     _moved,
     _named,
+    parked,
 )
 
 # The statements keep the layout of SQL, not of Python.
@@ -219,13 +220,29 @@ _LEASE_END = f"{AT} + make_interval(secs => %(invisible_duration)s)"
 #: keeps the EXISTS a per-row probe: as a semi-join the planner hashed the topic's whole log, 100,000
 #: messages read for a few hundred READY rows, 33 ms a receive, when ``deliveries`` was analyzed
 #: empty).
-_RECEIVE_READY = f"""ready AS (
+#: How many messages a receive may hand out (issue 41): ``max_messages``, none while the group's
+#: breaker is open (or held), and, half-open, what ``probe_size`` leaves beside the subscription's
+#: leases still running (a probe is a few messages in flight, not a rate). Read, not locked: a
+#: receive that began before an opening hands its batch out, and those failures are parked.
+_RECEIVE_GATE = """gate AS MATERIALIZED (
+      SELECT coalesce((
+        SELECT CASE WHEN b.open_until IS NULL THEN %(max_messages)s
+                    WHEN b.open_until > now() THEN 0
+                    ELSE greatest(0, least(%(max_messages)s, b.probe_size - (
+                      SELECT count(*) FROM deliveries x
+                      WHERE x.topic_id = b.topic_id AND x.group_id = b.group_id AND x.state = 'INFLIGHT'
+                        AND x.invisible_until > now())))
+               END
+        FROM breakers b WHERE b.topic_id = %(topic_id)s AND b.group_id = %(group_id)s),
+        %(max_messages)s) AS n)"""
+_RECEIVE_READY = f"""{_RECEIVE_GATE},
+    ready AS (
       SELECT d.message_id FROM deliveries d
       WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.state = 'READY'
         AND EXISTS (SELECT 1 FROM messages m
                     WHERE m.topic_id = d.topic_id AND m.id = d.message_id AND m.published_at = d.published_at
                     OFFSET 0)
-      ORDER BY d.message_id LIMIT %(max_messages)s FOR UPDATE SKIP LOCKED),
+      ORDER BY d.message_id LIMIT (SELECT n FROM gate) FOR UPDATE SKIP LOCKED),
     again AS (
       UPDATE deliveries d SET state = 'INFLIGHT', delivery_count = d.delivery_count + 1,
           invisible_until = {_LEASE_END}, updated_at = now()
@@ -233,7 +250,7 @@ _RECEIVE_READY = f"""ready AS (
         AND d.message_id = ANY(ARRAY(SELECT message_id FROM ready))
       RETURNING d.message_id, d.published_at, d.delivery_count, d.reconsume_times, d.delay_level,
                 d.invisible_until, d.last_error, d.redrive_count, d.key),
-    room AS (SELECT %(max_messages)s - count(*) AS n FROM again)"""
+    room AS (SELECT (SELECT n FROM gate) - count(*) AS n FROM again)"""
 #: The messages past the offset, oldest first, as many as the batch has room for.
 _RECEIVE_NEW = """new AS (
       SELECT m.id, m.key, m.body, m.content_type, m.properties, m.published_at, m.origin_message_id
@@ -409,9 +426,26 @@ ADD_GROUP_TOTALS = _named("ADD_GROUP_TOTALS", """
     FROM locked l JOIN added a ON a.group_id = l.id
     WHERE g.id = l.id""")
 
+#: A failed delivery whose subscription's breaker is open, of a failure that counts (``parked``):
+#: waiting again as the retry it would have been (its level, its wait), but its reconsume times
+#: unchanged, ``parked`` in its history, never dead-lettered. The tiers promote it once the breaker
+#: is no longer open. Not for a reject: a consumer's verdict on the message, not an attempt.
+FAIL_PARK = _named("FAIL_PARK", f"""
+    WITH {POLICIES_CTE}, parked AS (
+      UPDATE deliveries d SET state = 'WAITING_RETRY',
+          delay_level = coalesce(%(level)s::smallint, {NEXT_LEVEL}),
+          due_at = {AT} + make_interval(secs => coalesce(%(delay)s::float8, {NEXT_DELAY})),
+          invisible_until = NULL, last_error = {_RECEIPT_FAILURE.error}, last_failure_at = {AT},
+          first_failure_at = coalesce(d.first_failure_at, {AT}),
+          attempts = {_attempt(AT, "'parked'", _RECEIPT_FAILURE)}, updated_at = now()
+      FROM policies p
+      WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {parked(_RECEIPT_FAILURE)}
+      RETURNING 1)
+    SELECT count(*) FROM parked""")
 #: A failed delivery that may be retried: the retry's level and wait are ``level`` / ``delay``
 #: (seconds) when given, else the policy's next ones. ``force_dead_letter`` (reject, negative
 #: level) leaves every receipt to FAIL_DEAD_LETTER; ``outcome`` goes into the attempt history.
+#: A parked one is FAIL_PARK's.
 FAIL_RETRY = _named("FAIL_RETRY", f"""
     WITH {POLICIES_CTE}, retried AS (
       UPDATE deliveries d SET state = 'WAITING_RETRY', reconsume_times = d.reconsume_times + 1,
@@ -422,6 +456,7 @@ FAIL_RETRY = _named("FAIL_RETRY", f"""
           attempts = {_attempt(AT, "%(outcome)s::text", _RECEIPT_FAILURE)}, updated_at = now()
       FROM policies p
       WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {CAN_RETRY}
+        AND NOT {parked(_RECEIPT_FAILURE)}
       RETURNING 1)
     SELECT count(*) FROM retried""")
 #: The failed deliveries FAIL_RETRY left (retries used up, or forced): the delivery row goes, and
@@ -429,7 +464,8 @@ FAIL_RETRY = _named("FAIL_RETRY", f"""
 FAIL_DEAD_LETTER = _named("FAIL_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
       DELETE FROM deliveries d USING policies p
-      WHERE {_RECEIPT_MATCHES} AND (%(force_dead_letter)s OR NOT {CAN_RETRY})
+      WHERE {_RECEIPT_MATCHES}
+        AND (%(force_dead_letter)s OR (NOT {CAN_RETRY} AND NOT {parked(_RECEIPT_FAILURE)}))
       {_moved(AT, _RECEIPT_FAILURE, _attempt(AT, "%(outcome)s::text", _RECEIPT_FAILURE))}),
     {_DLQ_COPY}""")
 

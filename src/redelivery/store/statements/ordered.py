@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from redelivery.store.statements._shared import _named
-from redelivery.store.statements.messages import _LEASE_END, _RECEIVE_MOVED, _RECEIVE_READY, _receive_rows
+from redelivery.store.statements.messages import (
+    _LEASE_END,
+    _RECEIVE_GATE,
+    _RECEIVE_MOVED,
+    _RECEIVE_READY,
+    _receive_rows,
+)
 
 # The statements keep the layout of SQL, not of Python.
 # fmt: off
@@ -37,10 +43,13 @@ _HELD = f"""CASE WHEN EXISTS (SELECT 1 FROM deliveries h WHERE {_HEAD} OFFSET 0)
 
 #: An ordered subscription's receive begins with this, in the receive's transaction: its row locked
 #: (receives and redrives of the group take turns), so that RECEIVE_ORDERED, the next statement,
-#: sees every delivery row committed before. Nothing: the subscription is not ordered (or gone).
-LOCK_ORDERED_SUBSCRIPTION = _named("LOCK_ORDERED_SUBSCRIPTION", """
-    SELECT 1 FROM subscriptions
-    WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND ordered FOR UPDATE""")
+#: sees every delivery row committed before. Returns how many messages its breaker lets the receive
+#: hand out (``_RECEIVE_GATE``: 0 while open, no pass is run); nothing: the subscription is not
+#: ordered (or gone).
+LOCK_ORDERED_SUBSCRIPTION = _named("LOCK_ORDERED_SUBSCRIPTION", f"""
+    WITH {_RECEIVE_GATE}
+    SELECT (SELECT n FROM gate) FROM subscriptions
+    WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND ordered FOR UPDATE OF subscriptions""")
 #: One pass of an ordered subscription's receive (after LOCK_ORDERED_SUBSCRIPTION, in its
 #: transaction): its READY rows, then past the offset up to ``scan`` messages (``messaging.ordered``
 #: runs passes until the batch is full or nothing is left past the offset, so that no number of

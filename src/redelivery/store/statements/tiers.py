@@ -17,14 +17,20 @@ from redelivery.store.statements._shared import (
     NEXT_LEVEL,
     POLICIES_CTE,
     POLICY_JOIN,
+    _attempt,
     _moved,
     _named,
+    parked,
 )
 
 # The statements keep the layout of SQL, not of Python.
 # fmt: off
 
 # ---- tier window ----------------------------------------------------------------------------------
+
+#: A subscription's breaker is not open now (closed, or half-open: its probe needs messages READY).
+_NOT_OPEN = "coalesce(p.open_until <= now(), true)"
+_LEASE_PARKED = _attempt("d.invisible_until", "'parked'", _LEASE_FAILURE)
 
 #: Quantile cut points of the message ids a window would touch (``plan_ranges``).
 PLAN_WINDOW_RANGES = _named("PLAN_WINDOW_RANGES", f"""
@@ -41,6 +47,20 @@ WINDOW_DLQS_NEEDED = _named("WINDOW_DLQS_NEEDED", f"""
     WHERE p.dlq_id = ANY(%(missing)s::int[]) AND p.max_times <> -1 AND (
           ({_EXPIRED} AND d.reconsume_times >= p.max_times)
        OR ({_DUE} AND d.reconsume_times > p.max_times))""")
+#: A lease that ended while its subscription's breaker is open, when an ended lease counts
+#: (``parked``): waiting again as the retry it would have been, its reconsume times unchanged,
+#: ``parked`` in its history (FAIL_PARK's rule).
+EXPIRE_LEASES_PARK = _named("EXPIRE_LEASES_PARK", f"""
+    WITH {POLICIES_CTE}, parked AS (
+      UPDATE deliveries d SET state = 'WAITING_RETRY', delay_level = {NEXT_LEVEL},
+          due_at = d.invisible_until + make_interval(secs => {NEXT_DELAY}),
+          last_error = %(lease_error)s, last_failure_at = d.invisible_until,
+          first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
+          attempts = {_LEASE_PARKED}, invisible_until = NULL, updated_at = now()
+      FROM policies p
+      WHERE {_IN_RANGE} AND {_EXPIRED} AND {parked(_LEASE_FAILURE)}
+      RETURNING d.group_id)
+    SELECT group_id, count(*) FROM parked GROUP BY 1""")
 #: A lease that ended is a failed delivery: the retry is due its policy's wait after the lease end.
 EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
     WITH {POLICIES_CTE}, retried AS (
@@ -51,22 +71,23 @@ EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
           first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
           attempts = {_LEASE_FAILED}, invisible_until = NULL, updated_at = now()
       FROM policies p
-      WHERE {_IN_RANGE} AND {_EXPIRED} AND {CAN_RETRY}
+      WHERE {_IN_RANGE} AND {_EXPIRED} AND {CAN_RETRY} AND NOT {parked(_LEASE_FAILURE)}
       RETURNING d.group_id)
     SELECT group_id, count(*) FROM retried GROUP BY 1""")
 #: A lease that ended when no retry is left: the delivery row goes, its dead letter to the DLQ.
 EXPIRE_LEASES_DEAD_LETTER = _named("EXPIRE_LEASES_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
       DELETE FROM deliveries d USING policies p
-      WHERE {_IN_RANGE} AND {_EXPIRED} AND NOT {CAN_RETRY}
+      WHERE {_IN_RANGE} AND {_EXPIRED} AND NOT {CAN_RETRY} AND NOT {parked(_LEASE_FAILURE)}
       {_moved("d.invisible_until", _LEASE_FAILURE, _LEASE_FAILED)}),
     {_DLQ_COPY}""")
-#: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others).
+#: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others); a
+#: subscription whose breaker is open keeps them waiting (``_NOT_OPEN``).
 PROMOTE = _named("PROMOTE", f"""
     WITH {POLICIES_CTE}, promoted AS (
       UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
       FROM policies p
-      WHERE {_IN_RANGE} AND {_DUE} AND p.cap IS NULL
+      WHERE {_IN_RANGE} AND {_DUE} AND p.cap IS NULL AND {_NOT_OPEN}
         AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
       {_PROMOTED_COUNTS}""")
 #: Due retries whose policy's max reconsume times was lowered below theirs while they waited.
@@ -95,7 +116,7 @@ PROMOTE_CAPPED = _named("PROMOTE_CAPPED", f"""
       UPDATE deliveries d SET state = 'READY', ready_at = now(), updated_at = now()
       FROM policies p, chosen c
       WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s AND d.message_id = c.message_id
-        AND {POLICY_JOIN} AND {_DUE}
+        AND {POLICY_JOIN} AND {_DUE} AND {_NOT_OPEN}
         AND (p.max_times = -1 OR d.reconsume_times <= p.max_times)
       {_PROMOTED_COUNTS}""")
 DUE_COUNT = _named("DUE_COUNT", f"""
