@@ -51,13 +51,17 @@ ORDERED = (
     "an ordered group was handed a message of a key only once every older message of the key had ended:"
     " committed in publish order, never two in flight"
 )
+BREAKER = (
+    "while a group's breaker is open, no failure it counts spends an attempt or makes a dead letter:"
+    " each is parked"
+)
 FINAL = "after draining, every message ended exactly once per group (COMMITTED or DLQ)"
 
 #: Every invariant, in the order docs/crash-suite.md lists them.
 INVARIANTS = (
     ONE_PLACE, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
     DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, COMMITTED_HANDED,
-    COMMITTED_ACKED, RETAINED, ORDERED_HEADS, ORDERED, FINAL,
+    COMMITTED_ACKED, RETAINED, ORDERED_HEADS, ORDERED, BREAKER, FINAL,
 )  # fmt: skip
 
 #: name -> statement returning one row per violation
@@ -150,6 +154,29 @@ CHECKS = {
         SELECT d.topic_id, d.group_id, d.message_id::text, 'HALTED without its dead letter'
         FROM deliveries d WHERE d.state = 'HALTED' AND NOT EXISTS (
           SELECT 1 FROM dlq_messages q WHERE q.group_id = d.group_id AND q.message_id = d.message_id)""",
+    # a breaker is open from the audit's time of its opening (taken after the answers that held
+    # its row shared committed) until its open time ends or its next transition: a failure that
+    # spent an attempt (a history entry's outcome nack, reconsume_later or lease_expired; a reject
+    # is a verdict, not an attempt) recorded by its statement's clock in that span is a violation
+    BREAKER: """
+        WITH t AS (
+          SELECT topic_id, group_id, to_state, at, open_until,
+                 lead(at) OVER (PARTITION BY topic_id, group_id ORDER BY id) AS next_at
+          FROM breaker_transitions),
+        opened AS (
+          SELECT topic_id, group_id, at AS since,
+                 least(coalesce(open_until, 'infinity'), coalesce(next_at, 'infinity')) AS until
+          FROM t WHERE to_state IN ('open', 'held')),
+        entries AS (
+          SELECT d.topic_id, d.group_id, d.message_id, e
+          FROM deliveries d, jsonb_array_elements(d.attempts) e
+          UNION ALL
+          SELECT q.topic_id, q.group_id, q.message_id, e
+          FROM dlq_messages q, jsonb_array_elements(q.attempts) e)
+        SELECT x.message_id, x.group_id, x.e ->> 'outcome', x.e ->> 'recorded', o.since::text, o.until::text
+        FROM entries x JOIN opened o ON o.topic_id = x.topic_id AND o.group_id = x.group_id
+         AND (x.e ->> 'recorded')::timestamptz >= o.since AND (x.e ->> 'recorded')::timestamptz < o.until
+        WHERE x.e ->> 'outcome' IN ('nack', 'reconsume_later', 'lease_expired')""",
 }
 #: The partitions retention dropped, recorded by a trigger in the transaction that forgets each one
 #: (a partition of the same times may be made again later: a publish at an old time, a redrive
@@ -181,8 +208,9 @@ def uninstall(conn: psycopg.Connection) -> None:
 
 
 HISTORY_LIMIT = 20  # the attempt history keeps the last 20 failed deliveries
-#: The attempt history's outcome of a consumer's failing answer (client._MODES).
-FAILED_OUTCOME = {"nack": "nack", "reject": "rejected"}
+#: The attempt history's outcomes of a consumer's failing answer (client._MODES): a nack while its
+#: group's breaker is open is parked (issue 41).
+FAILED_OUTCOME = {"nack": {"nack", "parked"}, "reject": {"rejected"}}
 #: Per message of the log and subscribed group: where it is (a delivery row's state, DLQ, NEW
 #: past the offset, or COMMITTED), its delivery count and its history (a row's or a dead letter's).
 _STATES = """
@@ -405,7 +433,7 @@ def _holds(verb: str, receipt: tuple, states: dict) -> bool:
     state, _, attempts = states.get((m, g), (None, None, {}))
     if verb == "ack":
         return state in ("COMMITTED", None)
-    return state in ("COMMITTED", None) or attempts.get(c) == FAILED_OUTCOME[verb]
+    return state in ("COMMITTED", None) or attempts.get(c) in FAILED_OUTCOME[verb]
 
 
 def applied(conn, calls: list[Call], states) -> list:
@@ -443,7 +471,7 @@ def stale(conn, calls: list[Call], states) -> list:
             if maybe[(verb, m, group, None if verb == "ack" else c)]:
                 continue
             state, _, attempts = states.get((m, group), (None, None, {}))
-            changed = state == "COMMITTED" if verb == "ack" else attempts.get(c) == FAILED_OUTCOME[verb]
+            changed = state == "COMMITTED" if verb == "ack" else attempts.get(c) in FAILED_OUTCOME[verb]
             if changed:
                 bad.append((call.worker, verb, m, group, c))
     counted = dict(conn.execute("SELECT name, stale_receipts FROM consumer_groups").fetchall())

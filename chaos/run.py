@@ -78,6 +78,9 @@ KINDS = (
     "tier batch: inside a later window's transaction",
     "tier batch: asleep between two windows",
     "consumer: looping on waiting receives, at a random moment",
+    "breaker: a failing answer waiting for its row",
+    "breaker: a tier window waiting for its rows",
+    "breaker: inside a transition",
 )
 
 
@@ -404,6 +407,9 @@ class Controller(KillPoints):
         "backdated_publish_racing_retention:publish": 2,
         "recreate_topic": 2,
         "redrive_after_retention": 2,
+        "breaker_row_held:answer": 3,
+        "breaker_row_held:tier": 2,
+        "breaker_row_held:transition": 3,
     }
     SPARK_SCENARIOS = {
         "spark_publish_driver:before": 1,
@@ -444,6 +450,7 @@ class Controller(KillPoints):
             self.client.answer("ack", LOG_GROUP, self.held_back)
             self.held_back = []
         while time.monotonic() < deadline:
+            self.operate_breaker(close_all=True)  # as an operator ends an outage: parked retries go on
             self.tier_run_now("drain")
             self.redrive_now(HALT_GROUP, "drain")  # its halted keys go on only once redriven
             for topic, group in SUBSCRIBED:

@@ -306,6 +306,18 @@ def plant_handed_ahead_of_its_key(s):
                  first.began - 0.002, first.began - 0.001)  # fmt: skip
 
 
+def plant_attempt_spent_while_open(s):
+    """billing's breaker held open from a second before m[1]'s nack was recorded: that nack spent
+    an attempt while it was open (a parked one, outcome "parked", would not have)."""
+    s.sql(
+        """INSERT INTO breaker_transitions (topic_id, group_id, at, from_state, to_state, changed_by)
+           SELECT d.topic_id, d.group_id, (d.attempts -> 0 ->> 'recorded')::timestamptz - interval '1 second',
+                  'closed', 'held', 'planted'
+           FROM deliveries d WHERE d.message_id = %s AND d.group_id = %s""",
+        (s.ids[1], s.group_id("billing")),
+    )
+
+
 PLANTED = [
     (plant_in_two_places, inv.ONE_PLACE),
     (plant_foreign_delivery, inv.FOREIGN_DELIVERY),
@@ -328,6 +340,7 @@ PLANTED = [
     (plant_dropped_unfinished, inv.RETAINED),
     (plant_blocked_key_without_its_head, inv.ORDERED_HEADS),
     (plant_handed_ahead_of_its_key, inv.ORDERED),
+    (plant_attempt_spent_while_open, inv.BREAKER),
 ]
 
 

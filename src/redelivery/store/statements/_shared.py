@@ -122,11 +122,13 @@ _RECEIPT_MATCHES = f"""d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
 def _attempt(at: str, outcome: str, failure: FailureSql) -> str:
     """Appends one failed delivery to ``d.attempts``: its time, delivery count, outcome, error text
     and, when known, class, frame and stack, and its signature (the last 20 are kept, the newest
-    one's stack only: ``append_attempt``)."""
+    one's stack only: ``append_attempt``); and when the statement recorded it (``recorded``, the
+    clock, after the locks the transaction took first: what the crash suite compares with a
+    breaker's transitions)."""
     parts = f"'class', {failure.error_class}, 'frame', {failure.frame}, 'stack', {failure.stack}"
     return (f"append_attempt(d.attempts, jsonb_build_object('at', {at}, 'delivery', d.delivery_count, "
-            f"'outcome', {outcome}, 'error', {failure.error}, 'signature', {failure.signature}) "
-            f"|| jsonb_strip_nulls(jsonb_build_object({parts})))")
+            f"'outcome', {outcome}, 'error', {failure.error}, 'signature', {failure.signature}, "
+            f"'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object({parts})))")
 
 
 def _moved(failed_at: str, failure: FailureSql, attempts: str) -> str:
