@@ -30,6 +30,7 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
+from kinds import KINDS  # every kind of kill point (tests import it from here)
 from scenarios import (
     AGAIN_GROUP,
     AGAIN_TOPIC,
@@ -47,41 +48,6 @@ from scenarios import (
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "chaos" / "worker.py"
 CONFIG = ROOT / "chaos" / "config.yaml"
-#: Every kind of kill point (the short run in `make test` requires each of them).
-KINDS = (
-    "consumer: after its receive committed, before the handler",
-    "consumer: after the handler, inside its ack/nack/reject",
-    "tier job: inside a range's transaction",
-    "tier job: ranges committed, before the run record is finished",
-    "redrive: inside a batch",
-    "redrive: between two batches",
-    "API publish: inside its transaction",
-    "API publish: inside its one statement",
-    "lost commit answer: publish",
-    "lost commit answer: receive",
-    "lost commit answer: ack",
-    "PostgreSQL: immediate shutdown in the middle of runs",
-    "Spark publish: staged, before the publishing transaction",
-    "Spark publish: inside the publishing transaction",
-    "Spark publish: a task killed while it stages",
-    "Spark tier job: a task killed inside its range",
-    "Spark consumer: a task killed after its receive committed",
-    "receive: waiting to move its consume offset",
-    "consumer: inside a lease extension",
-    "log: a partition made and attached, before its record commits",
-    "retention: inside a partition's concurrent detach",
-    "retention: a partition detached, inside its drop",
-    "retention: waiting for the publishers of a partition",
-    "backdated publish: waiting for retention to be done with its partition",
-    "topic delete: waiting for the receives of its subscriptions",
-    "redrive: paced, of dead letters whose messages left the log",
-    "tier batch: inside a later window's transaction",
-    "tier batch: asleep between two windows",
-    "consumer: looping on waiting receives, at a random moment",
-    "breaker: a failing answer waiting for its row",
-    "breaker: a tier window waiting for its rows",
-    "breaker: inside a transition",
-)
 
 
 def setup_environment(home: Path, port: int) -> None:

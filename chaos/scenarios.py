@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from batch_kills import BatchKillPoints
+from breaker_kills import BreakerKillPoints
 from publish_kills import PublishKillPoints
 from waiting_kills import WaitingKillPoints
 
@@ -28,8 +29,6 @@ ORDERED_GROUP = "ordered"
 #: (HALTED) until a redrive brings it back; one retry, so that heads reach the DLQ often.
 HALT_GROUP = "halting"
 ORDERED_GROUPS = (ORDERED_GROUP, HALT_GROUP)
-#: The group whose subscription has a circuit breaker (chaos/config.yaml, issue 41).
-BREAKER_GROUP = "g2"
 #: The groups the scenarios consume, answer and redrive.
 CONSUMERS = ("g1", "g2", ORDERED_GROUP, HALT_GROUP)
 #: The suite's messages carry one of a few keys, so that an ordered group's keys have many
@@ -50,7 +49,7 @@ SUBSCRIBED = (
 BACKLOG_LOCK = 7_424_003  # redelivery.store.catalog.BACKLOG_LOCK
 
 
-class KillPoints(BatchKillPoints, PublishKillPoints, WaitingKillPoints):
+class KillPoints(BatchKillPoints, BreakerKillPoints, PublishKillPoints, WaitingKillPoints):
     """The scenarios of the crash suite and the work they need around them."""
 
     # ---- keeping work around ------------------------------------------------------------------
@@ -123,25 +122,7 @@ class KillPoints(BatchKillPoints, PublishKillPoints, WaitingKillPoints):
                 self.client.answer("nack", group, batch[len(batch) // 2 :], error="churn")
         self.operate_breaker()
 
-    def operate_breaker(self, close_all: bool = False) -> None:
-        """An operator's hands: a held breaker closed; now and then one opened by hand (held) or
-        for a second. ``close_all``: every breaker closed (the drain's)."""
-        for breaker in self.client.client.breakers():
-            if breaker["state"] != "closed" and (close_all or breaker["state"] == "held"):
-                self.client.client.close_breaker(breaker["topic"], breaker["group"], by="chaos")
-        if not close_all and self.rng.random() < 0.15:
-            seconds = self.rng.choice([None, 1.0])
-            self.client.client.open_breaker(TOPIC, BREAKER_GROUP, seconds=seconds, by="chaos")
-
     # ---- kill points ------------------------------------------------------------------------
-
-    def consumer_group(self) -> str:
-        """A group for a consumer scenario; the breaker group's breaker closed first, as an operator
-        would (while open, its consumer would receive nothing and the scenario would kill nobody)."""
-        group = self.rng.choice(CONSUMERS)
-        if group == BREAKER_GROUP:
-            self.operate_breaker(close_all=True)
-        return group
 
     def consumer_after_receive(self) -> None:
         self.top_up()
@@ -204,32 +185,6 @@ class KillPoints(BatchKillPoints, PublishKillPoints, WaitingKillPoints):
                     self.freeze_and_kill(
                         worker, "consumer: after the handler, inside its ack/nack/reject", "%redelivery:%"
                     )
-
-    def breaker_row_held(self, kind: str) -> None:
-        """The breaker group's row locked here as a transition holds it: ``answer``, a consumer's
-        failing answer waits for it (``BREAKERS_SHARE``, first in its transaction); ``tier``, a
-        tier window's range does; ``transition``, the row held shared (as an answer holds it), a
-        consumer's transition after its answer committed waits (``EVALUATE_BREAKER``). Killed
-        there."""
-        self.operate_breaker(close_all=True)  # a closed breaker: its group's consumers get messages
-        self.top_up()
-        self.make_due_retries(BREAKER_GROUP)
-        lock = "FOR SHARE" if kind == "transition" else "FOR UPDATE"
-        with self.holding(
-            f"""SELECT 1 FROM breakers b JOIN consumer_groups g ON g.id = b.group_id
-                WHERE g.name = %s {lock} OF b""",
-            (BREAKER_GROUP,),
-        ):
-            if kind == "tier":
-                worker = self.spawn("tier", "--run-key", f"chaos-{uuid.uuid4().hex[:8]}")
-                self.freeze_and_kill(worker, "breaker: a tier window waiting for its rows", "%BREAKER%")
-                return
-            worker = self.spawn("consume", "--group", BREAKER_GROUP, "--max", "10", "--lease", "2", "--loop")
-            if kind == "answer":
-                kind = "breaker: a failing answer waiting for its row"
-                self.freeze_and_kill(worker, kind, "%BREAKERS_SHARE%")
-            else:
-                self.freeze_and_kill(worker, "breaker: inside a transition", "%EVALUATE_BREAKER%")
 
     def tier_inside_range(self) -> None:
         self.make_due_retries()

@@ -86,10 +86,15 @@ CROSS JOIN LATERAL (
 WHERE %(group)s::text IS NULL OR g.name = %(group)s::text
 ORDER BY b.state = 'closed', t.name, g.name;
 
+/* redelivery:BREAKERS_NOT_CLOSED */
+SELECT topic_id, group_id, open_until <= now() FROM breakers WHERE state <> 'closed'
+ORDER BY topic_id, group_id;
+
 /* redelivery:BREAKERS_SHARE */
-SELECT b.topic_id, b.group_id FROM breakers b
-WHERE (b.topic_id, b.group_id) IN (SELECT * FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[]))
-ORDER BY b.topic_id, b.group_id FOR SHARE OF b;
+SELECT count(pg_advisory_xact_lock_shared(k.key))
+FROM (SELECT DISTINCT ((s.topic_id)::bigint << 32) | (s.group_id)::bigint AS key
+      FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[]) AS s(topic_id, group_id)
+      ORDER BY 1) k;
 
 /* redelivery:BREAKER_NAMES */
 SELECT t.name, g.name FROM topics t, consumer_groups g
@@ -194,8 +199,8 @@ added AS (
   ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE
     SET succeeded = o.succeeded + excluded.succeeded, failed = o.failed + excluded.failed
   RETURNING 1)
-SELECT f.n, (SELECT b.state FROM breakers b
-             WHERE b.topic_id = %(topic_id)s AND b.group_id = %(group_id)s),
+SELECT f.n, (SELECT CASE WHEN b.state = 'open' AND b.open_until <= now() THEN 'half_open' ELSE b.state END
+             FROM breakers b WHERE b.topic_id = %(topic_id)s AND b.group_id = %(group_id)s),
        (SELECT count(*) FROM added)
 FROM failed f;
 
@@ -474,7 +479,8 @@ WHERE d.group_id = %(group_id)s AND d.topic_id = %(topic_id)s AND d.state = 'WAI
       AND d.due_at <= %(window_end)s;
 
 /* redelivery:EVALUATE_BREAKER */
-WITH b AS MATERIALIZED (
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+b AS MATERIALIZED (
   SELECT x.topic_id, x.group_id, x.state, x.open_until, x.open_seconds, x.probe_size, x.changed_at
   FROM breakers x
   WHERE x.topic_id = %(topic_id)s AND x.group_id = %(group_id)s AND x.state <> 'held'
@@ -484,14 +490,14 @@ seen AS MATERIALIZED (
   FROM b JOIN breaker_outcomes o ON o.topic_id = b.topic_id AND o.group_id = b.group_id
    AND o.second >= CASE WHEN b.state = 'closed'
                         THEN greatest(date_trunc('second', b.changed_at),
-                                      now() - make_interval(secs => %(window_seconds)s))
+                                      (SELECT now FROM c) - make_interval(secs => %(window_seconds)s))
                         ELSE date_trunc('second', b.open_until) END),
 next AS MATERIALIZED (
   SELECT b.topic_id, b.group_id, b.state AS from_state, s.succeeded, s.failed,
          CASE WHEN b.state = 'closed'
                 THEN CASE WHEN s.succeeded + s.failed >= %(min_attempts)s
                            AND s.failed >= %(failure_ratio)s * (s.succeeded + s.failed) THEN 'open' END
-              WHEN b.open_until > now() THEN NULL
+              WHEN b.open_until > (SELECT now FROM c) THEN NULL
               WHEN s.failed > 0
                 THEN CASE WHEN b.open_seconds * 2 > %(max_open_seconds)s THEN 'held' ELSE 'open' END
               WHEN s.succeeded >= b.probe_size THEN 'closed'
@@ -501,15 +507,16 @@ next AS MATERIALIZED (
   FROM b, seen s),
 changed AS (
   UPDATE breakers x SET state = n.to_state,
-      open_until = CASE n.to_state WHEN 'open' THEN now() + make_interval(secs => n.open_for)
+      open_until = CASE n.to_state
+                     WHEN 'open' THEN (SELECT now FROM c) + make_interval(secs => n.open_for)
                                    WHEN 'held' THEN 'infinity'::timestamptz
                                    WHEN 'closed' THEN NULL ELSE x.open_until END,
       open_seconds = CASE n.to_state WHEN 'open' THEN n.open_for WHEN 'closed' THEN NULL
                                      ELSE x.open_seconds END,
-      opened_at = CASE WHEN n.from_state = 'closed' THEN now() WHEN n.to_state = 'closed' THEN NULL
-                       ELSE x.opened_at END,
+      opened_at = CASE WHEN n.from_state = 'closed' THEN (SELECT now FROM c)
+                       WHEN n.to_state = 'closed' THEN NULL ELSE x.opened_at END,
       probe_size = CASE WHEN n.from_state = 'closed' THEN %(probe_size)s ELSE x.probe_size END,
-      changed_at = now(), changed_by = 'redelivery',
+      changed_at = (SELECT now FROM c), changed_by = 'redelivery',
       opened_total = x.opened_total + (n.to_state = 'open')::int,
       closed_total = x.closed_total + (n.to_state = 'closed')::int,
       held_total = x.held_total + (n.to_state = 'held')::int
@@ -526,7 +533,7 @@ audited AS (
 swept AS (
   DELETE FROM breaker_outcomes o
   WHERE o.topic_id = %(topic_id)s AND o.group_id = %(group_id)s
-    AND o.second < now() - make_interval(secs => %(window_seconds)s)
+    AND o.second < (SELECT now FROM c) - make_interval(secs => %(window_seconds)s)
     AND o.second < coalesce((SELECT x.open_until FROM breakers x
                              WHERE x.topic_id = %(topic_id)s AND x.group_id = %(group_id)s),
                             'infinity'))
@@ -551,7 +558,7 @@ WITH policies AS MATERIALIZED (
               d.reconsume_times, coalesce(d.first_failure_at, d.invisible_until) AS first_failure_at,
               d.invisible_until AS last_failure_at, %(lease_error)s::text AS last_error,
               'redelivery.LeaseExpired'::text AS error_class, NULL::text AS error_frame,
-              NULL::text AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))) AS attempts, d.redrive_count),
+              NULL::text AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))) AS attempts, d.redrive_count),
     inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
@@ -584,7 +591,7 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
              * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000)),
       last_error = %(lease_error)s, last_failure_at = d.invisible_until,
       first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
-      attempts = append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'parked', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))), invisible_until = NULL, updated_at = now()
+      attempts = append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'parked', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))), invisible_until = NULL, updated_at = now()
   FROM policies p
   WHERE d.message_id >= %(low)s AND d.message_id < %(high)s AND p.topic_id = d.topic_id AND p.group_id = d.group_id AND d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s AND (p.open_until IS NOT NULL AND (p.open_until > now() OR NOT (p.max_times = -1 OR d.reconsume_times < p.max_times))
          AND (coalesce(NOT (p.rule ? 'include')
@@ -609,7 +616,7 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
              * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000)),
       last_error = %(lease_error)s, last_failure_at = d.invisible_until,
       first_failure_at = coalesce(d.first_failure_at, d.invisible_until),
-      attempts = append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))), invisible_until = NULL, updated_at = now()
+      attempts = append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))), invisible_until = NULL, updated_at = now()
   FROM policies p
   WHERE d.message_id >= %(low)s AND d.message_id < %(high)s AND p.topic_id = d.topic_id AND p.group_id = d.group_id AND d.state = 'INFLIGHT' AND d.invisible_until <= %(window_end)s AND (p.max_times = -1 OR d.reconsume_times < p.max_times) AND NOT (p.open_until IS NOT NULL AND (p.open_until > now() OR NOT (p.max_times = -1 OR d.reconsume_times < p.max_times))
          AND (coalesce(NOT (p.rule ? 'include')
@@ -658,7 +665,7 @@ WITH policies AS MATERIALIZED (
               d.reconsume_times, coalesce(d.first_failure_at, coalesce(%(at)s::timestamptz, now())) AS first_failure_at,
               coalesce(%(at)s::timestamptz, now()) AS last_failure_at, (%(errors)s::jsonb -> d.message_id::text ->> 'error') AS last_error,
               (%(errors)s::jsonb -> d.message_id::text ->> 'class') AS error_class, (%(errors)s::jsonb -> d.message_id::text ->> 'frame') AS error_frame,
-              (%(errors)s::jsonb -> d.message_id::text ->> 'stack') AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))) AS attempts, d.redrive_count),
+              (%(errors)s::jsonb -> d.message_id::text ->> 'stack') AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame')), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))) AS attempts, d.redrive_count),
     inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
@@ -692,7 +699,7 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
              * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000))),
       invisible_until = NULL, last_error = (%(errors)s::jsonb -> d.message_id::text ->> 'error'), last_failure_at = coalesce(%(at)s::timestamptz, now()),
       first_failure_at = coalesce(d.first_failure_at, coalesce(%(at)s::timestamptz, now())),
-      attempts = append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', 'parked', 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))), updated_at = now()
+      attempts = append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', 'parked', 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame')), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))), updated_at = now()
   FROM policies p
   WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
                   AND d.message_id = ANY(%(ids)s::bigint[]) AND d.state::text = 'INFLIGHT' AND (%(receipts)s::jsonb -> d.message_id::text)
@@ -720,7 +727,7 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
              * (1 + p.jitter * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END) * random()), 864000))),
       invisible_until = NULL, last_error = (%(errors)s::jsonb -> d.message_id::text ->> 'error'), last_failure_at = coalesce(%(at)s::timestamptz, now()),
       first_failure_at = coalesce(d.first_failure_at, coalesce(%(at)s::timestamptz, now())),
-      attempts = append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))), updated_at = now()
+      attempts = append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame')), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))), updated_at = now()
   FROM policies p
   WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
                   AND d.message_id = ANY(%(ids)s::bigint[]) AND d.state::text = 'INFLIGHT' AND (%(receipts)s::jsonb -> d.message_id::text)
@@ -757,6 +764,9 @@ FROM redrive_runs r JOIN consumer_groups g ON g.id = r.group_id ORDER BY r.id DE
 SELECT DISTINCT ON (tier) tier, window_end, status, summary->>'promoted', summary->>'dead_lettered',
        summary->'lateness_seconds'->>'p99'
 FROM tier_runs ORDER BY tier, finished_at DESC NULLS LAST;
+
+/* redelivery:LOCK_BREAKER */
+SELECT pg_advisory_xact_lock(((%(topic_id)s::int)::bigint << 32) | (%(group_id)s::int)::bigint);
 
 /* redelivery:LOCK_LOG_PARTITION_FOR_PUBLISH */
 SELECT l.partition_name, pg_advisory_xact_lock_shared(%(namespace)s, hashtext(l.partition_name))
@@ -1622,12 +1632,13 @@ WITH b AS MATERIALIZED (
 changed AS (
   UPDATE breakers x SET state = %(state)s::text,
       open_until = CASE %(state)s::text WHEN 'closed' THEN NULL WHEN 'held' THEN 'infinity'::timestamptz
-                                        ELSE now() + make_interval(secs => %(open_seconds)s::float8) END,
+                     ELSE clock_timestamp() + make_interval(secs => %(open_seconds)s::float8) END,
       open_seconds = CASE WHEN %(state)s::text = 'closed' THEN NULL
                           ELSE coalesce(%(open_seconds)s::float8, x.open_seconds) END,
-      opened_at = CASE WHEN %(state)s::text = 'closed' THEN NULL ELSE coalesce(x.opened_at, now()) END,
+      opened_at = CASE WHEN %(state)s::text = 'closed' THEN NULL
+                       ELSE coalesce(x.opened_at, clock_timestamp()) END,
       probe_size = %(probe_size)s,
-      changed_at = now(), changed_by = %(changed_by)s,
+      changed_at = clock_timestamp(), changed_by = %(changed_by)s,
       opened_total = x.opened_total + (%(state)s::text = 'open')::int,
       closed_total = x.closed_total + (%(state)s::text = 'closed')::int,
       held_total = x.held_total + (%(state)s::text = 'held')::int

@@ -35,11 +35,12 @@ def value(samples: dict, name: str, **labels) -> float | None:
 
 
 def counters(samples: dict) -> dict:
-    """Every counter sample: {(name, group): value}."""
+    """Every counter sample of a group: {(name, group): value} (the breakers', labelled by their
+    transition too, are checked apart)."""
     return {
         (name, dict(labels)["group"]): v
         for (name, labels), v in samples.items()
-        if name.endswith("_total") and name.startswith("redelivery_")
+        if name.endswith("_total") and name.startswith("redelivery_") and "breaker" not in name
     }
 
 
@@ -137,6 +138,10 @@ def test_a_scrape_equals_the_state(state):
         ("redelivery_committed_messages_total", "billing"): 2,
         ("redelivery_committed_messages_total", "audit"): 0,
     }
+    for group in ("billing", "audit"):  # no breaker was ever opened: closed, no transition
+        assert value(samples, "redelivery_breaker_open", topic="orders", group=group, state="closed") == 0
+        for to in ("open", "closed", "held"):
+            assert value(samples, "redelivery_breaker_transitions_total", topic="orders", group=group, to=to) == 0
     lateness = histogram(samples, "redelivery_retry_lateness_seconds", "seconds")
     # 2.5 s late is in the bucket whose bound is 2.5 (le: less than or equal), not above it
     assert (lateness["1.0"], lateness["2.5"], lateness["+Inf"]) == (0, 2, 2)

@@ -102,6 +102,30 @@ def test_failures_that_do_not_count_neither_open_it_nor_are_parked(client, topic
     assert dead(client) == before + 1  # not counted: spent and dead-lettered, open or not
 
 
+def test_only_included_failures_count(client, topic_group):
+    """``include``, as the statements apply it (by class here; a signature works the same way)."""
+    configured(client, {**POLICY, "breaker": {**BREAKER, "include": ["ConnectionError", "0123456789ab"]}})
+    client.publish("orders", [{"n": i} for i in range(8)])
+    got = client.receive("billing", "orders", 8, 60)
+    client.nack("billing", got[:4], error=TimeoutError("payments API did not answer in 30 s"))
+    assert state(client)["state"] == "closed"  # not included: not counted
+    client.nack("billing", got[4:], error=DOWN)
+    assert state(client)["state"] == "open"
+
+
+def test_an_operators_timed_open_without_a_breaker_policy_ends_by_itself(client, topic_group, database_url):
+    """Nothing counts the answers of a subscription with no ``breaker:``, so no probe could close
+    a timed open: the next tier window after its time closes it."""
+    config = configured(client, {"max_reconsume_times": 0})
+    client.publish("orders", [{"n": i} for i in range(10)])
+    client.open_breaker("orders", "billing", seconds=1, by="test")
+    assert client.receive("billing", "orders", 10, 60) == []
+    time.sleep(1.1)
+    tier(database_url, config, "after-open")
+    assert state(client)["state"] == "closed"
+    assert len(client.receive("billing", "orders", 10, 60)) == 10
+
+
 def test_a_reject_while_open_still_dead_letters(client, topic_group):
     configured(client, POLICY)
     client.publish("orders", [{"n": 1}])
@@ -192,8 +216,9 @@ def test_an_operators_hands_are_checked_and_audited(client, topic_group, databas
     for bad in (0, -1, 10**9, True, "1"):
         with pytest.raises(ValueError, match="seconds must be"):
             client.open_breaker("orders", "billing", seconds=bad)
-    with pytest.raises(ValueError, match="note must be"):
-        client.open_breaker("orders", "billing", note="x" * 1001)
+    for note in ("x" * 1001, "\ud800", "a\x00b"):
+        with pytest.raises(ValueError, match="note must be"):
+            client.open_breaker("orders", "billing", note=note)
     with pytest.raises(UnknownGroupError):
         client.open_breaker("orders", "nobody")
     client.create_group("audit")

@@ -30,6 +30,17 @@ def _ordering_text(ordered: bool, on_exhausted: str) -> str:
     return f"ordered (on_exhausted={on_exhausted!r})" if ordered else "unordered"
 
 
+def _storable(value: object, most: int) -> bool:
+    """A text PostgreSQL stores as given: at most ``most`` characters, no NUL, valid UTF-8."""
+    if not isinstance(value, str) or len(value) > most or "\x00" in value:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
 class Administration(Role):
     """The admin calls of a client (``Client`` offers them as its own)."""
 
@@ -222,15 +233,20 @@ class Administration(Role):
 
     def _set_breaker(self, topic: str, group: str, state: str, seconds, by: str, note: str | None) -> dict:
         for name, value, most in (("by", by, 200), ("note", note, 1000)):
-            if value is not None and (not isinstance(value, str) or len(value) > most or "\x00" in value):
-                raise ValueError(f"{name} must be a text of at most {most} characters without NUL")
+            if value is not None and not _storable(value, most):
+                raise ValueError(
+                    f"{name} must be a text of at most {most} characters, no NUL or lone surrogate"
+                )
         topic_id, group_id = self.context.topic_id(topic), self.context.group(group)[0]
         try:  # the probe of the subscription's breaker, or the default one's without a policy of it
             breaker = (
                 self.context.effective_policy(topic_id, group_id, topic, group).breaker or BreakerConfig()
             )
-        except NotSubscribedError:
-            breaker = BreakerConfig()  # SET_BREAKER finds no row: refused below, nothing changed
+        except (NotSubscribedError, ConfigError):  # no row: refused below, nothing changed; a bad
+            breaker = BreakerConfig()  # policy must not keep an operator from closing it
+        now = [b for b in breaking.breakers(self.conn, group) if b["topic"] == topic]
+        if now and now[0]["state"] == state and state in ("closed", "held"):  # nothing to change or audit
+            return {"from": state, "to": state, "open_until": None}
         done = breaking.set_state(self.conn, topic_id, group_id, state, seconds, by, note, breaker.probe_size)
         if done is None:
             raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")

@@ -1,18 +1,17 @@
 """A subscription's circuit breaker as answers and tier windows drive it (issue 41; the rules are
 ``rules.breaker``'s, the statements ``statements.breakers``').
 
-An answer that fails locks the breaker rows of its subscriptions that have one first
-(``catalog.lock_breakers``), counts what it saw last in its transaction (``count_answers``), and,
-once it committed, lets the breaker take its next state when a failure counted or the breaker is
-not closed (``evaluate``): a transition is its own short transaction, never inside an answer's (two
-answers holding the row shared could not both upgrade their lock). A crash between the answer and
+An answer that fails holds its subscriptions' breaker locks shared first (``catalog.lock_breakers``),
+counts what it saw last in its transaction (``count_answers``), and, once it committed, lets the
+breaker take its next state when, closed, a failure counted, or it is half-open (``evaluate``): a
+transition is its own short transaction, the lock exclusive, never inside an answer's (two answers
+holding it shared could not both take it). A crash between the answer and
 the transition leaves the counts, which the next answer or tier window evaluates.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -81,7 +80,8 @@ def evaluate(
 
     def run() -> tuple | None:
         with conn.transaction():
-            return conn.execute(S.EVALUATE_BREAKER, params).fetchone()
+            conn.execute(S.LOCK_BREAKER, params)  # the answers holding it shared end first
+            return conn.execute(S.EVALUATE_BREAKER, params).fetchone()  # a snapshot after the wait
 
     row = db.retry_lock_conflicts(run)
     if row is None:
@@ -93,11 +93,19 @@ def evaluate(
     return transition
 
 
-def evaluate_all(
-    conn: psycopg.Connection, breakers: Iterable[tuple[int, int, BreakerConfig]]
-) -> list[Transition]:
-    """``evaluate`` each (topic id, group id, breaker) in turn (a tier window's): the transitions."""
-    return [t for topic_id, group_id, config in breakers if (t := evaluate(conn, config, topic_id, group_id))]
+def evaluate_all(conn: psycopg.Connection, breakers: dict[tuple[int, int], BreakerConfig]) -> list:
+    """A tier window's: ``evaluate`` each subscription of ``breakers`` ({(topic id, group id): its
+    ``breaker:``}) in turn; and a breaker an operator opened for a time on a subscription with no
+    ``breaker:`` (nothing counts its answers, so no probe could close it) is closed once its time
+    ended. Returns the transitions."""
+    done = [t for (topic, group), config in breakers.items() if (t := evaluate(conn, config, topic, group))]
+    for topic_id, group_id, ended in conn.execute(S.BREAKERS_NOT_CLOSED).fetchall():
+        if ended and (topic_id, group_id) not in breakers:
+            why = "its open time ended"
+            found = set_state(conn, topic_id, group_id, "closed", None, "redelivery", why, 1)
+            if found:
+                done.append(Transition(topic_id, group_id, found["from"], "closed", 0, 0, None))
+    return done
 
 
 # ---- an operator's view and hands -------------------------------------------------------------
@@ -145,6 +153,7 @@ def set_state(
 
     def run() -> tuple | None:
         with conn.transaction():
+            conn.execute(S.LOCK_BREAKER, params)
             return conn.execute(S.SET_BREAKER, {**params, "changed_by": by, "note": note}).fetchone()
 
     row = db.retry_lock_conflicts(run)

@@ -4,12 +4,13 @@ are ``messaging.leasing``'s."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 import psycopg
 
-from redelivery.errors import ForeignReceiptError, InvalidLevelError
+from redelivery.errors import ConfigError, ForeignReceiptError, InvalidLevelError, NotSubscribedError
 from redelivery.messaging import breaking
 from redelivery.messaging.codec import Receipt, ReceivedMessage
 from redelivery.messaging.context import Role
@@ -190,9 +191,9 @@ class Consumer(Role):
         ``ForeignReceiptError`` then rolls everything back: a refused call changes nothing).
         Returns ``{"acked", "retried", "dead_lettered", "stale"}`` (a parked failure is retried).
         The answering statements are planned for their arrays each time (``prepare=False``): a
-        generic plan would not know the batch's size. A subscription with a breaker (issue 41): its
-        row locked first when a failure may spend an attempt, its answers counted last, its next
-        state taken after the commit (``messaging.breaking``)."""
+        generic plan would not know the batch's size. Breakers (issue 41): the failures'
+        subscriptions' breaker locks held shared first, a subscription with a ``breaker:`` has its
+        answers counted last and its next state taken after the commit (``messaging.breaking``)."""
         if not acks and not plans and marker is None:  # nothing to answer: no statement
             return {"acked": 0, "retried": 0, "dead_lettered": 0, "stale": 0}
         watched = self._watched(group_id, group, acks, plans)
@@ -207,7 +208,8 @@ class Consumer(Role):
 
         def apply() -> dict:
             with self.conn.transaction():
-                catalog.lock_breakers(self.conn, (sorted(watched), [group_id] * len(watched)))
+                topic_ids = [params["topic_id"] for params in plans]  # a failure may spend an attempt
+                catalog.lock_breakers(self.conn, topic_ids, [group_id] * len(topic_ids))
                 if marker is not None:
                     keys = {"settle_run": marker[0], "part": marker[1]}
                     if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
@@ -263,12 +265,14 @@ class Consumer(Role):
         ``BreakerConfig``, acks of the topic, the ``errors`` JSON of its failures that are not
         rejects: a reject is a verdict on a message, not an attempt against a dependency)."""
         watched: dict[int, tuple] = {}
-        for receipt in acks:
-            topic_id = self.context.topic_id(receipt.topic)
-            policy = self.context.effective_policy(topic_id, group_id, receipt.topic, group)
+        for topic, n in Counter(receipt.topic for receipt in acks).items():
+            topic_id = self.context.topic_id(topic)
+            try:
+                policy = self.context.effective_policy(topic_id, group_id, topic, group)
+            except (NotSubscribedError, ConfigError):  # the ack's own checks say what it is
+                continue
             if policy.breaker is not None:
-                config, n, errors = watched.get(topic_id, (policy.breaker, 0, []))
-                watched[topic_id] = (config, n + 1, errors)
+                watched[topic_id] = (policy.breaker, n, [])
         for params in plans:
             topic_id = params["topic_id"]
             policy = self.context.policies[(topic_id, group_id)][0]  # _plan_failures resolved it
@@ -291,11 +295,16 @@ class Consumer(Role):
         }
 
     def _evaluate(self, group_id: int, watched: dict, counted: dict) -> None:
-        """After the answer committed: each watched breaker takes its next state when the answer
-        counted a failure or found it not closed."""
+        """After the answer committed: each watched breaker takes its next state when, closed, the
+        answer counted a failure, or it is half-open (its probe's answers decide); an open or held
+        one waits for its time or an operator. The answer committed: a failure here is logged, not
+        raised (the next answer or tier window evaluates again)."""
         for topic_id, (failed, state) in counted.items():
-            if failed or state not in (None, "closed"):
-                breaking.evaluate(self.conn, watched[topic_id][0], topic_id, group_id)
+            if (state == "closed" and failed) or state == "half_open":
+                try:
+                    breaking.evaluate(self.conn, watched[topic_id][0], topic_id, group_id)
+                except psycopg.Error as error:
+                    breaking.log.warning("breaker of group id %s not evaluated: %s", group_id, error)
 
     def _receipt_params(self, items: list) -> dict:
         """``ids`` (one per receipt: the stale ones are counted from it), ``topic_ids`` and

@@ -151,9 +151,8 @@ def check_level_table(conn: psycopg.Connection, config: RedeliveryConfig) -> Non
 
 def policy_table(conn: psycopg.Connection, config: RedeliveryConfig, policies: dict) -> dict:
     """The SQL parameters of ``statements.POLICIES_CTE`` for ``policies`` (from
-    ``effective_policies``), and ``breaker_topics`` / ``breaker_groups``, the subscriptions with a
-    breaker (``breaker_keys``: what ``lock_breakers`` locks). Registers each DLQ name (not its
-    table: that comes with the first dead letter)."""
+    ``effective_policies``). Registers each DLQ name (not its table: that comes with the first dead
+    letter)."""
     names = sorted({p.dlq_name for p in policies.values()})
     ids: dict[str, int] = {}
     if names:
@@ -185,23 +184,17 @@ def policy_table(conn: psycopg.Connection, config: RedeliveryConfig, policies: d
         table["p_dlq"].append(ids[policy.dlq_name])
         table["p_cap"].append(policy.max_ready_backlog)
         table["p_rule"].append(counting_rule(policy.breaker))
-    table["breaker_topics"], table["breaker_groups"] = breaker_keys(policies)
     return table
 
 
-def breaker_keys(policies: dict) -> tuple[list[int], list[int]]:
-    """(topic ids, group ids) of the subscriptions of ``policies`` (``effective_policies``) whose
-    policy has a breaker, in lock order: the rows BREAKERS_SHARE locks."""
-    keys = sorted(key for key, policy in policies.items() if policy.breaker is not None)
-    return [t for t, _ in keys], [g for _, g in keys]
-
-
-def lock_breakers(conn: psycopg.Connection, keys: tuple[list[int], list[int]]) -> None:
-    """In the caller's transaction, before a statement that may spend an attempt: the breaker rows
-    of ``keys`` (``breaker_keys``) locked ``FOR SHARE`` until it commits, so that the breaker's state
-    the statement reads stays its state until the commit (an opening waits). Nothing for no keys."""
-    if keys[0]:
-        conn.execute(S.BREAKERS_SHARE, {"topic_ids": keys[0], "group_ids": keys[1]})
+def lock_breakers(conn: psycopg.Connection, topic_ids: list[int], group_ids: list[int]) -> None:
+    """In the caller's transaction, before a statement that may spend an attempt: the breaker locks
+    of the subscriptions (``topic_ids``, ``group_ids``, every one, with a ``breaker:`` or not: an
+    operator may open any) held shared until it commits (``BREAKERS_SHARE``, advisory: nothing
+    written), so that the breaker's state the statement reads stays its state until the commit (a
+    transition waits). Nothing for none."""
+    if topic_ids:
+        conn.execute(S.BREAKERS_SHARE, {"topic_ids": topic_ids, "group_ids": group_ids})
 
 
 # ---- DLQ tables ---------------------------------------------------------------------------------

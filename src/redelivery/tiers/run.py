@@ -258,7 +258,7 @@ def _apply(
         wake(conn, [(topic_id, group_id, n) for (group_id, topic_id), n in total.promoted_by_topic.items()])
     # every breaker takes its next state once a window (half-open once its open time passed, answers
     # a crash left uncounted by a transition)
-    watched = [(t, g, p.breaker) for (t, g), p in sorted(effective.items()) if p.breaker is not None]
+    watched = {key: p.breaker for key, p in sorted(effective.items()) if p.breaker is not None}
     transitions = [] if dry_run else breaking.evaluate_all(conn, watched)
     seconds = time.perf_counter() - started
     summary = _summary(conn, total, request, levels, len(ranges), seconds)

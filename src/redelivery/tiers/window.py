@@ -191,7 +191,7 @@ def apply_window_range(
     1. INFLIGHT messages whose lease (invisible_until) ended by ``window_end`` count as a failed
        delivery: back to WAITING_RETRY as their policy says (due = lease end + wait), or to the DLQ
        (reason LEASE_EXPIRED) when their reconsume times are used up; parked, with no attempt
-       spent, while their subscription's breaker is open (its row locked first: ``lock_breakers``).
+       spent, while their subscription's breaker is open (its lock held shared first: ``lock_breakers``).
     2. WAITING_RETRY messages at one of ``levels`` due by ``window_end`` go to READY (subscriptions
        with a ready-backlog cap excepted: see ``promote_capped``), or to the DLQ
        (MAX_DELIVERIES_EXCEEDED) if their policy's max reconsume times is now below theirs.
@@ -203,7 +203,7 @@ def apply_window_range(
     params = {**window_params(policies, levels, window_end), "low": low, "high": high}
     result = WindowResult()
     with conn.transaction(force_rollback=dry_run):
-        lock_breakers(conn, (policies["breaker_topics"], policies["breaker_groups"]))
+        lock_breakers(conn, policies["p_topic"], policies["p_group"])
         for group_id, n in conn.execute(S.EXPIRE_LEASES_PARK, params):
             result.parked[group_id] = n
         for group_id, n in conn.execute(S.EXPIRE_LEASES_RETRY, params):

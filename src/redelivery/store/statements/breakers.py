@@ -1,8 +1,15 @@
 """A subscription's circuit breaker (issue 41): its lock, the answers it counts, its transitions.
 
-Lock order, whoever takes them: a breaker row first (``BREAKERS_SHARE``), then delivery rows, then
-group rows, then ``breaker_outcomes`` (``COUNT_OUTCOMES``); a transition (``EVALUATE_BREAKER``,
-``SET_BREAKER``) locks the breaker row alone, in a transaction of its own.
+A subscription's breaker lock is an advisory lock of the transaction, keyed by the subscription
+(``_BREAKER_KEY``: its topic id in the high 32 bits, its group id in the low ones, the one-bigint
+form, which no other lock of redelivery uses): a statement that may spend an attempt holds it
+shared (``BREAKERS_SHARE``), a transition exclusively (``LOCK_BREAKER``), then decides in a
+statement of its own, whose snapshot and clock come after the wait. PostgreSQL queues these locks
+in order (a share asked after a waiting transition waits behind it: no opening starves), and they
+write nothing (a row's share lock would write its tuple and a multixact each time). Lock order,
+whoever takes them: the breaker lock first, then delivery rows, then group rows, then
+``breaker_outcomes`` (``COUNT_OUTCOMES``); a transition takes the breaker lock and its row alone,
+in a transaction of its own.
 """
 
 from __future__ import annotations
@@ -12,14 +19,22 @@ from redelivery.store.statements._shared import FailureSql, _named, counted
 # The statements keep the layout of SQL, not of Python.
 # fmt: off
 
-#: The breaker rows of the subscriptions (``topic_ids``, ``group_ids``), locked ``FOR SHARE`` in the
-#: order of their key until the caller's transaction ends: a statement after it that may spend an
-#: attempt (an answer's failure, a tier window's ended leases) reads a state no opening can change
-#: before it commits (the opening waits; one after it is seen). Shares do not wait for each other.
-BREAKERS_SHARE = _named("BREAKERS_SHARE", """
-    SELECT b.topic_id, b.group_id FROM breakers b
-    WHERE (b.topic_id, b.group_id) IN (SELECT * FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[]))
-    ORDER BY b.topic_id, b.group_id FOR SHARE OF b""")
+#: The advisory lock key of subscription (``{0}``, ``{1}``).
+_BREAKER_KEY = "(({0})::bigint << 32) | ({1})::bigint"
+#: The breaker locks of the subscriptions (``topic_ids``, ``group_ids``), shared, in the order of
+#: their key, until the caller's transaction ends: a statement after it that may spend an attempt
+#: (an answer's failure, a tier window's ended leases) reads a state no transition can change
+#: before it commits (the transition waits; one before it is seen). Shares do not wait for each
+#: other.
+BREAKERS_SHARE = _named("BREAKERS_SHARE", f"""
+    SELECT count(pg_advisory_xact_lock_shared(k.key))
+    FROM (SELECT DISTINCT {_BREAKER_KEY.format("s.topic_id", "s.group_id")} AS key
+          FROM unnest(%(topic_ids)s::int[], %(group_ids)s::int[]) AS s(topic_id, group_id)
+          ORDER BY 1) k""")
+#: A transition's first statement, in its transaction: the subscription's breaker lock, exclusive
+#: (it waits for the answers and tier ranges that hold it shared).
+LOCK_BREAKER = _named("LOCK_BREAKER", f"""
+    SELECT pg_advisory_xact_lock({_BREAKER_KEY.format("%(topic_id)s::int", "%(group_id)s::int")})""")
 
 #: One entry of an answer's ``errors`` (``receipts.error_lookup``: ``{"<message id>": {"error",
 #: "class", "frame"} or null}``) as a failure.
@@ -29,7 +44,8 @@ _ENTRY = FailureSql(*(f"(e.value ->> '{k}')" for k in ("error", "class", "frame"
 #: a late one too) added to the subscription's answers of this second, in the row of the backend's
 #: shard (pid modulo 4: concurrent answers of a group rarely wait on one row); none while the
 #: breaker is open, so that half-open counts its probes from its first second. Returns (counted
-#: failures, the breaker's state as this transaction sees it).
+#: failures, the breaker's state as this transaction sees it, an open one past its open time
+#: 'half_open').
 COUNT_OUTCOMES = _named("COUNT_OUTCOMES", f"""
     WITH failed AS (
       SELECT count(*) FILTER (WHERE {counted("%(rule)s::jsonb", _ENTRY)}) AS n
@@ -45,13 +61,14 @@ COUNT_OUTCOMES = _named("COUNT_OUTCOMES", f"""
       ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE
         SET succeeded = o.succeeded + excluded.succeeded, failed = o.failed + excluded.failed
       RETURNING 1)
-    SELECT f.n, (SELECT b.state FROM breakers b
-                 WHERE b.topic_id = %(topic_id)s AND b.group_id = %(group_id)s),
+    SELECT f.n, (SELECT CASE WHEN b.state = 'open' AND b.open_until <= now() THEN 'half_open' ELSE b.state END
+                 FROM breakers b WHERE b.topic_id = %(topic_id)s AND b.group_id = %(group_id)s),
            (SELECT count(*) FROM added)
     FROM failed f""")
 
-#: The breaker's next state, in a transaction of its own (after an answer that counted a failure or
-#: found the breaker not closed, and once per tier window). Its answers are those since its last
+#: The breaker's next state, in a transaction of its own after LOCK_BREAKER (so that its snapshot
+#: and its clock come after the wait: after an answer that counted a failure or found the breaker
+#: half-open, and once per tier window). Its answers are those since its last
 #: transition, at most ``window_seconds`` back when closed, since its open time ended when
 #: half-open. Closed: ``min_attempts`` answers and a ``failure_ratio`` of counted failures open it
 #: for ``open_seconds``. Open and past its open time (half-open): a counted failure opens it again
@@ -61,7 +78,8 @@ COUNT_OUTCOMES = _named("COUNT_OUTCOMES", f"""
 #: failed, open until: NULL when closed or held), audited in ``breaker_transitions`` (whose open
 #: until is never infinity: no client type holds it); nothing when none.
 EVALUATE_BREAKER = _named("EVALUATE_BREAKER", """
-    WITH b AS MATERIALIZED (
+    WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+    b AS MATERIALIZED (
       SELECT x.topic_id, x.group_id, x.state, x.open_until, x.open_seconds, x.probe_size, x.changed_at
       FROM breakers x
       WHERE x.topic_id = %(topic_id)s AND x.group_id = %(group_id)s AND x.state <> 'held'
@@ -71,14 +89,14 @@ EVALUATE_BREAKER = _named("EVALUATE_BREAKER", """
       FROM b JOIN breaker_outcomes o ON o.topic_id = b.topic_id AND o.group_id = b.group_id
        AND o.second >= CASE WHEN b.state = 'closed'
                             THEN greatest(date_trunc('second', b.changed_at),
-                                          now() - make_interval(secs => %(window_seconds)s))
+                                          (SELECT now FROM c) - make_interval(secs => %(window_seconds)s))
                             ELSE date_trunc('second', b.open_until) END),
     next AS MATERIALIZED (
       SELECT b.topic_id, b.group_id, b.state AS from_state, s.succeeded, s.failed,
              CASE WHEN b.state = 'closed'
                     THEN CASE WHEN s.succeeded + s.failed >= %(min_attempts)s
                                AND s.failed >= %(failure_ratio)s * (s.succeeded + s.failed) THEN 'open' END
-                  WHEN b.open_until > now() THEN NULL
+                  WHEN b.open_until > (SELECT now FROM c) THEN NULL
                   WHEN s.failed > 0
                     THEN CASE WHEN b.open_seconds * 2 > %(max_open_seconds)s THEN 'held' ELSE 'open' END
                   WHEN s.succeeded >= b.probe_size THEN 'closed'
@@ -88,15 +106,16 @@ EVALUATE_BREAKER = _named("EVALUATE_BREAKER", """
       FROM b, seen s),
     changed AS (
       UPDATE breakers x SET state = n.to_state,
-          open_until = CASE n.to_state WHEN 'open' THEN now() + make_interval(secs => n.open_for)
+          open_until = CASE n.to_state
+                         WHEN 'open' THEN (SELECT now FROM c) + make_interval(secs => n.open_for)
                                        WHEN 'held' THEN 'infinity'::timestamptz
                                        WHEN 'closed' THEN NULL ELSE x.open_until END,
           open_seconds = CASE n.to_state WHEN 'open' THEN n.open_for WHEN 'closed' THEN NULL
                                          ELSE x.open_seconds END,
-          opened_at = CASE WHEN n.from_state = 'closed' THEN now() WHEN n.to_state = 'closed' THEN NULL
-                           ELSE x.opened_at END,
+          opened_at = CASE WHEN n.from_state = 'closed' THEN (SELECT now FROM c)
+                           WHEN n.to_state = 'closed' THEN NULL ELSE x.opened_at END,
           probe_size = CASE WHEN n.from_state = 'closed' THEN %(probe_size)s ELSE x.probe_size END,
-          changed_at = now(), changed_by = 'redelivery',
+          changed_at = (SELECT now FROM c), changed_by = 'redelivery',
           opened_total = x.opened_total + (n.to_state = 'open')::int,
           closed_total = x.closed_total + (n.to_state = 'closed')::int,
           held_total = x.held_total + (n.to_state = 'held')::int
@@ -113,16 +132,16 @@ EVALUATE_BREAKER = _named("EVALUATE_BREAKER", """
     swept AS (
       DELETE FROM breaker_outcomes o
       WHERE o.topic_id = %(topic_id)s AND o.group_id = %(group_id)s
-        AND o.second < now() - make_interval(secs => %(window_seconds)s)
+        AND o.second < (SELECT now FROM c) - make_interval(secs => %(window_seconds)s)
         AND o.second < coalesce((SELECT x.open_until FROM breakers x
                                  WHERE x.topic_id = %(topic_id)s AND x.group_id = %(group_id)s),
                                 'infinity'))
     SELECT from_state, to_state, succeeded, failed, open_until FROM audited""")
 
-#: An operator's transition of a subscription's breaker, by ``changed_by`` (who and through what),
-#: with ``note``: ``state`` 'held' (open until an operator closes it), 'open' (for
-#: ``open_seconds``, half-open after, a probe of ``probe_size``), or 'closed' (the answers counted
-#: before no longer count).
+#: An operator's transition of a subscription's breaker (after LOCK_BREAKER, in its transaction),
+#: by ``changed_by`` (who and through what), with ``note``: ``state`` 'held' (open until an
+#: operator closes it), 'open' (for ``open_seconds``, half-open after, a probe of ``probe_size``),
+#: or 'closed' (the answers counted before no longer count).
 #: Returns (from, to, open until: NULL when closed or held); nothing: no such subscription.
 SET_BREAKER = _named("SET_BREAKER", """
     WITH b AS MATERIALIZED (
@@ -131,12 +150,13 @@ SET_BREAKER = _named("SET_BREAKER", """
     changed AS (
       UPDATE breakers x SET state = %(state)s::text,
           open_until = CASE %(state)s::text WHEN 'closed' THEN NULL WHEN 'held' THEN 'infinity'::timestamptz
-                                            ELSE now() + make_interval(secs => %(open_seconds)s::float8) END,
+                         ELSE clock_timestamp() + make_interval(secs => %(open_seconds)s::float8) END,
           open_seconds = CASE WHEN %(state)s::text = 'closed' THEN NULL
                               ELSE coalesce(%(open_seconds)s::float8, x.open_seconds) END,
-          opened_at = CASE WHEN %(state)s::text = 'closed' THEN NULL ELSE coalesce(x.opened_at, now()) END,
+          opened_at = CASE WHEN %(state)s::text = 'closed' THEN NULL
+                           ELSE coalesce(x.opened_at, clock_timestamp()) END,
           probe_size = %(probe_size)s,
-          changed_at = now(), changed_by = %(changed_by)s,
+          changed_at = clock_timestamp(), changed_by = %(changed_by)s,
           opened_total = x.opened_total + (%(state)s::text = 'open')::int,
           closed_total = x.closed_total + (%(state)s::text = 'closed')::int,
           held_total = x.held_total + (%(state)s::text = 'held')::int
@@ -176,6 +196,10 @@ METRICS_BREAKERS = _named("METRICS_BREAKERS", """
                 THEN 'half_open' ELSE b.state END,
            b.opened_total, b.closed_total, b.held_total
     FROM breakers b JOIN topics t ON t.id = b.topic_id JOIN consumer_groups g ON g.id = b.group_id""")
+#: The subscriptions whose breaker is not closed, and whether its open time ended (held: never).
+BREAKERS_NOT_CLOSED = _named("BREAKERS_NOT_CLOSED", """
+    SELECT topic_id, group_id, open_until <= now() FROM breakers WHERE state <> 'closed'
+    ORDER BY topic_id, group_id""")
 #: The names (topic, group) of a subscription by its ids, for a transition's log line.
 BREAKER_NAMES = _named("BREAKER_NAMES", """
     SELECT t.name, g.name FROM topics t, consumer_groups g
