@@ -17,6 +17,11 @@ needs it:
                 ``ReceivedMessage``; the ack deletes the rows whose receipt matches (the message is
                 then COMMITTED: below the offset, no row), after checking every receipt's topic.
 
+  breaker       the same with a circuit breaker on the subscription (issue 41): each ack also
+                counts its answers for the breaker (``COUNT_OUTCOMES``, in its transaction); a
+                closed breaker never opens on acks. Its ratio to redelivery without one is the
+                breaker's cost on the hot path.
+
 Targets (issue 20): >= 1.0x the plain queue with 1 consumer and >= 1.2x with 2. Prints
 messages/s for each variant and the ratio redelivery / plain queue (median of ``--rounds``,
 variants alternating). Runs on a database of its own (redelivery_bench).
@@ -83,17 +88,26 @@ def plain_consumer(url: str) -> int:
             done += len(conn.execute(PLAIN_DELETE, {"ids": [r[0] for r in rows]}).fetchall())
 
 
-def redelivery_consumer(url: str) -> int:
+def redelivery_consumer(url: str, config=None) -> int:
     """Drain the bench topic with the client: receive (bodies decoded), ack; messages acked."""
     from redelivery.client import Client
 
     done = 0
-    with Client(url) as client:
+    with Client(url, config) as client:
         while True:
             got = client.receive("bench", "bench", BATCH, 60)
             if not got:
                 return done
             done += client.ack("bench", got)
+
+
+def breaker_consumer(url: str) -> int:
+    """``redelivery_consumer`` with a breaker on the bench subscription."""
+    from redelivery.config import RedeliveryConfig, cached_config
+
+    config = cached_config().model_dump(exclude_unset=True)
+    config["policies"] = [*config.get("policies", []), {"topic": "bench", "group": "bench", "breaker": {}}]
+    return redelivery_consumer(url, RedeliveryConfig.model_validate(config))
 
 
 def rate(url: str, consumer, consumers: int, n: int) -> float:
@@ -126,23 +140,24 @@ def main() -> None:
     variants = {
         "plain queue": (lambda: build_plain(url, args.messages), plain_consumer),
         "redelivery": (lambda: build(url, args.messages, state="READY"), redelivery_consumer),
+        "breaker": (lambda: build(url, args.messages, state="READY"), breaker_consumer),
     }
     print(
         f"receive+ack of {args.messages:,} messages, batches of {BATCH}, bodies decoded; "
         f"median of {args.rounds} rounds"
     )
-    print(f"{'consumers':>9} {'plain queue':>14} {'redelivery':>14} {'ratio':>7}  target")
+    print(f"{'consumers':>9} {'plain queue':>14} {'redelivery':>14} {'ratio':>7}  target  {'breaker':>14}")
     for consumers, target in ((1, 1.0), (2, 1.2)):
         rates: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.rounds):
             for name, (fill, consumer) in variants.items():
                 fill()
                 rates[name].append(rate(url, consumer, consumers, args.messages))
-        plain, ours = (statistics.median(rates[name]) for name in variants)
+        plain, ours, breaker = (statistics.median(rates[name]) for name in variants)
         verdict = "met" if ours / plain >= target else "MISSED"
         print(
             f"{consumers:>9} {plain:>10,.0f} m/s {ours:>10,.0f} m/s {ours / plain:>6.2f}x"
-            f"  >= {target:.1f}x: {verdict}",
+            f"  >= {target:.1f}x: {verdict}  {breaker:>10,.0f} m/s ({breaker / ours:.2f}x without)",
             flush=True,
         )
     with db.connect(url, autocommit=True) as conn:
