@@ -141,7 +141,8 @@ def test_a_scrape_equals_the_state(state):
     for group in ("billing", "audit"):  # no breaker was ever opened: closed, no transition
         assert value(samples, "redelivery_breaker_open", topic="orders", group=group, state="closed") == 0
         for to in ("open", "closed", "held"):
-            assert value(samples, "redelivery_breaker_transitions_total", topic="orders", group=group, to=to) == 0
+            name = "redelivery_breaker_transitions_total"
+            assert value(samples, name, topic="orders", group=group, to=to) == 0
     lateness = histogram(samples, "redelivery_retry_lateness_seconds", "seconds")
     # 2.5 s late is in the bucket whose bound is 2.5 (le: less than or equal), not above it
     assert (lateness["1.0"], lateness["2.5"], lateness["+Inf"]) == (0, 2, 2)
