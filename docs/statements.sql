@@ -297,6 +297,7 @@ DELETE FROM publish_staging WHERE batch_id = %(batch)s AND run_id = %(stage_run)
 
 /* redelivery:DELETE_TOPIC */
 WITH deleted_dead_letters AS (DELETE FROM dlq_messages WHERE topic_id = %(topic_id)s),
+deleted_outcomes AS (DELETE FROM breaker_outcomes WHERE topic_id = %(topic_id)s),
 deleted_messages AS (DELETE FROM messages WHERE topic_id = %(topic_id)s)
 DELETE FROM topics WHERE id = %(topic_id)s;
 

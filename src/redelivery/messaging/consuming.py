@@ -10,7 +10,7 @@ from datetime import datetime
 
 import psycopg
 
-from redelivery.errors import ConfigError, ForeignReceiptError, InvalidLevelError, NotSubscribedError
+from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging import breaking
 from redelivery.messaging.codec import Receipt, ReceivedMessage
 from redelivery.messaging.context import Role
@@ -267,12 +267,8 @@ class Consumer(Role):
         watched: dict[int, tuple] = {}
         for topic, n in Counter(receipt.topic for receipt in acks).items():
             topic_id = self.context.topic_id(topic)
-            try:
-                policy = self.context.effective_policy(topic_id, group_id, topic, group)
-            except (NotSubscribedError, ConfigError):  # the ack's own checks say what it is
-                continue
-            if policy.breaker is not None:
-                watched[topic_id] = (policy.breaker, n, [])
+            if (breaker := self.context.breaker(topic_id, group_id, topic, group)) is not None:
+                watched[topic_id] = (breaker, n, [])
         for params in plans:
             topic_id = params["topic_id"]
             policy = self.context.policies[(topic_id, group_id)][0]  # _plan_failures resolved it

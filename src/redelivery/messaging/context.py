@@ -8,7 +8,8 @@ from __future__ import annotations
 import psycopg
 
 from redelivery.config import RedeliveryConfig
-from redelivery.errors import NotSubscribedError
+from redelivery.errors import ConfigError, NotSubscribedError
+from redelivery.rules.breaker import BreakerConfig
 from redelivery.rules.levels import LevelTable
 from redelivery.rules.policies import EffectivePolicy
 from redelivery.store import catalog
@@ -27,6 +28,7 @@ class ClientContext:
         self.groups: dict[str, tuple[int, int | None]] = {}
         self.policies: dict[tuple[int, int], tuple[EffectivePolicy, dict]] = {}
         self.caps: dict[int, dict] = {}  # topic id -> {group id: policy with a ready-backlog cap}
+        self.breakers: dict[tuple[int, int], BreakerConfig | None] = {}  # -> its policy's breaker:
         self.ordered: dict[tuple[int, int], bool] = {}  # (topic id, group id) -> an ordered subscription
         #: (topic id, group id) -> the share of free messages its ordered receive expects to read
         self.free_shares: dict[tuple[int, int], float] = {}
@@ -43,7 +45,7 @@ class ClientContext:
     def config(self, config: RedeliveryConfig) -> None:
         """A new config: its level table parsed once; the policies resolved again when next used."""
         self._config, self.levels = config, config.level_table
-        self.policies, self.caps = {}, {}
+        self.policies, self.caps, self.breakers = {}, {}, {}
 
     def topic_id(self, name: str) -> int:
         """Topic ``name``'s id; ``UnknownTopicError`` if there is none."""
@@ -73,11 +75,13 @@ class ClientContext:
         self.groups.pop(name, None)
         self.policies.clear()
         self.caps.clear()
+        self.breakers.clear()
 
     def forget_topic(self, topic_id: int | None) -> None:
         """Topic ``topic_id`` changed (deleted, or a subscription added): its policies and caps."""
         self.caps.pop(topic_id, None)
         self.policies = {k: v for k, v in self.policies.items() if k[0] != topic_id}
+        self.breakers = {k: v for k, v in self.breakers.items() if k[0] != topic_id}
         self.ordered = {k: v for k, v in self.ordered.items() if k[0] != topic_id}
 
     def is_ordered(self, topic_id: int, group_id: int) -> bool:
@@ -100,6 +104,18 @@ class ClientContext:
         if key not in found:
             raise NotSubscribedError(f"group {group!r} is not subscribed to topic {topic!r}")
         return found[key]
+
+    def breaker(self, topic_id: int, group_id: int, topic: str, group: str) -> BreakerConfig | None:
+        """The ``breaker:`` of one subscription's policy (None: none, or no such subscription, or a
+        policy that does not resolve: the call's own checks say what it is), cached: an ack asks
+        for it every time."""
+        key = (topic_id, group_id)
+        if key not in self.breakers:
+            try:
+                self.breakers[key] = self.effective_policy(topic_id, group_id, topic, group).breaker
+            except (NotSubscribedError, ConfigError):
+                return None
+        return self.breakers[key]
 
     def policy(self, topic_id: int, group_id: int, topic: str, group: str) -> tuple[EffectivePolicy, dict]:
         """(policy, SQL parameters of the policy table) of one subscription, cached. Registers the

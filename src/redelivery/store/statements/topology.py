@@ -78,9 +78,11 @@ LOCK_SUBSCRIPTIONS_FOR_DELETE = _named("LOCK_SUBSCRIPTIONS_FOR_DELETE", """
 #: of them writes is committed before DELETE_TOPIC starts).
 DELETE_TOPIC_DELIVERIES = _named("DELETE_TOPIC_DELIVERIES", """
     DELETE FROM deliveries WHERE topic_id = %(topic_id)s""")
-#: A topic with its dead letters and its log; subscriptions and publish records cascade.
+#: A topic with its dead letters, its log and its breakers' counted answers; subscriptions (their
+#: breakers too) and publish records cascade.
 DELETE_TOPIC = _named("DELETE_TOPIC", """
     WITH deleted_dead_letters AS (DELETE FROM dlq_messages WHERE topic_id = %(topic_id)s),
+    deleted_outcomes AS (DELETE FROM breaker_outcomes WHERE topic_id = %(topic_id)s),
     deleted_messages AS (DELETE FROM messages WHERE topic_id = %(topic_id)s)
     DELETE FROM topics WHERE id = %(topic_id)s""")
 #: Subscriptions with their names and the group's own max reconsume times: all (``all``) or the
