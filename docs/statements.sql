@@ -112,6 +112,11 @@ INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at)
 VALUES (%(batch)s, %(topic_id)s, %(count)s, coalesce(%(at)s::timestamptz, now()))
 ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id;
 
+/* redelivery:CLEANUP_BREAKER_TRANSITIONS */
+DELETE FROM breaker_transitions WHERE id = ANY(ARRAY(
+  SELECT id FROM breaker_transitions
+  WHERE at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s));
+
 /* redelivery:CLEANUP_DEAD_LETTERS */
 WITH expired AS (
   DELETE FROM dlq_messages q USING (
@@ -251,7 +256,13 @@ AND (%(error_contains)s::text IS NULL
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                    OR octet_length(q.key) <= 2000))) AND NOT EXISTS (
+                                    OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) AND NOT EXISTS (
   SELECT 1 FROM log_partitions l
   WHERE coalesce(l.starts_at, '-infinity') <= q.published_at AND l.ends_at > q.published_at)
 ORDER BY 1;
@@ -332,6 +343,12 @@ AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bi
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))
   AND (%(before_at)s::timestamptz IS NULL
        OR (q.dead_lettered_at, q.message_id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
 ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT %(limit)s;
@@ -349,7 +366,13 @@ SELECT count(*) FROM dlq_messages q WHERE q.group_id = %(group_id)s
     AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
     AND (%(key)s::text IS NULL
          OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                        OR octet_length(q.key) <= 2000)));
+                                        OR octet_length(q.key) <= 2000)))
+    -- a standing redrive's: below its generation limit, and dead long enough for the generation
+    -- (rules.standing.generation_wait_seconds)
+    AND (%(max_generations)s::int IS NULL
+         OR (q.redrive_count < %(max_generations)s::int
+             AND q.dead_lettered_at <= now() - make_interval(
+                   secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))));
 
 /* redelivery:DLQ_COUNT_FROM_TOPIC */
 SELECT count(*) FROM dlq_messages q WHERE q.group_id = %(group_id)s
@@ -364,7 +387,13 @@ AND (%(error_contains)s::text IS NULL
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                    OR octet_length(q.key) <= 2000))) AND q.topic_id = %(dest)s::int;
+                                    OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) AND q.topic_id = %(dest)s::int;
 
 /* redelivery:DLQ_IDS */
 SELECT name, id FROM dead_letter_queues WHERE name = ANY(%(names)s::text[]);
@@ -408,6 +437,12 @@ AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bi
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))
 ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s;
 
 /* redelivery:DLQ_SIGNATURES */
@@ -432,7 +467,13 @@ AND (%(error_contains)s::text IS NULL
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                    OR octet_length(q.key) <= 2000))) GROUP BY q.signature, q.topic_id) p
+                                    OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) GROUP BY q.signature, q.topic_id) p
       GROUP BY p.signature ORDER BY 2 DESC, 1 LIMIT %(limit)s) s
 -- the newest of each listed signature only (one probe of the index each)
 LEFT JOIN LATERAL (
@@ -449,7 +490,13 @@ AND (%(error_contains)s::text IS NULL
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                    OR octet_length(q.key) <= 2000))) AND q.signature = s.signature
+                                    OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) AND q.signature = s.signature
   ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
 ORDER BY s.n DESC, s.signature;
 
@@ -916,6 +963,10 @@ CROSS JOIN LATERAL (
   SELECT count(*) AS n, min(m.published_at) AS oldest FROM messages m
   WHERE m.topic_id = s.topic_id AND m.id > s.consume_offset) p;
 
+/* redelivery:METRICS_STANDING */
+SELECT g.name, p.name, p.state, p.brought_back
+FROM standing_redrives p JOIN consumer_groups g ON g.id = p.group_id ORDER BY g.name, p.name;
+
 /* redelivery:METRICS_WAITING */
 SELECT t.name, g.name, c.delay_level, c.n
 FROM (SELECT topic_id, group_id, delay_level, count(*) AS n FROM deliveries
@@ -1060,7 +1111,13 @@ AND (%(error_contains)s::text IS NULL
 AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
-                                    OR octet_length(q.key) <= 2000)));
+                                    OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))));
 
 /* redelivery:PLAN_WINDOW_RANGES */
 SELECT min(message_id), max(message_id),
@@ -1452,6 +1509,12 @@ AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bi
 AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
+-- a standing redrive's: below its generation limit, and dead long enough for the generation
+-- (rules.standing.generation_wait_seconds)
+AND (%(max_generations)s::int IS NULL
+     OR (q.redrive_count < %(max_generations)s::int
+         AND q.dead_lettered_at <= now() - make_interval(
+               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))
     AND (%(low)s::bigint IS NULL OR (q.message_id >= %(low)s::bigint AND q.message_id < %(high)s::bigint))
     AND NOT EXISTS (SELECT 1 FROM redrive_moves rm WHERE rm.run_id = %(run)s
                     AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
@@ -1531,10 +1594,15 @@ copies AS (
          r.origin_message_id
   FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id),
 logged AS (
-  INSERT INTO redrive_moves (run_id, group_id, message_id)
-  SELECT %(run)s, group_id, message_id FROM removed RETURNING 1),
+  INSERT INTO redrive_moves (run_id, group_id, message_id, generation)
+  SELECT %(run)s, group_id, message_id, redrive_count + 1 FROM removed RETURNING 1),
 counted AS (
-  UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s RETURNING 1),
+  UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s
+  RETURNING standing_id),
+-- a standing redrive's total (redelivery_auto_redriven_total), in the moves' transaction
+standing_total AS (
+  UPDATE standing_redrives SET brought_back = brought_back + (SELECT count(*) FROM logged)
+  WHERE id = (SELECT standing_id FROM counted) AND EXISTS (SELECT 1 FROM logged)),
 -- the group's redriven total: its new value reads all of removed, so the row is locked last
 totals AS (
   UPDATE consumer_groups SET redriven = redriven + (SELECT count(*) FROM removed)
@@ -1556,8 +1624,8 @@ RETURNING run_key, triggered_by, filter, dry_run, status, matched, filter->'max_
           moved, held_by_backlog_cap, sample, started_at, finished_at;
 
 /* redelivery:REDRIVE_RUN_START */
-INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run)
-VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s)
+INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run, standing_id)
+VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s, %(standing_id)s)
 ON CONFLICT (run_key) DO UPDATE SET
     status = CASE WHEN redrive_runs.status = 'success' AND (EXCLUDED.dry_run OR NOT redrive_runs.dry_run)
                   THEN 'success' ELSE 'running' END,
@@ -1667,6 +1735,82 @@ WHERE batch_id = %(batch)s AND run_id = %(stage_run)s ORDER BY part, seq;
 /* redelivery:STAGE_CHUNK */
 INSERT INTO publish_staging (batch_id, run_id, part, seq, rows, data)
 VALUES (%(batch)s, %(stage_run)s, %(part)s, %(seq)s, %(rows)s, %(data)s);
+
+/* redelivery:STANDING_ADD */
+INSERT INTO standing_redrives (name, group_id, source, spec, changed_by)
+VALUES (%(name)s, %(group_id)s, 'operator', %(spec)s, %(changed_by)s)
+ON CONFLICT (name) DO NOTHING RETURNING id;
+
+/* redelivery:STANDING_CLAIM */
+UPDATE standing_redrives p
+SET claimed_until = clock_timestamp() + make_interval(secs => %(lease)s::float8), more_left = true,
+    last_run_at = now()
+WHERE p.id = %(id)s AND p.state = 'active' AND (p.claimed_until IS NULL OR p.claimed_until < now())
+  AND NOT EXISTS (
+    SELECT 1 FROM breakers b JOIN topics t ON t.id = b.topic_id
+    WHERE b.group_id = p.group_id AND b.state <> 'closed'
+      AND (p.spec->>'topic' IS NULL OR t.name = p.spec->>'topic'))
+  AND (p.more_left
+       OR (p.spec->>'after' = 'every'
+           AND (p.last_run_at IS NULL
+                OR p.last_run_at <= now() - make_interval(secs => %(every)s::float8)))
+       OR (p.spec->>'after' = 'breaker_closed' AND EXISTS (
+             SELECT 1 FROM breaker_transitions x JOIN topics t ON t.id = x.topic_id
+             WHERE x.group_id = p.group_id AND x.to_state = 'closed'
+               AND x.at > coalesce(p.last_run_at, p.created_at)
+               AND (p.spec->>'topic' IS NULL OR t.name = p.spec->>'topic'))))
+RETURNING p.claimed_until;
+
+/* redelivery:STANDING_DIED_AGAIN */
+SELECT count(*), count(*) FILTER (WHERE EXISTS (
+         SELECT 1 FROM dlq_messages q WHERE q.message_id = m.message_id AND q.group_id = m.group_id
+           AND q.dead_lettered_at > m.moved_at))
+FROM (SELECT m.group_id, m.message_id, m.moved_at
+      FROM redrive_runs r JOIN redrive_moves m ON m.run_id = r.id
+      JOIN standing_redrives p ON p.id = r.standing_id
+      WHERE r.standing_id = %(id)s AND m.moved_at >= p.counting_since
+      ORDER BY r.id DESC LIMIT %(limit)s) m;
+
+/* redelivery:STANDING_FORGET_CONFIG */
+DELETE FROM standing_redrives WHERE source = 'config' AND name <> ALL(%(names)s::text[])
+RETURNING name;
+
+/* redelivery:STANDING_LIST */
+SELECT p.id, p.name, g.name AS "group", p.source, p.spec, p.state, p.stopped_reason, p.changed_at,
+       p.changed_by, p.last_run_at, p.runs, p.brought_back, p.more_left,
+       p.claimed_until > now() AS running
+FROM standing_redrives p JOIN consumer_groups g ON g.id = p.group_id
+WHERE %(name)s::text IS NULL OR p.name = %(name)s::text ORDER BY p.name;
+
+/* redelivery:STANDING_RELEASE */
+UPDATE standing_redrives SET claimed_until = NULL, more_left = %(more_left)s,
+    runs = runs + CASE WHEN %(ran)s THEN 1 ELSE 0 END
+WHERE id = %(id)s AND claimed_until = %(claimed)s;
+
+/* redelivery:STANDING_REMOVE */
+DELETE FROM standing_redrives WHERE name = %(name)s AND source = 'operator' RETURNING id;
+
+/* redelivery:STANDING_SET_STATE */
+UPDATE standing_redrives p
+SET state = CASE WHEN %(reason)s::text IS NULL THEN 'active' ELSE 'stopped' END,
+    stopped_reason = %(reason)s::text, changed_at = now(), changed_by = %(changed_by)s,
+    counting_since = CASE WHEN %(reason)s::text IS NULL AND p.state = 'stopped' THEN now()
+                          ELSE p.counting_since END,
+    more_left = CASE WHEN %(reason)s::text IS NULL THEN p.more_left ELSE false END
+FROM standing_redrives old WHERE old.id = p.id AND p.name = %(name)s
+RETURNING old.state;
+
+/* redelivery:STANDING_SYNC_CONFIG */
+WITH written AS (
+  INSERT INTO standing_redrives AS p (name, group_id, source, spec, changed_by)
+  SELECT n, g, 'config', s, 'config'
+  FROM unnest(%(names)s::text[], %(group_ids)s::int[], %(specs)s::jsonb[]) AS c(n, g, s)
+  ON CONFLICT (name) DO UPDATE SET spec = EXCLUDED.spec, group_id = EXCLUDED.group_id,
+      changed_at = now(), counting_since = now()
+  WHERE p.source = 'config' AND (p.spec <> EXCLUDED.spec OR p.group_id <> EXCLUDED.group_id)
+  RETURNING name)
+SELECT p.name FROM standing_redrives p
+WHERE p.name = ANY(%(names)s::text[]) AND p.source = 'operator';
 
 /* redelivery:STATE_STORE_TABLES */
 SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery' AND tablename <> 'alembic_version'

@@ -27,6 +27,7 @@ from pydantic import (
 from redelivery.errors import ConfigError
 from redelivery.rules.levels import ROCKETMQ_RETRY_LEVELS, LevelTable, parse_duration
 from redelivery.rules.policies import EffectivePolicy, PolicyConfig, resolve
+from redelivery.rules.standing import StandingRedrive
 from redelivery.settings import get_settings
 
 #: A tier's DAG run spans one hour of windows by default (``TierConfig.run_span``).
@@ -133,7 +134,8 @@ class RetentionConfig(BaseModel):
     a Spark settle answered, so that a task Spark runs again within this time changes nothing
     twice; a repeat after it only meets stale receipts, counted as such).
 
-    ``airflow_runs``: what the system's own DAGs (the tiers' and ``redelivery_maintenance``) leave
+    ``airflow_runs``: what the system's own DAGs (the tiers', ``redelivery_maintenance`` and
+    ``redelivery_standing_redrives``) leave
     in Airflow: their finished DAG runs older than this, with the task instances, XComs and task
     logs of those runs, are deleted by ``redelivery_maintenance`` through Airflow's REST API (never
     another DAG's; ``redelivery.airflow.retention``); ``None`` keeps them."""
@@ -157,7 +159,9 @@ class RetentionConfig(BaseModel):
     )
     publish_batches: str = Field("7d", description="publish batch ids: a batch id publishes once within it")
     tier_runs: str = Field("7d", description="tier run records (`tier_runs`, the page's tiers)")
-    redrive_runs: str = Field("90d", description="redrive runs, with their per-message audit")
+    redrive_runs: str = Field(
+        "90d", description="redrive runs, with their per-message audit, and breaker transitions"
+    )
     publish_staging: str = Field("1d", description="rows staged by publishes that never finished")
     settle_markers: str = Field(
         "7d",
@@ -166,7 +170,8 @@ class RetentionConfig(BaseModel):
     )
     airflow_runs: str | None = Field(
         "7d",
-        description="in Airflow: the finished runs of the tier DAGs and `redelivery_maintenance` (their "
+        description="in Airflow: the finished runs of the tier DAGs, `redelivery_maintenance` and "
+        "`redelivery_standing_redrives` (their "
         "task instances, XComs and task logs), deleted by the maintenance DAG through the REST API; "
         "`null` keeps them",
     )
@@ -250,7 +255,21 @@ class RedeliveryConfig(BaseModel):
         description="a tier run or a redrive with at least this many messages to move runs on Spark; "
         "smaller ones move in the task itself (a Spark round trip would cost more than it saves)",
     )
+    standing_redrives: list[StandingRedrive] = Field(
+        default_factory=list,
+        description="standing redrive policies: dead letters that come back by themselves (Standing "
+        "redrives, below)",
+    )
     _policy_cache: dict = PrivateAttr(default_factory=dict)
+
+    @field_validator("standing_redrives")
+    @classmethod
+    def _standing_names_once(cls, value: list[StandingRedrive]) -> list[StandingRedrive]:
+        names = [p.name for p in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"standing redrive names {twice} are used twice")
+        return value
 
     @field_validator("delay_levels")
     @classmethod

@@ -153,15 +153,21 @@ class DlqFilter(BaseModel):
 FILTER_FIELDS: tuple[str, ...] = tuple(DlqFilter.model_fields)
 
 
-def filter_params(conn: psycopg.Connection, request: DlqFilter) -> dict:
+def filter_params(
+    conn: psycopg.Connection, request: DlqFilter, generations: tuple[int, float] | None = None
+) -> dict:
     """The parameters of ``statements.DLQ_FILTER``: the filter's fields under their own names (an
-    empty list as NULL: no condition), and the ids of its group and topic. Raises
-    UnknownGroupError / UnknownTopicError."""
+    empty list as NULL: no condition), and the ids of its group and topic; ``generations``, a
+    standing redrive's ``(max_generations, generation_wait in seconds)``: only the dead letters
+    redriven fewer times, dead for ``generation_wait * 2**redrive_count`` (``rules.standing``).
+    Raises UnknownGroupError / UnknownTopicError."""
     values = {name: getattr(request, name) for name in FILTER_FIELDS}
     return {
         **{name: (list(v) or None) if isinstance(v, list) else v for name, v in values.items()},
         "group_id": group(conn, request.group)[0],
         "topic_id": topic_id(conn, request.topic) if request.topic else None,
+        "max_generations": generations[0] if generations else None,
+        "generation_wait": generations[1] if generations else None,
     }
 
 

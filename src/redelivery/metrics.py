@@ -29,6 +29,8 @@ Names follow RocketMQ 5's metrics (``rocketmq_consumer_ready_messages``,
 | ``redelivery_dlq_signature_messages`` | gauge | group, signature, error_class | dead letters per group by the signature of their last failure (issue 40): the ``SIGNATURES_PER_GROUP`` most frequent signatures of each group with their error class (empty for a text error), the rest as signature ``other``: bounded however many distinct failures there are | ``dlq_messages``, index ``dlq_messages_signature`` |
 | ``redelivery_breaker_open`` | gauge | topic, group, state | 1 while the subscription's circuit breaker is open, half-open or held (``state`` says which), 0 closed (issue 41): receives hand out nothing (half-open: a probe), counted failures are parked | ``breakers`` |
 | ``redelivery_breaker_transitions_total`` | counter | topic, group, to | times the breaker went to ``to`` (open, closed, held), by itself or by an operator | ``breakers`` (opened_total, closed_total, held_total), added by the transition's statement |
+| ``redelivery_auto_redriven_total`` | counter | group, policy | dead letters a standing redrive brought back (issue 41) | ``standing_redrives.brought_back``, added by each redrive batch of its runs |
+| ``redelivery_standing_redrive_stopped`` | gauge | group, policy | 1 while the standing redrive is stopped (by itself, when what it brought back died again too often, or by an operator), 0 active | ``standing_redrives`` |
 | ``redelivery_promoted_messages_total`` | counter | group | retries a tier run moved WAITING_RETRY -> READY | ``consumer_groups.promoted``, added in the transaction of the promotion |
 | ``redelivery_send_to_dlq_messages_total`` | counter | group | messages dead-lettered, for any reason (RocketMQ ``rocketmq_send_to_dlq_messages_total``) | ``consumer_groups.dead_lettered``, added in the dead-lettering transaction (client or tier run) |
 | ``redelivery_redriven_messages_total`` | counter | group | dead letters a redrive moved out of the DLQ (back to READY, or closed with a copy sent to another topic) | ``consumer_groups.redriven``, added by each redrive batch's statement |
@@ -215,6 +217,7 @@ class StateStoreCollector(Collector):
         yield committed
         yield from _histograms(rows["histograms"])
         yield from _breakers(rows["breakers"])
+        yield from _standing(rows["standing"])
         if self.tier_paused is not None:  # the state store does not know it: only Airflow does
             yield _tier_paused(self.tier_paused)
 
@@ -242,6 +245,7 @@ class StateStoreCollector(Collector):
                 "totals": execute(S.METRICS_GROUP_TOTALS).fetchall(),
                 "histograms": execute(S.METRICS_HISTOGRAMS).fetchall(),
                 "breakers": execute(S.METRICS_BREAKERS, {"at": self.at}).fetchall(),
+                "standing": execute(S.METRICS_STANDING).fetchall(),
                 "partitions": log.partitions(self.conn),
                 "now": self.at or execute(S.DB_NOW).fetchone()[0],
                 "held": self._held(),
@@ -376,6 +380,24 @@ def _breakers(breakers: list) -> Iterator:
         for to, n in (("open", opened), ("closed", closed), ("held", held)):
             family.add_metric([topic, group, to], n)
     yield family
+
+
+def _standing(standing: list) -> Iterator:
+    """Each standing redrive: what it brought back, and whether it is stopped."""
+    family = CounterMetricFamily(
+        "redelivery_auto_redriven",
+        "Dead letters a standing redrive brought back (moved by its runs).",
+        labels=["group", "policy"],
+    )
+    for group, policy, _, brought_back in standing:
+        family.add_metric([group, policy], brought_back)
+    yield family
+    yield _gauge(
+        "redelivery_standing_redrive_stopped",
+        "1 while the standing redrive is stopped (by itself or by an operator), 0 active.",
+        ["group", "policy"],
+        (([group, policy], int(state == "stopped")) for group, policy, state, _ in standing),
+    )
 
 
 def _histograms(histograms: list) -> Iterator:

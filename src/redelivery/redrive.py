@@ -97,9 +97,11 @@ class RedriveRequest(DlqFilter):
         return self.model_dump(mode="json", exclude={"dry_run"} | unset)
 
 
-def _moving_params(conn: psycopg.Connection, request: RedriveRequest) -> dict:
+def _moving_params(
+    conn: psycopg.Connection, request: RedriveRequest, generations: tuple[int, float] | None = None
+) -> dict:
     params = {
-        **filter_params(conn, request),
+        **filter_params(conn, request, generations),
         "reset": request.reset_reconsume_times,
         "dest": None,
         "dest_name": None,
@@ -311,12 +313,18 @@ class Run:
 
 
 def start_run(
-    conn: psycopg.Connection, request: RedriveRequest, group_id: int, run_key: str, triggered_by: str | None
+    conn: psycopg.Connection,
+    request: RedriveRequest,
+    group_id: int,
+    run_key: str,
+    triggered_by: str | None,
+    standing_id: int | None = None,
 ) -> Run:
-    """Start run ``run_key`` for ``request``, or resume it; raises ``RedeliveryError``, changing
-    nothing, when the key is a redrive of another selection, or a real run that a dry run would
-    resume (a dry run never moves anything)."""
+    """Start run ``run_key`` for ``request`` (of standing redrive ``standing_id``, when given), or
+    resume it; raises ``RedeliveryError``, changing nothing, when the key is a redrive of another
+    selection, or a real run that a dry run would resume (a dry run never moves anything)."""
     start = {
+        "standing_id": standing_id,
         "run_key": run_key,
         "triggered_by": triggered_by,
         "group_id": group_id,
@@ -369,6 +377,8 @@ def redrive(
     spark_threshold: int | None = None,
     wait: Callable[[float], object] = time.sleep,
     config: RedeliveryConfig | None = None,
+    standing_id: int | None = None,
+    generations: tuple[int, float] | None = None,
 ) -> dict:
     """Redrive the dead letters ``request`` selects and return the audit record as a dict:
     ``{"run_key", "triggered_by", "filter", "dry_run", "status", "matched", "max_messages",
@@ -388,14 +398,16 @@ def redrive(
     ``spark`` and a selection of at least ``spark_threshold`` messages (default: the config's
     ``spark_threshold``; no ``max_messages``, no cap), the batches run in Spark tasks over
     message-id ranges, paced together. ``config``: the policies (default: the config file's).
+    ``standing_id`` and ``generations`` make it a run of a standing redrive (``redelivery.standing``):
+    only dead letters below its generation limit and past their generation's wait (``filter_params``).
     Raises UnknownGroupError, UnknownTopicError, RedeliveryError before moving anything."""
     url = url or db.database_url()
     config = config or cached_config()
     with db.connect(url, autocommit=True) as conn:
         db.check_schema(conn)  # SchemaNotMigratedError, not an UndefinedTable halfway
-        params = _moving_params(conn, request)
+        params = _moving_params(conn, request, generations)
         lanes = capped_lanes(conn, config, request, params)
-        run = start_run(conn, request, params["group_id"], run_key, triggered_by)
+        run = start_run(conn, request, params["group_id"], run_key, triggered_by, standing_id)
         try:
             matched = conn.execute(S.DLQ_COUNT, params).fetchone()[0]
             sample = jsonable(select(conn, request, limit=SAMPLE_SIZE))

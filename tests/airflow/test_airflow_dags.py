@@ -16,6 +16,7 @@ def test_dags_import_without_errors(dagbag):
         "dlq_redrive",
         "redelivery_flights_consumer",
         "redelivery_maintenance",
+        "redelivery_standing_redrives",
         "redelivery_tier_half_hours",
         "redelivery_tier_hours",
         "redelivery_tier_minutes",

@@ -82,12 +82,14 @@ def test_the_redrive_params_take_what_the_redrive_takes(redrive_params, conf):
 
 
 def test_the_system_dags_are_active_when_airflow_first_sees_them(dagbag):
-    """Issue 17.1: the tier DAGs (the heartbeat), dlq_redrive (the page's form, REST triggers) and
-    the maintenance DAG start unpaused; the example consumer waits for its user."""
+    """Issue 17.1: the tier DAGs (the heartbeat), dlq_redrive (the page's form, REST triggers), the
+    maintenance DAG and the standing redrives' (issue 41) start unpaused; the example consumer
+    waits for its user."""
     active = {dag_id for dag_id, dag in dagbag.dags.items() if dag.is_paused_upon_creation is False}
     assert active == {d for d in dagbag.dag_ids if d.startswith("redelivery_tier_")} | {
         "dlq_redrive",
         "redelivery_maintenance",
+        "redelivery_standing_redrives",
     }
     assert dagbag.dags["redelivery_flights_consumer"].is_paused_upon_creation is not False
 

@@ -50,6 +50,9 @@ SAMPLES = {
     "succeeded": 3, "window_seconds": 60.0, "min_attempts": 10, "failure_ratio": 0.15,
     "open_seconds": 60.0, "max_open_seconds": 14400.0, "probe_size": 5, "state": "held",
     "changed_by": "cli:test", "note": None,
+    "max_generations": 3, "generation_wait": 300.0, "standing_id": None,
+    "specs": [Jsonb({"after": "every"})], "spec": Jsonb({"after": "every"}), "id": 1, "lease": 130.0,
+    "every": 300.0, "claimed": "2026-03-01T12:00:10+00:00", "more_left": False, "ran": True,
 }  # fmt: skip
 # EXPLAIN takes neither COPY, nor SHOW, nor CREATE TABLE (which the tests of publish run)
 NOT_EXPLAINABLE = {"COPY_MESSAGES", "COPY_REPEATED_CONTENT", "CREATE_REPEATED_CONTENT", "DATA_DIRECTORY"}

@@ -109,4 +109,6 @@ def test_the_page_and_the_sql_use_the_filters_field_names():
         name for name in FILTER_FIELDS for _ in range(5 if name == "reasons" else 1)
     ]
     in_sql = set(re.findall(r"%\((\w+)\)s", DLQ_FILTER))
-    assert in_sql == (set(FILTER_FIELDS) - {"group", "topic"}) | {"group_id", "topic_id"}
+    # and a standing redrive's generation rule (filter_params' ``generations``)
+    standing = {"max_generations", "generation_wait"}
+    assert in_sql == (set(FILTER_FIELDS) - {"group", "topic"}) | {"group_id", "topic_id"} | standing

@@ -17,18 +17,20 @@ PACKAGE = REPO_ROOT / "src" / "redelivery"
 #: only the layers before it (docs/ARCHITECTURE.md, "Map"; docs/layout.md).
 LAYERS = [
     "errors", "settings", "fields", "rules", "config", "reference", "store", "messaging", "dead_letters",
-    "client", "spark", "tiers", "redrive", "metrics", "jobs", "airflow", "cli", "__main__",
+    "client", "spark", "tiers", "redrive", "standing", "metrics", "jobs", "airflow", "cli", "__main__",
 ]  # fmt: skip
 #: Modules bottom to top, layer by layer: each may import only modules before it.
 ORDER = [
     "errors", "settings", "fields",
-    "rules.words", "rules.leased_row", "rules.levels", "rules.names", "rules.breaker", "rules.policies",
+    "rules.words", "rules.leased_row", "rules.levels", "rules.names", "rules.breaker", "rules.standing",
+    "rules.policies",
     "rules.ordering", "rules.failures",
     "config", "reference",
     "store.statements._shared", "store.statements.topology", "store.statements.messages",
     "store.statements.ordered",
     "store.statements.tiers", "store.statements.dead_letters", "store.statements.reads",
-    "store.statements.housekeeping", "store.statements.breakers", "store.statements", "store.embedded",
+    "store.statements.housekeeping", "store.statements.breakers", "store.statements.standing",
+    "store.statements", "store.embedded",
     "store.db", "store.log", "store.catalog", "store.maintenance",
     "messaging.codec", "messaging.copy_rows", "messaging.receipts", "messaging.producer", "messaging.waiting",
     "messaging.breaking", "messaging.context", "messaging.admin", "messaging.publishing", "messaging.ordered",
@@ -37,16 +39,17 @@ ORDER = [
     "spark.deploy", "spark.tasks", "spark.cds_warmup", "spark.jvm", "spark.connect_server", "spark.session",
     "spark.publishing", "spark.consuming", "spark.dataframes",
     "tiers.window", "tiers.run", "tiers.batch",
-    "redrive", "metrics",
+    "redrive", "standing", "metrics",
     "jobs.tier_window", "jobs.dlq_redrive", "jobs.publish",
     "airflow.env", "airflow.hooks", "airflow.assets", "airflow.triggers", "airflow.queues",
     "airflow.provider", "airflow.retention", "airflow.params", "airflow.ui.trigger_check", "airflow.engine",
     "airflow.operators", "airflow.http_delivery", "airflow.dags.tiers", "airflow.dags.consumer",
-    "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.ui.charts", "airflow.ui.pauses",
+    "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.dags.standing", "airflow.ui.charts",
+    "airflow.ui.pauses",
     "airflow.ui.style",
     "airflow.ui.page",
     "airflow.ui.dead_letter_pages", "airflow.ui.app", "airflow.plugin",
-    "cli.common", "cli.store", "cli.dead_letters", "cli.breakers", "cli.app", "__main__",
+    "cli.common", "cli.store", "cli.dead_letters", "cli.breakers", "cli.standing", "cli.app", "__main__",
 ]  # fmt: skip
 #: Packages: their __init__ files import nothing of ours (the top one: ``client``, lazily).
 PACKAGES = {"", "rules", "store", "messaging", "tiers", "spark", "jobs", "airflow", "airflow.dags",

@@ -37,7 +37,8 @@ WORKERS_PER_CORE = 4
 def local_parallelism() -> int:
     """Task slots for a LocalExecutor on this machine: ``WORKERS_PER_CORE`` per CPU core this
     process may use, at least 8 (8 on 2 cores, where Airflow's default starts 32 processes): the
-    four tiers' batched runs hold a slot each for their span, and the other DAGs need theirs."""
+    four tiers' batched runs and the standing redrives' ticks hold a slot each for their span, and
+    the other DAGs need theirs."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

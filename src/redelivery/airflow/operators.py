@@ -1,4 +1,4 @@
-"""The two operators of the system DAGs. Each stores its arguments, checks its run's conf, builds
+"""The operators of the system DAGs. Each stores its arguments, checks its run's conf, builds
 its request from the run, hands it to ``EngineHook`` (which chooses once where it runs: in the
 task, on Spark Connect or by spark-submit, ``airflow.engine``) and returns the hook's result (XCom).
 A scheduled tier run that spans several windows (``TierConfig.run_span``) applies them in turn
@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from redelivery.airflow.engine import EngineHook
 from redelivery.airflow.env import SPARK_CONN_ID
+from redelivery.airflow.hooks import RedeliveryHook
 from redelivery.airflow.params import check_run_conf
 from redelivery.config import TierConfig
 from redelivery.redrive import RedriveRequest
+from redelivery.standing import run_ticks, tick
 from redelivery.tiers.batch import BatchReport, apply_windows, window_ends
 from redelivery.tiers.run import TierRunRequest
 
@@ -205,3 +207,37 @@ class RedriveOperator(BaseOperator):
         self._stop.set()
         if self._engine is not None:
             self._engine.on_kill()
+
+
+#: A scheduled run of ``redelivery_standing_redrives`` ticks for this long (seconds).
+STANDING_RUN_SPAN_SECONDS = 3600
+
+
+class StandingRedriveOperator(BaseOperator):
+    """Runs the standing redrives' ticks (``redelivery.standing``): a scheduled run ticks every
+    ``standing.TICK_SECONDS`` for ``STANDING_RUN_SPAN_SECONDS`` from its start (one DAG run an hour,
+    as a batched tier's), logs each run and each policy stopped, and returns nothing; pausing the
+    DAG ends it before the next tick. Any other run (manual) runs one tick and returns its report
+    (XCom). Marking the task failed stops a run between batches (every message in one place; its
+    policy's claim ends with its lease and the next tick goes on)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._stop = threading.Event()
+
+    def execute(self, context) -> dict | None:
+        check_run_conf(context)
+        url = RedeliveryHook().get_ready_url()
+        run_type = context["dag_run"].run_type
+        if getattr(run_type, "value", run_type) != "scheduled":
+            return tick(url, log=self.log.info, should_stop=self._stop.is_set, wait=self._stop.wait).as_dict()
+        until = context["dag_run"].run_after + timedelta(seconds=STANDING_RUN_SPAN_SECONDS)
+        ticks = run_ticks(
+            until, url=url, clock=lambda: datetime.now(UTC), wait=self._stop.wait, log=self.log.info,
+            paused=dag_paused(context["ti"]),
+        )  # fmt: skip
+        self.log.info("standing redrives: %d ticks", ticks)
+        return None
+
+    def on_kill(self) -> None:
+        self._stop.set()

@@ -60,9 +60,13 @@ class ApiAccess:
 
 
 def own_dag_ids(config: RedeliveryConfig) -> list[str]:
-    """The DAGs whose runs this retention deletes: every tier DAG and ``redelivery_maintenance``
-    (not ``dlq_redrive``: its runs are an operator's actions, kept with their audit)."""
-    return [f"redelivery_tier_{tier.name}" for tier in config.tiers] + ["redelivery_maintenance"]
+    """The DAGs whose runs this retention deletes: every tier DAG, ``redelivery_maintenance`` and
+    ``redelivery_standing_redrives`` (not ``dlq_redrive``: its runs are an operator's actions, kept
+    with their audit)."""
+    return [f"redelivery_tier_{tier.name}" for tier in config.tiers] + [
+        "redelivery_maintenance",
+        "redelivery_standing_redrives",
+    ]
 
 
 def api_access(conn_id: str = API_CONN_ID) -> ApiAccess:

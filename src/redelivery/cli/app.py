@@ -17,6 +17,7 @@ import typer
 from redelivery.cli import (
     breakers,  # registers the breaker commands
     dead_letters,  # noqa: F401  (registers the dlq and redrive commands)
+    standing,  # noqa: F401  (registers the standing-redrive commands)
     store,  # registers --verbose; finds the state store (``store.use``)
 )
 from redelivery.cli.common import (

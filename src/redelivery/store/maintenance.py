@@ -2,7 +2,8 @@
 ``retention.messages`` that no group needs (``redelivery.store.log``), and delete the records that
 would otherwise grow forever (dead letters when ``retention.dead_letters`` is set, publish batch
 ids, staged rows of publishes that never finished, tier runs, settle markers, redrive runs with
-their audit), each older than its ``retention`` setting, a bounded number of rows per statement."""
+their audit, breaker transitions), each older than its ``retention`` setting, a bounded number of
+rows per statement."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ CLEANUPS = (
     ("tier_runs", S.CLEANUP_TIER_RUNS, "tier_runs"),
     ("settle_parts", S.CLEANUP_SETTLE_PARTS, "settle_markers"),
     ("redrive_runs", S.CLEANUP_REDRIVE_RUNS, "redrive_runs"),
+    ("breaker_transitions", S.CLEANUP_BREAKER_TRANSITIONS, "redrive_runs"),
 )
 
 

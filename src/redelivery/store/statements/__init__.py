@@ -35,6 +35,7 @@ from redelivery.store.statements.housekeeping import *  # noqa: F403
 from redelivery.store.statements.messages import *  # noqa: F403
 from redelivery.store.statements.ordered import *  # noqa: F403
 from redelivery.store.statements.reads import *  # noqa: F403
+from redelivery.store.statements.standing import *  # noqa: F403
 from redelivery.store.statements.tiers import *  # noqa: F403
 from redelivery.store.statements.topology import *  # noqa: F403
 

@@ -218,6 +218,12 @@ DLQ_FILTER = f"""q.group_id = %(group_id)s
     AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
     AND (%(key)s::text IS NULL
          OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > {SHORT_KEY_BYTES}
-                                        OR octet_length(q.key) <= {SHORT_KEY_BYTES})))"""
+                                        OR octet_length(q.key) <= {SHORT_KEY_BYTES})))
+    -- a standing redrive's: below its generation limit, and dead long enough for the generation
+    -- (rules.standing.generation_wait_seconds)
+    AND (%(max_generations)s::int IS NULL
+         OR (q.redrive_count < %(max_generations)s::int
+             AND q.dead_lettered_at <= now() - make_interval(
+                   secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))"""
 _DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id"
 # fmt: on

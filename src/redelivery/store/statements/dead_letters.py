@@ -114,8 +114,8 @@ PLAN_REDRIVE_RANGES = _named("PLAN_REDRIVE_RANGES", f"""
 #: otherwise the conflicting row is left as it is and nothing is returned (REDRIVE_RUN_BY_KEY says
 #: why), so a refused call changes nothing.
 REDRIVE_RUN_START = _named("REDRIVE_RUN_START", """
-    INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run)
-    VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s)
+    INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run, standing_id)
+    VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s, %(standing_id)s)
     ON CONFLICT (run_key) DO UPDATE SET
         status = CASE WHEN redrive_runs.status = 'success' AND (EXCLUDED.dry_run OR NOT redrive_runs.dry_run)
                       THEN 'success' ELSE 'running' END,
@@ -153,7 +153,9 @@ DLQ_COUNT_FROM_TOPIC = _named("DLQ_COUNT_FROM_TOPIC", f"""
 #: it from the dead letter's copy, with its id and publish time (its partition made before:
 #: DEAD_LETTER_LOG_GAPS). To another topic ``dest``: a copy is published there (new ids, under the
 #: topic's publish lock, past every offset of its groups), and the dead letter ends (COMMITTED for
-#: its group). Every move is audited. Returns (dead letters removed, moves audited).
+#: its group). Every move is audited, with the message's generation (its redrive count once moved),
+#: and counted in its standing redrive's total when the run is one. Returns (dead letters removed,
+#: moves audited).
 REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
     WITH picked AS (
       SELECT q.dlq_id, q.group_id, q.message_id FROM dlq_messages q
@@ -229,10 +231,15 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
              r.origin_message_id
       FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id),
     logged AS (
-      INSERT INTO redrive_moves (run_id, group_id, message_id)
-      SELECT %(run)s, group_id, message_id FROM removed RETURNING 1),
+      INSERT INTO redrive_moves (run_id, group_id, message_id, generation)
+      SELECT %(run)s, group_id, message_id, redrive_count + 1 FROM removed RETURNING 1),
     counted AS (
-      UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s RETURNING 1),
+      UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s
+      RETURNING standing_id),
+    -- a standing redrive's total (redelivery_auto_redriven_total), in the moves' transaction
+    standing_total AS (
+      UPDATE standing_redrives SET brought_back = brought_back + (SELECT count(*) FROM logged)
+      WHERE id = (SELECT standing_id FROM counted) AND EXISTS (SELECT 1 FROM logged)),
     -- the group's redriven total: its new value reads all of removed, so the row is locked last
     totals AS (
       UPDATE consumer_groups SET redriven = redriven + (SELECT count(*) FROM removed)

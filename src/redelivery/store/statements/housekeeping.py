@@ -36,6 +36,11 @@ CLEANUP_REDRIVE_RUNS = _named("CLEANUP_REDRIVE_RUNS", """
     DELETE FROM redrive_runs WHERE id = ANY(ARRAY(
       SELECT id FROM redrive_runs
       WHERE finished_at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s))""")
+#: A breaker's audit (its transitions), as long as redrive runs are kept.
+CLEANUP_BREAKER_TRANSITIONS = _named("CLEANUP_BREAKER_TRANSITIONS", """
+    DELETE FROM breaker_transitions WHERE id = ANY(ARRAY(
+      SELECT id FROM breaker_transitions
+      WHERE at < now() - make_interval(secs => %(seconds)s::float8) LIMIT %(limit)s))""")
 
 #: Dead letters older than ``retention.dead_letters`` (by dead-lettering time), at most ``limit``;
 #: each subscription counts the ones it lost (``dead_letters_expired``: its COMMITTED count stays).

@@ -1,0 +1,253 @@
+"""Standing redrive policies (issue 41): dead letters that come back by themselves.
+
+A policy (``rules.standing.StandingRedrive``) is declared in the config file (``standing_redrives:``,
+written into the state store by every tick) or by an operator (``redelivery standing-redrive add``).
+A *tick* (``tick``; the ``redelivery_standing_redrives`` DAG runs one every ``TICK_SECONDS``, and
+``redelivery standing-redrive tick`` runs one by hand) looks at each active policy:
+
+1. it claims the policy when it is due (``STANDING_CLAIM``: its trigger fired, no breaker of its
+   group is open, no other tick holds it), under a lease, so two ticks never run it at once;
+2. it stops the policy, and says so, when too many of the messages it brought back died again;
+3. it counts the dead letters the policy may bring back now (below the generation limit, past their
+   generation's wait); when there are some, it runs a redrive run of them (``redrive.redrive``,
+   rate-limited, at most ``max_messages``, under the groups' backlog caps), audited in
+   ``redrive_runs`` as ``standing:<name>`` with the policy's id;
+4. it releases the claim, saying whether matching dead letters are left (which makes the next tick
+   run it again, whatever its trigger).
+
+A process that dies anywhere leaves every message in one place (each batch is atomic) and the policy
+claimed until its lease ends; the next tick then runs it again. A message comes back at most
+``max_generations`` times whatever happens: the limit is on the dead letter's redrive count, which
+each move raises in the move's own transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+from psycopg.types.json import Jsonb
+from pydantic import ValidationError
+
+from redelivery.config import RedeliveryConfig, cached_config
+from redelivery.dead_letters import DlqFilter, filter_params
+from redelivery.errors import ConfigError, RedeliveryError, UnknownGroupError
+from redelivery.redrive import RedriveRequest, redrive
+from redelivery.rules.standing import StandingRedrive, died_again_too_often
+from redelivery.store import catalog, db
+from redelivery.store import statements as S
+
+LOG = logging.getLogger("redelivery.standing")
+#: A tick every this many seconds (the ``redelivery_standing_redrives`` DAG).
+TICK_SECONDS = 30
+#: How many of the latest messages a policy brought back its die-again ratio reads.
+DIED_AGAIN_SAMPLE = 10_000
+#: A claim's lease beyond the time its run may take at its rate (seconds).
+LEASE_SLACK_SECONDS = 120
+FIELDS = ("id", "name", "group", "source", "spec", "state", "stopped_reason", "changed_at", "changed_by",
+          "last_run_at", "runs", "brought_back", "more_left", "running")  # fmt: skip
+
+
+def sync(conn: psycopg.Connection, config: RedeliveryConfig) -> dict[str, str]:
+    """Write the config file's policies into the state store (``config`` is the file's), and forget
+    those it no longer lists. Returns ``{name: why}`` for each policy it could not write: its group
+    does not exist yet, or an operator's policy has its name."""
+    problems, names, group_ids, specs = {}, [], [], []
+    for policy in config.standing_redrives:
+        try:
+            group_ids.append(catalog.group(conn, policy.group)[0])
+        except UnknownGroupError:
+            problems[policy.name] = f"no consumer group {policy.group!r} yet"
+            continue
+        names.append(policy.name)
+        specs.append(Jsonb(policy.model_dump(mode="json")))
+    with conn.transaction():
+        params = {"names": names, "group_ids": group_ids, "specs": specs}
+        taken = [row[0] for row in conn.execute(S.STANDING_SYNC_CONFIG, params)]
+        conn.execute(S.STANDING_FORGET_CONFIG, {"names": [p.name for p in config.standing_redrives]})
+    return problems | {name: "an operator's standing redrive has the name" for name in taken}
+
+
+def policies(conn: psycopg.Connection, name: str | None = None) -> list[dict]:
+    """Every standing redrive (or the one called ``name``), by name: ``{"id", "name", "group",
+    "source" ('config' or 'operator'), "spec" (the policy as JSON), "state" ('active' or
+    'stopped'), "stopped_reason", "changed_at", "changed_by", "last_run_at" (the last tick that
+    found it due), "runs", "brought_back" (messages its runs moved), "more_left", "running"}``."""
+    rows = conn.execute(S.STANDING_LIST, {"name": name}).fetchall()
+    return [dict(zip(FIELDS, row, strict=True)) for row in rows]
+
+
+def add(conn: psycopg.Connection, policy: StandingRedrive, by: str) -> None:
+    """An operator's policy. Raises ``UnknownGroupError``, or ``RedeliveryError`` when the name is
+    taken; changes nothing then."""
+    group_id = catalog.group(conn, policy.group)[0]
+    if policy.topic is not None:
+        catalog.topic_id(conn, policy.topic)  # UnknownTopicError
+    params = {
+        "name": policy.name,
+        "group_id": group_id,
+        "spec": Jsonb(policy.model_dump(mode="json")),
+        "changed_by": by,
+    }
+    if conn.execute(S.STANDING_ADD, params).fetchone() is None:
+        raise RedeliveryError(f"a standing redrive is already called {policy.name!r}")
+
+
+def remove(conn: psycopg.Connection, name: str) -> None:
+    """Remove an operator's policy (its runs stay in the audit). Raises ``RedeliveryError`` when
+    there is none, or it is the config file's (remove it from the file)."""
+    if conn.execute(S.STANDING_REMOVE, {"name": name}).fetchone() is None:
+        raise RedeliveryError(_missing(conn, name, "removed from the config file"))
+
+
+def set_state(conn: psycopg.Connection, name: str, by: str, reason: str | None) -> str:
+    """Stop policy ``name`` (``reason`` given) or resume it (None: the die-again ratio counts from
+    now on). Returns the state it had. Raises ``RedeliveryError`` when there is none."""
+    if reason is not None and not reason.strip():
+        raise RedeliveryError("a stop needs a reason (--reason)")
+    row = conn.execute(S.STANDING_SET_STATE, {"name": name, "reason": reason, "changed_by": by}).fetchone()
+    if row is None:
+        raise RedeliveryError(_missing(conn, name, None))
+    return row[0]
+
+
+def _missing(conn: psycopg.Connection, name: str, config_hint: str | None) -> str:
+    found = policies(conn, name)
+    if found and config_hint:
+        return f"standing redrive {name!r} comes from the config file: it is {config_hint}"
+    known = [p["name"] for p in policies(conn)]
+    return f"no standing redrive is called {name!r} (known: {', '.join(known) or 'none'})"
+
+
+@dataclass
+class TickReport:
+    """What a tick did: the runs' audit records, policies stopped (``{name: why}``), problems
+    (``{name: error}``: a policy whose run failed, or one the config file could not write)."""
+
+    runs: list[dict] = field(default_factory=list)
+    stopped: dict[str, str] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"runs": self.runs, "stopped": self.stopped, "problems": self.problems}
+
+
+def tick(
+    url: str | None = None,
+    config: RedeliveryConfig | None = None,
+    *,
+    log: Callable[[str], object] = print,
+    should_stop: Callable[[], bool] = lambda: False,
+    wait: Callable[[float], object] = time.sleep,
+) -> TickReport:
+    """One tick over every standing redrive (the module's steps 1 to 4); returns a ``TickReport``.
+    ``should_stop()`` is asked between batches of a run (the run ends ``stopped``, claimed for the
+    next tick). A policy whose run fails is reported and left for the next tick; the others run."""
+    url, config = url or db.database_url(), config or cached_config()
+    report = TickReport()
+    with db.connect(url, autocommit=True) as conn:
+        db.check_schema(conn)
+        report.problems.update(sync(conn, config))
+        for row in policies(conn):
+            if row["state"] != "active" or should_stop():
+                continue
+            try:
+                _tick_one(conn, url, config, row, report, log, should_stop, wait)
+            except (RedeliveryError, ValidationError, psycopg.Error) as exc:
+                report.problems[row["name"]] = f"{type(exc).__name__}: {exc}"
+                log(f"standing redrive {row['name']}: {type(exc).__name__}: {exc}")
+    return report
+
+
+def _tick_one(conn, url, config, row, report: TickReport, log, should_stop, wait) -> None:
+    policy = StandingRedrive.model_validate(row["spec"])
+    lease = policy.max_messages / policy.rate_limit + LEASE_SLACK_SECONDS
+    claim = conn.execute(
+        S.STANDING_CLAIM, {"id": row["id"], "lease": lease, "every": policy.seconds("every")}
+    )
+    claimed = claim.fetchone()
+    if claimed is None:  # not due, a breaker of its group is open, or another tick runs it
+        return
+    claimed, more_left, ran = claimed[0], False, False
+    try:
+        brought_back, died_again = conn.execute(
+            S.STANDING_DIED_AGAIN, {"id": row["id"], "limit": DIED_AGAIN_SAMPLE}
+        ).fetchone()
+        if died_again_too_often(policy, brought_back, died_again):
+            why = (
+                f"{died_again} of the last {brought_back} messages it brought back died again "
+                f"(stop_ratio {policy.stop_ratio}): resume it with `redelivery standing-redrive resume "
+                f"{policy.name}` once the cause is fixed"
+            )
+            set_state(conn, policy.name, "redelivery", why)
+            report.stopped[policy.name] = why
+            LOG.error("standing redrive %s of group %s stopped itself: %s", policy.name, policy.group, why)
+            log(f"standing redrive {policy.name} stopped itself: {why}")
+            return
+        generations = (policy.max_generations, float(policy.seconds("generation_wait")))
+        selection = DlqFilter(**policy.selection())
+        if _count(conn, selection, generations):
+            ran = True
+            record = redrive(
+                RedriveRequest(
+                    **policy.selection(), max_messages=policy.max_messages, rate_limit=policy.rate_limit,
+                    reset_reconsume_times=True, dry_run=False,
+                ),
+                run_key=f"standing/{policy.name}/{claimed.isoformat()}",
+                triggered_by=f"standing:{policy.name}",
+                url=url, log=log, should_stop=should_stop, wait=wait, config=config,
+                standing_id=row["id"], generations=generations,
+            )  # fmt: skip
+            report.runs.append(record)
+            more_left = record["status"] != "success" or (record["matched"] or 0) > record["moved"]
+        # after a breaker closed, the dead letters whose generation's wait has not passed yet
+        more_left = more_left or (
+            policy.after == "breaker_closed" and _count(conn, selection, (generations[0], 0.0))
+        )
+    except BaseException:
+        more_left = True  # the next tick, once the lease ends, goes on
+        raise
+    finally:
+        release = {"id": row["id"], "claimed": claimed, "more_left": bool(more_left), "ran": ran}
+        conn.execute(S.STANDING_RELEASE, release)
+
+
+def _count(conn: psycopg.Connection, selection: DlqFilter, generations: tuple[int, float]) -> int:
+    return conn.execute(S.DLQ_COUNT, filter_params(conn, selection, generations)).fetchone()[0]
+
+
+def run_ticks(
+    until: datetime,
+    *,
+    url: str | None = None,
+    config: RedeliveryConfig | None = None,
+    clock: Callable[[], datetime],
+    wait: Callable[[float], bool],
+    log: Callable[[str], object] = print,
+    paused: Callable[[], bool] = lambda: False,
+) -> int:
+    """A DAG run's ticks, one every ``TICK_SECONDS`` until ``until`` (timezone-aware): returns how
+    many ran. ``wait(seconds)`` sleeps and returns True to stop (the task is being killed);
+    ``paused()`` True (the DAG was paused) ends it before the next tick. A tick that raises (the
+    state store is down) is logged in one line, and the next one tries again."""
+    ticks, failing = 0, None
+    while clock() < until and not paused():
+        started = clock()
+        try:
+            done = tick(url, config, log=log, wait=wait, should_stop=lambda: clock() >= until)
+            ticks, failing = ticks + 1, None
+            for name, problem in done.problems.items():
+                log(f"standing redrive {name}: {problem}")
+        except (RedeliveryError, ConfigError, psycopg.Error) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if error != failing:
+                log(f"a standing redrive tick failed (the next one tries again): {error}")
+            failing = error
+        left = TICK_SECONDS - (clock() - started).total_seconds()
+        if left > 0 and wait(min(left, max((until - clock()).total_seconds(), 0))):
+            break
+    return ticks

@@ -1,0 +1,219 @@
+"""Standing redrive policies (issue 41) on a real PostgreSQL: a tick brings matching dead letters
+back when the policy is due, audited as a redrive run; a message comes back at most
+``max_generations`` times, each generation after a longer wait; ``after: breaker_closed`` waits for
+a breaker of its group to close and never runs while one is open; a policy stops itself when what
+it brought back dies again; two ticks never run one policy at once; the config file's policies and
+an operator's (the CLI); the metric."""
+
+import json
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from helpers import configured, run_cli, snapshot
+from redelivery.config import RedeliveryConfig
+from redelivery.errors import RedeliveryError, UnknownGroupError
+from redelivery.rules.standing import StandingRedrive, generation_wait_seconds
+from redelivery.standing import add, policies, set_state, tick
+
+#: Every failure dead-letters at once: a message's life is receive, nack, dead letter.
+POLICY = {"max_reconsume_times": 0}
+DOWN = ConnectionError("payments API down")
+
+
+def standing(client, **spec) -> StandingRedrive:
+    """``client``'s config with the fast-dying policy and one standing redrive ``outage`` of group
+    billing (``spec`` over a fast default: every 1 s, 1 s generation wait)."""
+    policy = StandingRedrive(
+        **{
+            "name": "outage",
+            "group": "billing",
+            "after": "every",
+            "every": "1s",
+            "generation_wait": "1s",
+            **spec,
+        }
+    )
+    config = configured(client, POLICY)
+    client.config = config.model_copy(update={"standing_redrives": [policy]})
+    return policy
+
+
+def die(client, n=None) -> list[int]:
+    """Receive what is there (``n`` at most) and nack it: each becomes a dead letter."""
+    got = client.receive("billing", "orders", n or 100, 60)
+    if got:
+        client.nack("billing", got, error=DOWN)
+    return sorted(m.message_id for m in got)
+
+
+def dead(client) -> dict[int, int]:
+    """{message id: redrive count} of the group's dead letters."""
+    return dict(client.conn.execute("SELECT message_id, redrive_count FROM dlq_messages").fetchall())
+
+
+def run(client, database_url):
+    return tick(database_url, client.config, log=lambda *_: None)
+
+
+def test_a_due_policy_brings_dead_letters_back_audited_as_a_redrive_run(client, topic_group, database_url):
+    standing(client)
+    client.publish("orders", [{"n": i} for i in range(3)])
+    ids = die(client)
+    assert run(client, database_url).runs == []  # dead for less than the first generation's wait (1 s)
+    time.sleep(1.1)
+    report = run(client, database_url)
+    [record] = report.runs
+    assert (record["moved"], record["triggered_by"], record["status"]) == (3, "standing:outage", "success")
+    assert dead(client) == {}
+    back = client.receive("billing", "orders", 10, 60)
+    assert sorted(m.message_id for m in back) == ids  # READY again, retry budget restored
+    [row] = policies(client.conn)
+    assert (row["brought_back"], row["runs"], row["source"], row["more_left"]) == (3, 1, "config", False)
+    generations = client.conn.execute(
+        "SELECT m.generation, r.standing_id FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id"
+    ).fetchall()
+    assert generations == [(1, row["id"])] * 3
+    assert run(client, database_url).runs == []  # not due again before `every`, and nothing is dead
+
+
+def test_a_message_comes_back_at_most_max_generations_times_each_after_a_longer_wait(
+    client, topic_group, database_url
+):
+    policy = standing(client, max_generations=2, stop_min=1000)
+    assert [generation_wait_seconds(policy, g) for g in range(3)] == [1, 2, 4]
+    [mid] = client.publish("orders", [{"n": 1}])
+    returns, deadline = [], time.monotonic() + 12
+    while time.monotonic() < deadline:
+        die(client)
+        if run(client, database_url).runs:
+            returns.append(time.monotonic())
+        time.sleep(0.2)
+    assert len(returns) == 2 and dead(client) == {mid: 2}  # then it stays dead
+    assert returns[1] - returns[0] >= 2  # the second generation waited 2 s after its death
+
+
+def test_after_breaker_closed_waits_for_a_close_and_never_runs_while_open(client, topic_group, database_url):
+    standing(client, after="breaker_closed")
+    client.publish("orders", [{"n": i} for i in range(4)])
+    die(client)
+    time.sleep(1.1)
+    assert run(client, database_url).runs == []  # no breaker of the group closed since it exists
+    client.open_breaker("orders", "billing", by="test")
+    assert run(client, database_url).runs == []  # open: nothing comes back
+    client.close_breaker("orders", "billing", by="test")
+    [record] = run(client, database_url).runs
+    assert record["moved"] == 4 and dead(client) == {}
+    assert run(client, database_url).runs == []  # that close is spent
+
+
+def test_it_goes_on_after_a_close_while_dead_letters_wait_for_their_generation(
+    client, topic_group, database_url
+):
+    standing(client, after="breaker_closed", generation_wait="2s")
+    run(client, database_url)  # the config's policy written: it counts closes from now on
+    client.publish("orders", [{"n": 1}])
+    client.open_breaker("orders", "billing", by="test")
+    client.close_breaker("orders", "billing", by="test")
+    die(client)
+    assert run(client, database_url).runs == []  # dead for less than 2 s
+    assert policies(client.conn)[0]["more_left"]  # so the next ticks look again
+    time.sleep(2.1)
+    [record] = run(client, database_url).runs
+    assert record["moved"] == 1 and not policies(client.conn)[0]["more_left"]
+
+
+def test_it_stops_itself_when_what_it_brought_back_dies_again(client, topic_group, database_url):
+    standing(client, stop_min=3, stop_ratio=0.5, max_generations=5)
+    client.publish("orders", [{"n": i} for i in range(4)])
+    die(client)
+    time.sleep(1.1)
+    assert run(client, database_url).runs[0]["moved"] == 4
+    die(client)  # all 4 die again
+    time.sleep(2.1)
+    report = run(client, database_url)
+    assert (
+        report.runs == []
+        and "4 of the last 4 messages it brought back died again" in report.stopped["outage"]
+    )
+    [row] = policies(client.conn)
+    assert (row["state"], row["changed_by"]) == ("stopped", "redelivery")
+    assert run(client, database_url).runs == [] and len(dead(client)) == 4
+    set_state(client.conn, "outage", "test", None)  # resumed: the ratio counts from now on
+    time.sleep(1.1)  # `every`
+    assert run(client, database_url).runs[0]["moved"] == 4
+
+
+def test_a_policy_another_tick_holds_is_left_to_it(client, topic_group, database_url):
+    standing(client)
+    client.publish("orders", [{"n": 1}])
+    die(client)
+    time.sleep(1.1)
+    run(client, database_url)  # written from the config, ran
+    die(client)
+    time.sleep(2.1)
+    client.conn.execute("UPDATE standing_redrives SET claimed_until = now() + interval '1 minute'")
+    assert run(client, database_url).runs == []  # claimed by a tick that is running it
+    client.conn.execute("UPDATE standing_redrives SET claimed_until = now() - interval '1 second'")
+    assert run(client, database_url).runs[0]["moved"] == 1  # its lease ended: the claim is free
+
+
+def test_config_policies_follow_the_file_and_an_operators_are_kept(client, topic_group, database_url):
+    standing(client)
+    run(client, database_url)
+    add(client.conn, StandingRedrive(name="by-hand", group="billing"), "test")
+    with pytest.raises(RedeliveryError, match="already called 'by-hand'"):
+        add(client.conn, StandingRedrive(name="by-hand", group="billing"), "test")
+    with pytest.raises(UnknownGroupError):
+        add(client.conn, StandingRedrive(name="x", group="nobody"), "test")
+    client.config = client.config.model_copy(update={"standing_redrives": []})
+    run(client, database_url)
+    assert [(p["name"], p["source"]) for p in policies(client.conn)] == [("by-hand", "operator")]
+
+
+def test_bad_policies_are_refused_in_one_line():
+    with pytest.raises(ValidationError, match="every"):
+        StandingRedrive(name="a", group="g", every="soon")
+    with pytest.raises(ValidationError, match="used twice"):
+        RedeliveryConfig.model_validate(
+            {"standing_redrives": [{"name": "a", "group": "g"}, {"name": "a", "group": "h"}]}
+        )
+    with pytest.raises(ValidationError, match="max_generations"):
+        StandingRedrive(name="a", group="g", max_generations=0)
+
+
+def test_the_cli_adds_lists_stops_resumes_and_removes(client, topic_group, database_url):
+    args = ("standing-redrive", "add", "--name", "nightly", "--group", "billing", "--after", "every")
+    assert run_cli(*args, database_url=database_url).returncode == 0
+    listed = run_cli("standing-redrive", "list", "--json", database_url=database_url)
+    [row] = json.loads(listed.stdout)
+    assert (row["name"], row["state"], row["changed_by"][:4]) == ("nightly", "active", "cli:")
+    before = snapshot(client.conn)
+    for bad in (
+        ("standing-redrive", "add", "--name", "nightly", "--group", "billing"),  # taken
+        ("standing-redrive", "add", "--name", "n2", "--group", "billing", "--generation-wait", "0s"),
+        ("standing-redrive", "stop", "nobody", "--reason", "x"),
+        ("standing-redrive", "stop", "nightly", "--reason", " "),
+    ):
+        done = run_cli(*bad, database_url=database_url)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (bad, done.stderr)
+    assert snapshot(client.conn) == before
+    stopped = run_cli("standing-redrive", "stop", "nightly", "--reason", "deploy", database_url=database_url)
+    assert "active -> stopped" in stopped.stdout
+    assert run_cli("standing-redrive", "resume", "nightly", database_url=database_url).returncode == 0
+    assert run_cli("standing-redrive", "remove", "nightly", database_url=database_url).returncode == 0
+    assert "(no standing redrives)" in run_cli("standing-redrive", "list", database_url=database_url).stdout
+
+
+def test_the_metric_counts_what_each_policy_brought_back(client, topic_group, database_url):
+    from redelivery.metrics import render
+
+    standing(client)
+    client.publish("orders", [{"n": i} for i in range(2)])
+    die(client)
+    time.sleep(1.1)
+    run(client, database_url)
+    text = render(client.conn).decode()
+    assert 'redelivery_auto_redriven_total{group="billing",policy="outage"} 2.0' in text
+    assert 'redelivery_standing_redrive_stopped{group="billing",policy="outage"} 0.0' in text
