@@ -1,12 +1,16 @@
-"""The crash suite's circuit breaker (issue 41): an operator's hands on it, and the kill points
-where a statement waits for its lock (``breaker_row_held``)."""
+"""The crash suite's outage handling (issue 41): an operator's hands on the circuit breaker, the
+kill points where a statement waits for its lock (``breaker_row_held``), and a standing redrive's
+batch killed (``standing_inside_batch``)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 #: The group whose subscription has a circuit breaker (chaos/config.yaml).
 BREAKER_GROUP = "g2"
+#: The group whose standing redrive brings its dead letters back every second (chaos/config.yaml).
+STANDING_GROUP = "g1"
 
 
 class BreakerKillPoints:
@@ -60,3 +64,26 @@ class BreakerKillPoints:
                 self.freeze_and_kill(worker, kind, "%BREAKERS_SHARE%")
             else:
                 self.freeze_and_kill(worker, "breaker: inside a transition", "%LOCK_BREAKER%")
+
+    def standing_inside_batch(self) -> None:
+        """A standing redrive's batch, killed while its last step waits for the group's row (it adds
+        to the group's redriven total: the dead letters are out of the DLQ, uncommitted). Fresh
+        dead letters first, and their first generation's wait (1 s) passed."""
+        from scenarios import TOPIC  # (scenarios imports this module)
+
+        self.top_up()
+        self.client.answer(
+            "reject", STANDING_GROUP, self.client.receive(STANDING_GROUP, TOPIC, 5, 30), error="chaos"
+        )
+        time.sleep(1.1)
+        with self.holding(
+            "SELECT 1 FROM consumer_groups WHERE name = %s FOR NO KEY UPDATE", (STANDING_GROUP,)
+        ):
+            worker = self.spawn("standing")
+            self.freeze_and_kill(worker, "standing redrive: inside a batch", "%REDRIVE_MOVE_BATCH%")
+
+    def standing_now(self) -> None:
+        """A tick of the standing redrives in this process (never killed)."""
+        from redelivery.standing import tick
+
+        tick(self.url(), self.client.client.config, log=lambda *_: None)

@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 import psycopg
 from dropped import install, uninstall  # noqa: F401 (the suite's set-up, named here for its callers)
 from ledger import Call, events
+from outage_checks import GENERATIONS_SQL, OPEN_BREAKER_SQL
 
 ONE_PLACE = (
     "a message is, for each group, in one place: a delivery row or a dead letter, never one past its offset"
@@ -56,13 +57,16 @@ BREAKER = (
     "while a group's breaker is open, no failure it counts spends an attempt or makes a dead letter:"
     " each is parked"
 )
+GENERATIONS = (
+    "a standing redrive never brought a message back more often than its generation limit (max_generations)"
+)
 FINAL = "after draining, every message ended exactly once per group (COMMITTED or DLQ)"
 
 #: Every invariant, in the order docs/crash-suite.md lists them.
 INVARIANTS = (
     ONE_PLACE, FOREIGN_DELIVERY, DLQ_ROWS, BATCH_COUNT, EARLY_PROMOTION, REDRIVE_AUDIT, HISTORY,
     DECREASED, PUBLISHED, HANDED_ONCE, APPLIED, INCREASING, STALE, REPORTED, WORKERS, COMMITTED_HANDED,
-    COMMITTED_ACKED, RETAINED, ORDERED_HEADS, ORDERED, BREAKER, FINAL,
+    COMMITTED_ACKED, RETAINED, ORDERED_HEADS, ORDERED, BREAKER, GENERATIONS, FINAL,
 )  # fmt: skip
 
 #: name -> statement returning one row per violation
@@ -155,29 +159,8 @@ CHECKS = {
         SELECT d.topic_id, d.group_id, d.message_id::text, 'HALTED without its dead letter'
         FROM deliveries d WHERE d.state = 'HALTED' AND NOT EXISTS (
           SELECT 1 FROM dlq_messages q WHERE q.group_id = d.group_id AND q.message_id = d.message_id)""",
-    # a breaker is open from the audit's time of its opening (taken after the answers that held
-    # its row shared committed) until its open time ends or its next transition: a failure that
-    # spent an attempt (a history entry's outcome nack, reconsume_later or lease_expired; a reject
-    # is a verdict, not an attempt) recorded by its statement's clock in that span is a violation
-    BREAKER: """
-        WITH t AS (
-          SELECT topic_id, group_id, to_state, at, open_until,
-                 lead(at) OVER (PARTITION BY topic_id, group_id ORDER BY id) AS next_at
-          FROM breaker_transitions),
-        opened AS (
-          SELECT topic_id, group_id, at AS since,
-                 least(coalesce(open_until, 'infinity'), coalesce(next_at, 'infinity')) AS until
-          FROM t WHERE to_state IN ('open', 'held')),
-        entries AS (
-          SELECT d.topic_id, d.group_id, d.message_id, e
-          FROM deliveries d, jsonb_array_elements(d.attempts) e
-          UNION ALL
-          SELECT q.topic_id, q.group_id, q.message_id, e
-          FROM dlq_messages q, jsonb_array_elements(q.attempts) e)
-        SELECT x.message_id, x.group_id, x.e ->> 'outcome', x.e ->> 'recorded', o.since::text, o.until::text
-        FROM entries x JOIN opened o ON o.topic_id = x.topic_id AND o.group_id = x.group_id
-         AND (x.e ->> 'recorded')::timestamptz >= o.since AND (x.e ->> 'recorded')::timestamptz < o.until
-        WHERE x.e ->> 'outcome' IN ('nack', 'reconsume_later', 'lease_expired')""",
+    BREAKER: OPEN_BREAKER_SQL,
+    GENERATIONS: GENERATIONS_SQL,
 }
 HISTORY_LIMIT = 20  # the attempt history keeps the last 20 failed deliveries
 #: The attempt history's outcomes of a consumer's failing answer (client._MODES): a nack while its

@@ -34,4 +34,5 @@ KINDS = (
     "breaker: a failing answer waiting for its row",
     "breaker: a tier window waiting for its rows",
     "breaker: inside a transition",
+    "standing redrive: inside a batch",
 )

@@ -376,6 +376,7 @@ class Controller(KillPoints):
         "breaker_row_held:answer": 3,
         "breaker_row_held:tier": 2,
         "breaker_row_held:transition": 3,
+        "standing_inside_batch": 3,
     }
     SPARK_SCENARIOS = {
         "spark_publish_driver:before": 1,
@@ -474,8 +475,9 @@ class Controller(KillPoints):
         return self.report(time.monotonic() - started)
 
     def ordered_figures(self) -> dict:
-        """The ordered groups (name: on_exhausted), the most HALTED heads a round saw, and how many
-        dead letters of the halt group redrives brought back (each a halted key released)."""
+        """The ordered groups (name: on_exhausted), the most HALTED heads a round saw, how many
+        dead letters of the halt group redrives brought back (each a halted key released), and what
+        each standing redrive brought back ([moves, highest generation])."""
         ordered = self.conn.execute(
             "SELECT g.name, s.on_exhausted FROM subscriptions s JOIN consumer_groups g ON g.id = s.group_id"
             " WHERE s.ordered ORDER BY 1"
@@ -485,7 +487,16 @@ class Controller(KillPoints):
             " WHERE g.name = %s",
             (HALT_GROUP,),
         ).fetchone()[0]
-        return {"ordered_groups": dict(ordered), "halted_most": self.halted_most, "halted_redriven": redriven}
+        standing = self.conn.execute(
+            "SELECT p.name, count(m.*), coalesce(max(m.generation), 0) FROM standing_redrives p"
+            " LEFT JOIN redrive_runs r ON r.standing_id = p.id LEFT JOIN redrive_moves m ON m.run_id = r.id"
+            " GROUP BY p.name ORDER BY 1"
+        ).fetchall()
+        return {
+            "ordered_groups": dict(ordered), "halted_most": self.halted_most, "halted_redriven": redriven,
+            # what each standing redrive brought back, and the highest generation it moved
+            "standing_moved": {name: [moved, top] for name, moved, top in standing},
+        }  # fmt: skip
 
     def report(self, seconds: float) -> int:
         from redelivery.messaging.codec import STATES

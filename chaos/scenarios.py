@@ -115,6 +115,8 @@ class KillPoints(BatchKillPoints, BreakerKillPoints, PublishKillPoints, WaitingK
         self.tier_run_now("churn")
         if self.rng.random() < 0.3:
             self.redrive_now(HALT_GROUP, "churn")
+        if self.rng.random() < 0.5:
+            self.standing_now()
         for group in GROUPS:
             batch = self.client.receive(group, TOPIC, 10, 2)
             if batch:

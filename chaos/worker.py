@@ -8,6 +8,7 @@ through the public API exactly as a pipeline would, and killed by the controller
     python chaos/worker.py tier --run-key K
     python chaos/worker.py tier-batch --run-key K --windows N   (a batched DAG run: N windows of 1 s)
     python chaos/worker.py redrive --group G --run-key K [--rate R]
+    python chaos/worker.py standing
     python chaos/worker.py partition --hours-ahead H   (make the log's partition of that time)
     python chaos/worker.py retention                   (drop the log's partitions past retention)
     python chaos/worker.py recreate --topic T --group G (delete a topic, make it again, subscribe G)
@@ -213,6 +214,14 @@ def redrive(args) -> None:
     print(f"REDRIVEN {result['moved']} {result['status']}", flush=True)
 
 
+def standing(args) -> None:
+    """One tick of the standing redrives (chaos/config.yaml's)."""
+    from redelivery.standing import tick
+
+    report = tick(log=lambda *_: None)
+    print(f"STANDING {sum(r['moved'] for r in report.runs)} {report.problems}", flush=True)
+
+
 def partition(args) -> None:
     from datetime import timedelta
 
@@ -373,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group", required=True)
     p.add_argument("--run-key", required=True)
     p.add_argument("--rate", type=float)
+    roles.add_parser("standing")
     p = roles.add_parser("partition")
     p.add_argument("--hours-ahead", type=int, required=True)
     roles.add_parser("retention")
@@ -383,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     roles_run = {"publish": publish, "consume": consume, "tier": tier, "tier-batch": tier_batch,
                  "redrive": redrive, "partition": partition, "retention": retention, "recreate": recreate,
-                 "spark": spark}  # fmt: skip
+                 "spark": spark, "standing": standing}  # fmt: skip
     roles_run[args.role](args)
 
 

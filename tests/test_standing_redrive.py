@@ -153,10 +153,16 @@ def test_a_policy_another_tick_holds_is_left_to_it(client, topic_group, database
     run(client, database_url)  # written from the config, ran
     die(client)
     time.sleep(2.1)
-    client.conn.execute("UPDATE standing_redrives SET claimed_until = now() + interval '1 minute'")
-    assert run(client, database_url).runs == []  # claimed by a tick that is running it
-    client.conn.execute("UPDATE standing_redrives SET claimed_until = now() - interval '1 second'")
-    assert run(client, database_url).runs[0]["moved"] == 1  # its lease ended: the claim is free
+    from redelivery.standing import STANDING_LOCK
+    from redelivery.store import db
+
+    [row] = policies(client.conn)
+    with db.connect(database_url, autocommit=True) as other:  # another tick, running it
+        other.execute("SELECT pg_advisory_lock(%s, %s)", (STANDING_LOCK, row["id"]))
+        assert policies(client.conn)[0]["running"]
+        assert run(client, database_url).runs == []
+    # that tick's process died: its connection closed, the policy is free at once
+    assert run(client, database_url).runs[0]["moved"] == 1
 
 
 def test_config_policies_follow_the_file_and_an_operators_are_kept(client, topic_group, database_url):

@@ -5,8 +5,9 @@ written into the state store by every tick) or by an operator (``redelivery stan
 A *tick* (``tick``; the ``redelivery_standing_redrives`` DAG runs one every ``TICK_SECONDS``, and
 ``redelivery standing-redrive tick`` runs one by hand) looks at each active policy:
 
-1. it claims the policy when it is due (``STANDING_CLAIM``: its trigger fired, no breaker of its
-   group is open, no other tick holds it), under a lease, so two ticks never run it at once;
+1. it holds the policy (a session advisory lock: two ticks never run it at once, and one that dies
+   lets go with its connection) and claims it when it is due (``STANDING_CLAIM``: its trigger
+   fired, no breaker of its group is open);
 2. it stops the policy, and says so, when too many of the messages it brought back died again;
 3. it counts the dead letters the policy may bring back now (below the generation limit, past their
    generation's wait); when there are some, it runs a redrive run of them (``redrive.redrive``,
@@ -16,7 +17,7 @@ A *tick* (``tick``; the ``redelivery_standing_redrives`` DAG runs one every ``TI
    run it again, whatever its trigger).
 
 A process that dies anywhere leaves every message in one place (each batch is atomic) and the policy
-claimed until its lease ends; the next tick then runs it again. A message comes back at most
+marked as having more left: the next tick runs it again. A message comes back at most
 ``max_generations`` times whatever happens: the limit is on the dead letter's redrive count, which
 each move raises in the move's own transaction.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -46,8 +48,8 @@ LOG = logging.getLogger("redelivery.standing")
 TICK_SECONDS = 30
 #: How many of the latest messages a policy brought back its die-again ratio reads.
 DIED_AGAIN_SAMPLE = 10_000
-#: A claim's lease beyond the time its run may take at its rate (seconds).
-LEASE_SLACK_SECONDS = 120
+#: The advisory lock namespace of a tick's hold on a policy (``statements.STANDING_TRY_HOLD``).
+STANDING_LOCK = 7_424_006
 FIELDS = ("id", "name", "group", "source", "spec", "state", "stopped_reason", "changed_at", "changed_by",
           "last_run_at", "runs", "brought_back", "more_left", "running")  # fmt: skip
 
@@ -77,7 +79,7 @@ def policies(conn: psycopg.Connection, name: str | None = None) -> list[dict]:
     "source" ('config' or 'operator'), "spec" (the policy as JSON), "state" ('active' or
     'stopped'), "stopped_reason", "changed_at", "changed_by", "last_run_at" (the last tick that
     found it due), "runs", "brought_back" (messages its runs moved), "more_left", "running"}``."""
-    rows = conn.execute(S.STANDING_LIST, {"name": name}).fetchall()
+    rows = conn.execute(S.STANDING_LIST, {"name": name, "namespace": STANDING_LOCK}).fetchall()
     return [dict(zip(FIELDS, row, strict=True)) for row in rows]
 
 
@@ -145,7 +147,7 @@ def tick(
     wait: Callable[[float], object] = time.sleep,
 ) -> TickReport:
     """One tick over every standing redrive (the module's steps 1 to 4); returns a ``TickReport``.
-    ``should_stop()`` is asked between batches of a run (the run ends ``stopped``, claimed for the
+    ``should_stop()`` is asked between batches of a run (the run ends ``stopped``, left for the
     next tick). A policy whose run fails is reported and left for the next tick; the others run."""
     url, config = url or db.database_url(), config or cached_config()
     report = TickReport()
@@ -165,31 +167,33 @@ def tick(
 
 def _tick_one(conn, url, config, row, report: TickReport, log, should_stop, wait) -> None:
     policy = StandingRedrive.model_validate(row["spec"])
-    lease = policy.max_messages / policy.rate_limit + LEASE_SLACK_SECONDS
-    claim = conn.execute(
-        S.STANDING_CLAIM, {"id": row["id"], "lease": lease, "every": policy.seconds("every")}
-    )
-    claimed = claim.fetchone()
-    if claimed is None:  # not due, a breaker of its group is open, or another tick runs it
-        return
-    claimed, more_left, ran = claimed[0], False, False
+    hold = {"namespace": STANDING_LOCK, "id": row["id"]}
+    if not conn.execute(S.STANDING_TRY_HOLD, hold).fetchone()[0]:
+        return  # another tick is running it
+    try:
+        if conn.execute(S.STANDING_CLAIM, {"id": row["id"], "every": policy.seconds("every")}).fetchone():
+            _run_claimed(conn, url, config, row["id"], policy, report, log, should_stop, wait)
+        # else: not due, or a breaker of its group is not closed
+    finally:
+        conn.execute(S.STANDING_LET_GO, hold)
+
+
+def _run_claimed(
+    conn, url, config, policy_id: int, policy, report: TickReport, log, should_stop, wait
+) -> None:
+    """Steps 2 to 4 of a claimed policy."""
+    more_left, ran = True, False  # a run that raises leaves it to the next tick
     try:
         brought_back, died_again = conn.execute(
-            S.STANDING_DIED_AGAIN, {"id": row["id"], "limit": DIED_AGAIN_SAMPLE}
+            S.STANDING_DIED_AGAIN, {"id": policy_id, "limit": DIED_AGAIN_SAMPLE}
         ).fetchone()
         if died_again_too_often(policy, brought_back, died_again):
-            why = (
-                f"{died_again} of the last {brought_back} messages it brought back died again "
-                f"(stop_ratio {policy.stop_ratio}): resume it with `redelivery standing-redrive resume "
-                f"{policy.name}` once the cause is fixed"
-            )
-            set_state(conn, policy.name, "redelivery", why)
-            report.stopped[policy.name] = why
-            LOG.error("standing redrive %s of group %s stopped itself: %s", policy.name, policy.group, why)
-            log(f"standing redrive {policy.name} stopped itself: {why}")
+            more_left = False
+            _stop_itself(conn, policy, brought_back, died_again, report, log)
             return
         generations = (policy.max_generations, float(policy.seconds("generation_wait")))
         selection = DlqFilter(**policy.selection())
+        more_left = False
         if _count(conn, selection, generations):
             ran = True
             record = redrive(
@@ -197,23 +201,29 @@ def _tick_one(conn, url, config, row, report: TickReport, log, should_stop, wait
                     **policy.selection(), max_messages=policy.max_messages, rate_limit=policy.rate_limit,
                     reset_reconsume_times=True, dry_run=False,
                 ),
-                run_key=f"standing/{policy.name}/{claimed.isoformat()}",
-                triggered_by=f"standing:{policy.name}",
+                run_key=f"standing/{policy.name}/{uuid.uuid4().hex}", triggered_by=f"standing:{policy.name}",
                 url=url, log=log, should_stop=should_stop, wait=wait, config=config,
-                standing_id=row["id"], generations=generations,
+                standing_id=policy_id, generations=generations,
             )  # fmt: skip
             report.runs.append(record)
             more_left = record["status"] != "success" or (record["matched"] or 0) > record["moved"]
         # after a breaker closed, the dead letters whose generation's wait has not passed yet
-        more_left = more_left or (
-            policy.after == "breaker_closed" and _count(conn, selection, (generations[0], 0.0))
-        )
-    except BaseException:
-        more_left = True  # the next tick, once the lease ends, goes on
-        raise
+        if policy.after == "breaker_closed" and not more_left:
+            more_left = bool(_count(conn, selection, (generations[0], 0.0)))
     finally:
-        release = {"id": row["id"], "claimed": claimed, "more_left": bool(more_left), "ran": ran}
-        conn.execute(S.STANDING_RELEASE, release)
+        conn.execute(S.STANDING_RELEASE, {"id": policy_id, "more_left": more_left, "ran": ran})
+
+
+def _stop_itself(conn, policy, brought_back: int, died_again: int, report: TickReport, log) -> None:
+    why = (
+        f"{died_again} of the last {brought_back} messages it brought back died again "
+        f"(stop_ratio {policy.stop_ratio}): resume it with `redelivery standing-redrive resume "
+        f"{policy.name}` once the cause is fixed"
+    )
+    set_state(conn, policy.name, "redelivery", why)
+    report.stopped[policy.name] = why
+    LOG.error("standing redrive %s of group %s stopped itself: %s", policy.name, policy.group, why)
+    log(f"standing redrive {policy.name} stopped itself: {why}")
 
 
 def _count(conn: psycopg.Connection, selection: DlqFilter, generations: tuple[int, float]) -> int:

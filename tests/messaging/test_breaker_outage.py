@@ -2,7 +2,7 @@
 ``airflow.http_delivery``): the receiver answers 503 for a few seconds, then recovers. With the
 breaker, only the failures that open it and its probes spend attempts, the outage makes no dead
 letter, and every message is delivered once the receiver is back; without it, the same run
-dead-letters."""
+dead-letters, and a standing redrive brings each dead letter back once the receiver is back."""
 
 import json
 import threading
@@ -13,6 +13,8 @@ import pytest
 
 from helpers import configured
 from redelivery.airflow.http_delivery import HttpEndpoint, drain
+from redelivery.rules.standing import StandingRedrive
+from redelivery.standing import tick
 from redelivery.store import db
 from redelivery.tiers.run import TierRunRequest, run_tier
 
@@ -95,9 +97,32 @@ def test_with_the_breaker_the_outage_makes_no_dead_letter(client, topic_group, d
 
 
 @pytest.mark.timeout(120)
-def test_without_it_the_same_outage_dead_letters(client, topic_group, database_url):
+def test_without_it_the_same_outage_dead_letters_and_a_standing_redrive_brings_each_back_once(
+    client, topic_group, database_url
+):
     config = configured(client, POLICY)
     receiver = run_outage(client, database_url, config)
     states = client.stats()["orders"]["billing"]
-    assert states["DLQ"] > 0 and states["COMMITTED"] + states["DLQ"] == MESSAGES
+    dead = states["DLQ"]
+    assert dead > 0 and states["COMMITTED"] + dead == MESSAGES
     assert receiver.refused > BATCH + BREAKER["probe_size"] * 4  # every message, again and again
+    # the receiver is back: a standing redrive brings the outage's dead letters back, each once
+    policy = StandingRedrive(name="outage", group="billing", after="every", every="1s", generation_wait="1s",
+                             max_generations=1)  # fmt: skip
+    config = config.model_copy(update={"standing_redrives": [policy]})
+    again = Receiver(0)
+    endpoint = HttpEndpoint(again.url, timeout=5)
+    deadline = time.monotonic() + 30
+    while client.stats()["orders"]["billing"]["COMMITTED"] < MESSAGES and time.monotonic() < deadline:
+        tick(database_url, config, log=lambda *_: None)
+        drain(client, "orders", "billing", endpoint, batch_size=BATCH, invisible_duration=30)
+        time.sleep(0.3)
+    again.server.shutdown()
+    assert client.stats()["orders"]["billing"]["COMMITTED"] == MESSAGES
+    assert sorted(receiver.acked + again.acked) == sorted(set(receiver.acked + again.acked))  # once each
+    assert len(again.acked) == dead and again.refused == 0
+    moves = client.conn.execute(
+        "SELECT count(*), count(DISTINCT m.message_id), max(m.generation) FROM redrive_moves m"
+        " JOIN redrive_runs r ON r.id = m.run_id WHERE r.triggered_by = 'standing:outage'"
+    ).fetchone()
+    assert moves == (dead, dead, 1)

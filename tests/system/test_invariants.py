@@ -318,6 +318,18 @@ def plant_attempt_spent_while_open(s):
     )
 
 
+def plant_brought_back_past_its_generations(s):
+    """m[2]'s redrive made a run of a standing redrive allowing one generation, and its move the
+    second generation."""
+    s.sql(
+        """INSERT INTO standing_redrives (name, group_id, source, spec, changed_by)
+           VALUES ('planted', %s, 'operator', '{"max_generations": 1}', 'planted')""",
+        (s.group_id("billing"),),
+    )
+    s.sql("UPDATE redrive_runs SET standing_id = (SELECT id FROM standing_redrives WHERE name = 'planted')")
+    s.sql("UPDATE redrive_moves SET generation = 2 WHERE message_id = %s", (s.ids[2],))
+
+
 PLANTED = [
     (plant_in_two_places, inv.ONE_PLACE),
     (plant_foreign_delivery, inv.FOREIGN_DELIVERY),
@@ -341,6 +353,7 @@ PLANTED = [
     (plant_blocked_key_without_its_head, inv.ORDERED_HEADS),
     (plant_handed_ahead_of_its_key, inv.ORDERED),
     (plant_attempt_spent_while_open, inv.BREAKER),
+    (plant_brought_back_past_its_generations, inv.GENERATIONS),
 ]
 
 

@@ -219,7 +219,7 @@ class StandingRedriveOperator(BaseOperator):
     as a batched tier's), logs each run and each policy stopped, and returns nothing; pausing the
     DAG ends it before the next tick. Any other run (manual) runs one tick and returns its report
     (XCom). Marking the task failed stops a run between batches (every message in one place; its
-    policy's claim ends with its lease and the next tick goes on)."""
+    the next tick goes on with it)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -12,7 +12,8 @@ from redelivery.store.statements._shared import _named
 
 _STANDING_COLUMNS = """p.name, g.name AS "group", p.source, p.spec, p.state, p.stopped_reason, p.changed_at,
            p.changed_by, p.last_run_at, p.runs, p.brought_back, p.more_left,
-           p.claimed_until > now() AS running"""
+           EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.classid = %(namespace)s::int
+                     AND l.objid = p.id AND l.objsubid = 2) AS running"""
 #: The config file's policies (``names``, ``group_ids``, ``specs``, one per index), written over
 #: those of the config file; a name an operator's policy holds is left to it (returned: not
 #: written). A policy whose spec or group changed counts what died again from now on.
@@ -55,17 +56,22 @@ STANDING_LIST = _named("STANDING_LIST", f"""
     SELECT p.id, {_STANDING_COLUMNS}
     FROM standing_redrives p JOIN consumer_groups g ON g.id = p.group_id
     WHERE %(name)s::text IS NULL OR p.name = %(name)s::text ORDER BY p.name""")
-#: A tick's claim of policy ``id`` when it is due, under a lease of ``lease`` seconds (two ticks
-#: never run it at once; one that died frees it when the lease ends): active, no breaker of its
-#: group (of its topic, when it names one) other than closed, and either its last run left some
+#: A tick's hold on policy ``id`` (``namespace``: ``standing.STANDING_LOCK``), a session advisory
+#: lock: two ticks never run a policy at once, and one that dies frees it with its connection.
+#: True when taken.
+STANDING_TRY_HOLD = _named("STANDING_TRY_HOLD", """
+    SELECT pg_try_advisory_lock(%(namespace)s::int, %(id)s::int)""")
+#: The hold let go.
+STANDING_LET_GO = _named("STANDING_LET_GO", """
+    SELECT pg_advisory_unlock(%(namespace)s::int, %(id)s::int)""")
+#: A tick's claim of policy ``id`` (held: STANDING_TRY_HOLD) when it is due: active, no breaker of
+#: its group (of its topic, when it names one) other than closed, and either its last run left some
 #: behind (or did not finish), or ``every`` seconds passed since its last run (``after: every``),
 #: or a breaker of its group closed since (``after: breaker_closed``). Marks it as having more left
-#: until its run says otherwise. Returns the lease's end, the claim's token.
+#: until its run says otherwise, so that a tick that dies leaves it to the next. Returns its id.
 STANDING_CLAIM = _named("STANDING_CLAIM", """
-    UPDATE standing_redrives p
-    SET claimed_until = clock_timestamp() + make_interval(secs => %(lease)s::float8), more_left = true,
-        last_run_at = now()
-    WHERE p.id = %(id)s AND p.state = 'active' AND (p.claimed_until IS NULL OR p.claimed_until < now())
+    UPDATE standing_redrives p SET more_left = true, last_run_at = now()
+    WHERE p.id = %(id)s AND p.state = 'active'
       AND NOT EXISTS (
         SELECT 1 FROM breakers b JOIN topics t ON t.id = b.topic_id
         WHERE b.group_id = p.group_id AND b.state <> 'closed'
@@ -79,14 +85,12 @@ STANDING_CLAIM = _named("STANDING_CLAIM", """
                  WHERE x.group_id = p.group_id AND x.to_state = 'closed'
                    AND x.at > coalesce(p.last_run_at, p.created_at)
                    AND (p.spec->>'topic' IS NULL OR t.name = p.spec->>'topic'))))
-    RETURNING p.claimed_until""")
-#: The end of a claim (``claimed``: the claim's token; a claim that ended meanwhile and was taken
-#: again is left to its new holder): whether matching dead letters are left for the next tick, and
+    RETURNING p.id""")
+#: The end of a claim (still held): whether matching dead letters are left for the next tick, and
 #: whether it ran a redrive run (``ran``).
 STANDING_RELEASE = _named("STANDING_RELEASE", """
-    UPDATE standing_redrives SET claimed_until = NULL, more_left = %(more_left)s,
-        runs = runs + CASE WHEN %(ran)s THEN 1 ELSE 0 END
-    WHERE id = %(id)s AND claimed_until = %(claimed)s""")
+    UPDATE standing_redrives SET more_left = %(more_left)s, runs = runs + CASE WHEN %(ran)s THEN 1 ELSE 0 END
+    WHERE id = %(id)s""")
 #: Of the last ``limit`` messages policy ``id`` brought back since it counts (``counting_since``):
 #: how many, and how many are dead letters again, dead-lettered after they were brought back.
 STANDING_DIED_AGAIN = _named("STANDING_DIED_AGAIN", """

@@ -4,9 +4,9 @@
   written again by each tick from the file) or by an operator (``'operator'``). ``spec`` is the
   policy (``rules.standing.StandingRedrive`` as JSON); ``state`` is active or stopped (by itself,
   when the messages it brought back died again too often, or by an operator), with why and by whom.
-  ``claimed_until``: a tick runs the policy under this lease, so two ticks never run it at once,
-  and one that died frees it when the lease ends. ``more_left``: its last run left matching dead
-  letters behind (or did not finish), so the next tick runs it again. ``brought_back`` counts every
+  ``more_left``: its last run left matching dead letters behind (or did not finish), so the next
+  tick runs it again (a tick runs a policy under a session advisory lock, so two ticks never run it
+  at once and one that died frees it at once). ``brought_back`` counts every
   message its runs moved, in the transaction of each move (``redelivery_auto_redriven_total``).
 - ``redrive_runs.standing_id``: the policy a run belongs to (NULL: a person's redrive).
 - ``redrive_moves.generation``: the message's redrive count once moved (its generation), which a
@@ -35,7 +35,6 @@ CREATE TABLE IF NOT EXISTS redelivery.standing_redrives (
     changed_at timestamptz NOT NULL DEFAULT now(),
     changed_by text NOT NULL,
     counting_since timestamptz NOT NULL DEFAULT now(),
-    claimed_until timestamptz,
     more_left boolean NOT NULL DEFAULT false,
     last_run_at timestamptz,
     runs bigint NOT NULL DEFAULT 0,
