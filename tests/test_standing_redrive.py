@@ -207,6 +207,8 @@ def test_the_cli_adds_lists_stops_resumes_and_removes(client, topic_group, datab
     assert snapshot(client.conn) == before
     stopped = run_cli("standing-redrive", "stop", "nightly", "--reason", "deploy", database_url=database_url)
     assert "active -> stopped" in stopped.stdout
+    stats = run_cli("stats", database_url=database_url).stdout
+    assert "standing redrives:" in stats and "stopped by cli:" in stats and "deploy" in stats
     assert run_cli("standing-redrive", "resume", "nightly", database_url=database_url).returncode == 0
     assert run_cli("standing-redrive", "remove", "nightly", database_url=database_url).returncode == 0
     assert "(no standing redrives)" in run_cli("standing-redrive", "list", database_url=database_url).stdout

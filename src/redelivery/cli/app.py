@@ -17,7 +17,7 @@ import typer
 from redelivery.cli import (
     breakers,  # registers the breaker commands
     dead_letters,  # noqa: F401  (registers the dlq and redrive commands)
-    standing,  # noqa: F401  (registers the standing-redrive commands)
+    standing,  # registers the standing-redrive commands
     store,  # registers --verbose; finds the state store (``store.use``)
 )
 from redelivery.cli.common import (
@@ -277,6 +277,12 @@ def stats(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = 
     shown = [b for b in client.breakers() if b["state"] != "closed"] if not as_json else []
     if shown:  # a breaker that is not closed is why a group's messages wait
         lines += ["", "breakers not closed:", breakers.breaker_lines(shown)]
+    if not as_json:  # what brings dead letters back by itself, and what stopped doing so
+        from redelivery.standing import policies
+
+        found = policies(client.conn)
+        if found:
+            lines += ["", "standing redrives:", standing.standing_lines(found)]
     _emit(data, as_json, "\n".join(lines))
 
 
