@@ -14,6 +14,7 @@ def test_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
     assert sorted(dagbag.dag_ids) == [
         "dlq_redrive",
+        "redelivery_breaker",
         "redelivery_flights_consumer",
         "redelivery_maintenance",
         "redelivery_standing_redrives",

@@ -88,6 +88,7 @@ def test_the_system_dags_are_active_when_airflow_first_sees_them(dagbag):
     active = {dag_id for dag_id, dag in dagbag.dags.items() if dag.is_paused_upon_creation is False}
     assert active == {d for d in dagbag.dag_ids if d.startswith("redelivery_tier_")} | {
         "dlq_redrive",
+        "redelivery_breaker",
         "redelivery_maintenance",
         "redelivery_standing_redrives",
     }

@@ -44,10 +44,11 @@ ORDER = [
     "airflow.env", "airflow.hooks", "airflow.assets", "airflow.triggers", "airflow.queues",
     "airflow.provider", "airflow.retention", "airflow.params", "airflow.ui.trigger_check", "airflow.engine",
     "airflow.operators", "airflow.http_delivery", "airflow.dags.tiers", "airflow.dags.consumer",
-    "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.dags.standing", "airflow.ui.charts",
+    "airflow.dags.redrive", "airflow.dags.maintenance", "airflow.dags.standing", "airflow.dags.breaker",
+    "airflow.ui.charts",
     "airflow.ui.pauses",
     "airflow.ui.style",
-    "airflow.ui.page",
+    "airflow.ui.page", "airflow.ui.outage",
     "airflow.ui.dead_letter_pages", "airflow.ui.app", "airflow.plugin",
     "cli.common", "cli.store", "cli.dead_letters", "cli.breakers", "cli.standing", "cli.app", "__main__",
 ]  # fmt: skip

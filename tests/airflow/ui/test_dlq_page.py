@@ -456,3 +456,18 @@ def test_a_bulk_pause_counts_for_the_dags_its_patterns_matched():
     assert not bulk_covers({"dag_id_prefix_pattern": "tier"}, dag)
     assert not bulk_covers({"dag_id_pattern": "~", "dag_id_prefix_pattern": "other"}, dag)
     assert not bulk_covers({"tags": "tier"}, dag)  # no pattern: Airflow patches no DAG
+
+
+def test_the_outage_parts_escape_every_text(client, topic_group):
+    """A breaker's note and who changed it, a standing redrive's stop reason: as text, never HTML."""
+    from redelivery.airflow.ui.outage import held_banners, outage_data, outage_sections
+    from redelivery.rules.standing import StandingRedrive
+    from redelivery.standing import add, set_state
+
+    client.open_breaker("orders", "billing", by="<b>ops</b>", note="<script>alert(1)</script>")
+    add(client.conn, StandingRedrive(name="s1", group="billing"), "ops")
+    set_state(client.conn, "s1", "<i>ops</i>", "<img src=x>")
+    data = outage_data(client.conn)
+    html = "".join(held_banners(data, "/")) + outage_sections(data, "/")
+    assert "<script>" not in html and "<img" not in html and "<b>ops</b>" not in html and "<i>ops" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;img src=x&gt;" in html

@@ -129,6 +129,20 @@ def test_dead_letters_page_in_the_airflow_ui(airflow, browser, dead_letters, tmp
     text = frame.locator("body").inner_text()
     assert "%DLQ%billing" in text and "REJECTED" in text and "schema violation" in text
     assert api.get(f"{airflow}/redelivery/dlq.json", timeout=10).json()[0]["count"] == 30
+    assert "Every breaker is closed." in text and "Standing redrives" in text
+    # an outage (issue 41): a breaker held open is a banner at the top, its audit and the standing
+    # redrives are listed
+    from redelivery.rules.standing import StandingRedrive
+    from redelivery.standing import add
+
+    dead_letters.open_breaker("orders", "billing", by="ops", note="payments API down")
+    add(dead_letters.conn, StandingRedrive(name="after-outage", group="billing"), "ops")
+    browser.reload(wait_until="networkidle")
+    frame.get_by_text("The breaker of group billing on topic orders is held open").wait_for(timeout=20_000)
+    text = frame.locator("body").inner_text()
+    assert "closed → held" in text and "payments API down" in text
+    assert "after-outage" in text and "after a breaker closed" in text
+    assert frame.locator("a", has_text="redelivery_breaker").count() >= 1
     scraped = api.get(f"{airflow}/redelivery/metrics", timeout=10)  # Prometheus, same permission
     assert scraped.headers["content-type"].startswith("text/plain") and (
         'redelivery_dlq_messages{dlq="%DLQ%billing",group="billing",reason="REJECTED"} 30.0' in scraped.text

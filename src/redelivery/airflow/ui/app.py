@@ -43,6 +43,7 @@ from redelivery.airflow.ui.dead_letter_pages import (
     redrive_conf,
     selection_filter,
 )
+from redelivery.airflow.ui.outage import held_banners, outage_data, outage_sections
 from redelivery.airflow.ui.page import (
     REDRIVE_DAG,
     STYLE,
@@ -248,7 +249,9 @@ def dead_letters_page(session: SessionDep, group: Annotated[str, Query(max_lengt
     pauses = {tier: pause_since(session, dag) for tier, dag in paused_tier_dags(session).items()}
     with _conn() as conn:
         data = page_data(conn, group, paused_tiers=list(pauses))
-    return render(data, ui_root=_ui_root(), paused=pauses)
+        outage = outage_data(conn)
+    root = _ui_root()
+    return render(data, root, pauses, held_banners(outage, root), outage_sections(outage, root))
 
 
 def tier_pauses(session) -> dict[str, bool]:

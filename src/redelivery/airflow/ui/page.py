@@ -552,16 +552,20 @@ def redrives_table(data: dict, ui_root: str) -> str:
     return table(headers, rows)
 
 
-def render(data: dict, ui_root: str = "/", paused: dict[str, PauseEvent | None] | None = None) -> str:
+def render(data: dict, ui_root: str = "/", paused: dict | None = None, alerts=(), sections: str = "") -> str:
     """The whole page (HTML) from ``page_data``'s result. ``ui_root``: the Airflow UI's root path
     (trailing slash), for links to its pages; ``paused``: each tier whose DAG Airflow has paused,
-    with the pause found in its audit log (None: none found), in banners at the top."""
+    with the pause found in its audit log (a ``PauseEvent``, None: none found), in banners at the
+    top; ``alerts``:
+    more banners (HTML: ``airflow.ui.outage``'s held breakers), ``sections`` more sections (HTML,
+    before the tiers': its breakers and standing redrives)."""
     dags = list(tier_dags().values())
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>Dead letters</title><style>{STYLE}</style>"
         "</head><body><h1>Dead letters</h1>",
     ]
     parts.extend(paused_banner(t, (paused or {})[t], data, ui_root) for t in tier_order(paused or {}))
+    parts.extend(alerts)
     parts.append(
         "<p class='muted'>Every consumer group with live messages or dead letters, most dead letters first, "
         "summed over its topics: live messages per state (READY counts the messages past its offsets; "
@@ -573,6 +577,7 @@ def render(data: dict, ui_root: str = "/", paused: dict[str, PauseEvent | None] 
     if data["groups"]:
         parts.append(overview(data["groups"]))
     parts.extend(group_section(g) for g in data["groups"])
+    parts.append(sections)
     parts.append("<h2>Lateness of recent tier runs</h2>")
     parts.append(
         "<p class='muted'>How late a promoted retry became READY: window end minus its due time, p50 and "
