@@ -8,9 +8,13 @@
 2. Time is simulated, starting a day ago: consumers run as Spark jobs at the current time, then the
    clock jumps to the next tier window that has something due, and that tier's Airflow DAG runs for
    it with ``dag.test``. Repeat until nothing waits. Long steps print that they are alive.
-3. Check that every flight ended exactly once per group (committed, or dead-lettered with 16
-   reconsume times and the receiver's error for each cancelled flight), print a table per group
-   and state, and draw ``demo-output/redelivery-demo.png``.
+3. An outage, in real time (``demo.outage``): a payments service down for a few seconds, one group
+   with a circuit breaker (no dead letter), one without whose dead letters a standing redrive brings
+   back once the service is up.
+4. Check that every flight ended exactly once per group (committed, or dead-lettered with 16
+   reconsume times and the receiver's error for each cancelled flight) and that the outage ended
+   with every payment delivered once per group, print a table per group and state, and draw
+   ``demo-output/redelivery-demo.png`` and ``demo-output/redelivery-outage.png``.
 
 The same flights go, keyed by aircraft (tail number) and in scheduled-departure order, to topic
 ``flights-by-aircraft``, whose group ``flights-aircraft`` is subscribed ordered (``demo.ordered``):
@@ -223,11 +227,11 @@ def run_due_tiers(client, config, dags: dict, ends: dict, clock: datetime) -> li
 
 
 def finish(
-    client, args, receiver, cancelled_keys: list, total: int, timeline: list, runs: list, started
+    client, args, receiver, cancelled_keys: list, total: int, timeline: list, runs: list, started, outage_run
 ) -> int:
-    """The end of the demo: the table, the storage, the checks, the chart and summary.json; 0 when
-    every flight ended exactly once per group, else 1."""
-    from demo import ordered
+    """The end of the demo: the table, the storage, the checks, the charts and summary.json; 0 when
+    every flight ended exactly once per group and the outage ended as it should, else 1."""
+    from demo import ordered, outage
     from demo.ordered import ORDERED_TOPIC
     from demo.report import check, storage, summary_table, write_chart
 
@@ -259,8 +263,11 @@ def finish(
     print(summary_table(ordered_stats))
     print(ordered.report(receiver))
     failures += ordered.check(client, ordered_stats, receiver, total)
+    print(outage.report(outage_run))
+    failures += outage.check(outage_run, outage.PAYMENTS)
     args.out.mkdir(parents=True, exist_ok=True)
     chart = write_chart(args.out / "redelivery-demo.png", timeline, runs, [HTTP_GROUP, STATS_GROUP])
+    outage_chart = outage.write_outage_chart(args.out / "redelivery-outage.png", outage_run)
     (args.out / "summary.json").write_text(
         json.dumps(
             {
@@ -274,6 +281,16 @@ def finish(
                 "wall_seconds": round(time.perf_counter() - started, 1),
                 "storage_bytes": sizes,
                 "storage_bytes_after_vacuum": vacuumed,
+                "outage": {
+                    "final": outage_run["timeline"][-1][1],
+                    "seconds": outage_run["timeline"][-1][0],
+                    "refused": outage_run["service"].refused,
+                    "dead_letters_peak": max(
+                        s[outage.STANDING_GROUP]["DLQ"] for _, s in outage_run["timeline"]
+                    ),
+                    "brought_back": outage_run["brought_back"],
+                    "breaker_transitions": len(outage_run["transitions"]),
+                },
                 "failures": failures,
             },
             indent=2,
@@ -282,7 +299,7 @@ def finish(
     )
     print(
         f"\nsimulated {clock - timeline[0][0]} in {len(runs)} tier DAG runs; wall time "
-        f"{time.perf_counter() - started:.0f} s; chart: {chart}"
+        f"{time.perf_counter() - started:.0f} s; charts: {chart}, {outage_chart}"
     )
     if failures:
         print("FAILED checks:\n  " + "\n  ".join(failures))
@@ -294,7 +311,7 @@ def finish(
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # the demo prints its own progress
-    from demo import ordered
+    from demo import ordered, outage
     from demo.receiver import FlightReceiver
     from redelivery.airflow.dags.tiers import START, tier_dags
     from redelivery.client import Client
@@ -352,7 +369,10 @@ def main(argv=None) -> int:
                 break
             clock = min(ends.values())
             runs += run_due_tiers(client, config, dags, ends, clock)
-        return finish(client, args, receiver, cancelled_keys, total, timeline, runs, started)
+        print(f"an outage, in real time: the payments service down for {outage.OUTAGE_SECONDS:.0f} s")
+        bodies = [{"payment": i, "amount_cents": 100 + i} for i in range(outage.PAYMENTS)]
+        outage_run = outage.run_outage(lambda c: Client(config=c), config, bodies)
+        return finish(client, args, receiver, cancelled_keys, total, timeline, runs, started, outage_run)
     finally:
         receiver.stop()
         spark.stop()

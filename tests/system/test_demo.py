@@ -87,6 +87,22 @@ def test_chart_draws_states_and_lateness_in_one_figure(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def test_the_outage_ends_with_every_payment_delivered_once_both_ways(client, tmp_path):
+    """The demo's outage (issue 41) in real time: with the breaker no dead letter; without it, dead
+    letters a standing redrive brings back, each once; every payment taken once per group."""
+    from demo import outage
+    from redelivery.client import Client
+
+    bodies = [{"payment": i} for i in range(outage.PAYMENTS)]
+    result = outage.run_outage(lambda config: Client(client.context.url, config), client.config, bodies)
+    assert outage.check(result, outage.PAYMENTS) == []
+    assert result["service"].refused > 0 and result["brought_back"] > 0
+    assert sorted(result["service"].taken.values()) == [2] * outage.PAYMENTS  # once per group
+    chart = outage.write_outage_chart(tmp_path / "outage.png", result)
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
+    assert "each once" in outage.report(result)
+
+
 @pytest.mark.spark
 @pytest.mark.airflow
 def test_demo_end_to_end_small(database_url, tmp_path):
@@ -133,5 +149,7 @@ def test_demo_end_to_end_small(database_url, tmp_path):
     assert summary["ordered_stats"]["flights-aircraft"]["COMMITTED"] == 900  # each aircraft's in order
     assert "flights-aircraft:" in done.stdout and "each one's flights in publish order" in done.stdout
     assert (tmp_path / "redelivery-demo.png").stat().st_size > 10_000
+    assert (tmp_path / "redelivery-outage.png").stat().st_size > 10_000
+    assert summary["outage"]["brought_back"] == summary["outage"]["dead_letters_peak"] > 0
     sizes, vacuumed = summary["storage_bytes"], summary["storage_bytes_after_vacuum"]
     assert sizes["log"] > 0 and vacuumed["deliveries"] <= sizes["deliveries"] <= sizes["database"]
