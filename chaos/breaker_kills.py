@@ -86,4 +86,4 @@ class BreakerKillPoints:
         """A tick of the standing redrives in this process (never killed)."""
         from redelivery.standing import tick
 
-        tick(self.url(), self.client.client.config, log=lambda *_: None)
+        tick(self.url(), self.client.client.config, sync_config=True, log=lambda *_: None)

@@ -26,15 +26,15 @@ OPEN_BREAKER_SQL = """
          AND (x.e ->> 'recorded')::timestamptz >= o.since AND (x.e ->> 'recorded')::timestamptz < o.until
         WHERE x.e ->> 'outcome' IN ('nack', 'reconsume_later', 'lease_expired')"""
 # each move of a standing redrive's run records the message's generation (its redrive count once
-# moved): none past the policy's limit, and no message moved by a policy more often than that
+# moved): none past the run's limit (its policy's max_generations when it ran), and no message
+# moved by one policy's runs more often than that
 GENERATIONS_SQL = """
-        SELECT p.name, m.message_id, m.generation, (p.spec ->> 'max_generations')::int
+        SELECT r.run_key, m.message_id, m.generation, r.max_generations
         FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
-        JOIN standing_redrives p ON p.id = r.standing_id
-        WHERE m.generation IS NULL OR m.generation > (p.spec ->> 'max_generations')::int
+        WHERE r.max_generations IS NOT NULL AND (m.generation IS NULL OR m.generation > r.max_generations)
         UNION ALL
-        SELECT p.name, m.message_id, count(*), (p.spec ->> 'max_generations')::int
+        SELECT r.standing_id::text, m.message_id, count(*), max(r.max_generations)
         FROM redrive_moves m JOIN redrive_runs r ON r.id = m.run_id
-        JOIN standing_redrives p ON p.id = r.standing_id
-        GROUP BY p.name, p.spec, m.group_id, m.message_id
-        HAVING count(*) > (p.spec ->> 'max_generations')::int"""
+        WHERE r.standing_id IS NOT NULL
+        GROUP BY r.standing_id, m.group_id, m.message_id
+        HAVING count(*) > max(r.max_generations)"""

@@ -218,7 +218,7 @@ def standing(args) -> None:
     """One tick of the standing redrives (chaos/config.yaml's)."""
     from redelivery.standing import tick
 
-    report = tick(log=lambda *_: None)
+    report = tick(sync_config=True, log=lambda *_: None)
     print(f"STANDING {sum(r['moved'] for r in report.runs)} {report.problems}", flush=True)
 
 

@@ -126,7 +126,7 @@ def run_outage(client_factory, config, bodies: list) -> dict:
                 run_tier(
                     TierRunRequest(tier="seconds", window_end=now, run_key=f"demo-outage-{n}"), config=config
                 )
-                tick(config=config, log=lambda *_: None)
+                tick(config=config, sync_config=True, log=lambda *_: None)
                 stats = client.stats()[PAYMENTS_TOPIC]
                 timeline.append((time.monotonic() - started, stats))
                 if all(stats[g]["COMMITTED"] == len(bodies) for g in (BREAKER_GROUP, STANDING_GROUP)):

@@ -258,11 +258,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) AND NOT EXISTS (
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000)))) AND NOT EXISTS (
   SELECT 1 FROM log_partitions l
   WHERE coalesce(l.starts_at, '-infinity') <= q.published_at AND l.ends_at > q.published_at)
 ORDER BY 1;
@@ -344,11 +345,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000))))
   AND (%(before_at)s::timestamptz IS NULL
        OR (q.dead_lettered_at, q.message_id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
 ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT %(limit)s;
@@ -368,11 +370,12 @@ SELECT count(*) FROM dlq_messages q WHERE q.group_id = %(group_id)s
          OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                         OR octet_length(q.key) <= 2000)))
     -- a standing redrive's: below its generation limit, and dead long enough for the generation
-    -- (rules.standing.generation_wait_seconds)
+    -- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+    -- would pass the range of a timestamp)
     AND (%(max_generations)s::int IS NULL
          OR (q.redrive_count < %(max_generations)s::int
-             AND q.dead_lettered_at <= now() - make_interval(
-                   secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))));
+             AND extract(epoch FROM now() - q.dead_lettered_at)
+                 >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000))));
 
 /* redelivery:DLQ_COUNT_FROM_TOPIC */
 SELECT count(*) FROM dlq_messages q WHERE q.group_id = %(group_id)s
@@ -389,11 +392,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) AND q.topic_id = %(dest)s::int;
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000)))) AND q.topic_id = %(dest)s::int;
 
 /* redelivery:DLQ_IDS */
 SELECT name, id FROM dead_letter_queues WHERE name = ANY(%(names)s::text[]);
@@ -438,11 +442,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000))))
 ORDER BY q.dead_lettered_at, q.message_id LIMIT %(limit)s;
 
 /* redelivery:DLQ_SIGNATURES */
@@ -469,11 +474,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) GROUP BY q.signature, q.topic_id) p
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000)))) GROUP BY q.signature, q.topic_id) p
       GROUP BY p.signature ORDER BY 2 DESC, 1 LIMIT %(limit)s) s
 -- the newest of each listed signature only (one probe of the index each)
 LEFT JOIN LATERAL (
@@ -492,11 +498,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count)))) AND q.signature = s.signature
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000)))) AND q.signature = s.signature
   ORDER BY q.dead_lettered_at DESC, q.message_id DESC LIMIT 1) r ON true
 ORDER BY s.n DESC, s.signature;
 
@@ -1113,11 +1120,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))));
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000))));
 
 /* redelivery:PLAN_WINDOW_RANGES */
 SELECT min(message_id), max(message_id),
@@ -1510,11 +1518,12 @@ AND (%(key)s::text IS NULL
      OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
                                     OR octet_length(q.key) <= 2000)))
 -- a standing redrive's: below its generation limit, and dead long enough for the generation
--- (rules.standing.generation_wait_seconds)
+-- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+-- would pass the range of a timestamp)
 AND (%(max_generations)s::int IS NULL
      OR (q.redrive_count < %(max_generations)s::int
-         AND q.dead_lettered_at <= now() - make_interval(
-               secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))
+         AND extract(epoch FROM now() - q.dead_lettered_at)
+             >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000))))
     AND (%(low)s::bigint IS NULL OR (q.message_id >= %(low)s::bigint AND q.message_id < %(high)s::bigint))
     AND NOT EXISTS (SELECT 1 FROM redrive_moves rm WHERE rm.run_id = %(run)s
                     AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
@@ -1594,8 +1603,8 @@ copies AS (
          r.origin_message_id
   FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id),
 logged AS (
-  INSERT INTO redrive_moves (run_id, group_id, message_id, generation)
-  SELECT %(run)s, group_id, message_id, redrive_count + 1 FROM removed RETURNING 1),
+  INSERT INTO redrive_moves (run_id, group_id, message_id, generation, topic_id)
+  SELECT %(run)s, group_id, message_id, redrive_count + 1, topic_id FROM removed RETURNING 1),
 counted AS (
   UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s
   RETURNING standing_id),
@@ -1624,8 +1633,9 @@ RETURNING run_key, triggered_by, filter, dry_run, status, matched, filter->'max_
           moved, held_by_backlog_cap, sample, started_at, finished_at;
 
 /* redelivery:REDRIVE_RUN_START */
-INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run, standing_id)
-VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s, %(standing_id)s)
+INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run, standing_id, max_generations)
+VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s, %(standing_id)s,
+        %(max_generations)s)
 ON CONFLICT (run_key) DO UPDATE SET
     status = CASE WHEN redrive_runs.status = 'success' AND (EXCLUDED.dry_run OR NOT redrive_runs.dry_run)
                   THEN 'success' ELSE 'running' END,
@@ -1742,11 +1752,15 @@ VALUES (%(name)s, %(group_id)s, 'operator', %(spec)s, %(changed_by)s)
 ON CONFLICT (name) DO NOTHING RETURNING id;
 
 /* redelivery:STANDING_CLAIM */
-UPDATE standing_redrives p
-SET claimed_until = clock_timestamp() + make_interval(secs => %(lease)s::float8), more_left = true,
-    last_run_at = now()
-WHERE p.id = %(id)s AND p.state = 'active' AND (p.claimed_until IS NULL OR p.claimed_until < now())
-  AND NOT EXISTS (
+WITH closed AS (
+  SELECT max(x.at) AS at
+  FROM standing_redrives p0 JOIN breaker_transitions x ON x.group_id = p0.group_id
+  JOIN topics t ON t.id = x.topic_id
+  WHERE p0.id = %(id)s AND x.to_state = 'closed' AND x.at > coalesce(p0.trigger_at, p0.created_at)
+    AND (p0.spec->>'topic' IS NULL OR t.name = p0.spec->>'topic'))
+UPDATE standing_redrives p SET more_left = true, last_run_at = now(),
+    trigger_at = coalesce((SELECT at FROM closed), p.trigger_at)
+WHERE p.id = %(id)s AND p.state = 'active' AND NOT EXISTS (
     SELECT 1 FROM breakers b JOIN topics t ON t.id = b.topic_id
     WHERE b.group_id = p.group_id AND b.state <> 'closed'
       AND (p.spec->>'topic' IS NULL OR t.name = p.spec->>'topic'))
@@ -1754,38 +1768,48 @@ WHERE p.id = %(id)s AND p.state = 'active' AND (p.claimed_until IS NULL OR p.cla
        OR (p.spec->>'after' = 'every'
            AND (p.last_run_at IS NULL
                 OR p.last_run_at <= now() - make_interval(secs => %(every)s::float8)))
-       OR (p.spec->>'after' = 'breaker_closed' AND EXISTS (
-             SELECT 1 FROM breaker_transitions x JOIN topics t ON t.id = x.topic_id
-             WHERE x.group_id = p.group_id AND x.to_state = 'closed'
-               AND x.at > coalesce(p.last_run_at, p.created_at)
-               AND (p.spec->>'topic' IS NULL OR t.name = p.spec->>'topic'))))
-RETURNING p.claimed_until;
+       OR (p.spec->>'after' = 'breaker_closed' AND (SELECT at FROM closed) IS NOT NULL))
+RETURNING p.trigger_at;
 
 /* redelivery:STANDING_DIED_AGAIN */
-SELECT count(*), count(*) FILTER (WHERE EXISTS (
-         SELECT 1 FROM dlq_messages q WHERE q.message_id = m.message_id AND q.group_id = m.group_id
-           AND q.dead_lettered_at > m.moved_at))
-FROM (SELECT m.group_id, m.message_id, m.moved_at
-      FROM redrive_runs r JOIN redrive_moves m ON m.run_id = r.id
-      JOIN standing_redrives p ON p.id = r.standing_id
-      WHERE r.standing_id = %(id)s AND m.moved_at >= p.counting_since
-      ORDER BY r.id DESC LIMIT %(limit)s) m;
+SELECT count(*) FILTER (WHERE x.dead), count(*) FILTER (WHERE x.dead OR NOT x.live)
+FROM (SELECT DISTINCT ON (m.group_id, m.message_id) m.group_id, m.message_id, m.topic_id
+      FROM (SELECT m.group_id, m.message_id, m.topic_id, m.moved_at
+            FROM redrive_runs r JOIN redrive_moves m ON m.run_id = r.id
+            JOIN standing_redrives p ON p.id = r.standing_id
+            WHERE r.standing_id = %(id)s AND m.moved_at >= p.counting_since
+            ORDER BY r.id DESC LIMIT %(limit)s) m
+      ORDER BY m.group_id, m.message_id, m.moved_at DESC) m,
+LATERAL (SELECT EXISTS (SELECT 1 FROM dlq_messages q
+                        WHERE q.message_id = m.message_id AND q.group_id = m.group_id) AS dead,
+                EXISTS (SELECT 1 FROM deliveries d
+                        WHERE d.topic_id = m.topic_id AND d.group_id = m.group_id
+                          AND d.message_id = m.message_id) AS live) x;
+
+/* redelivery:STANDING_END_ORPHANS */
+UPDATE redrive_runs SET status = 'failed', finished_at = now()
+WHERE standing_id = %(id)s AND status = 'running';
 
 /* redelivery:STANDING_FORGET_CONFIG */
 DELETE FROM standing_redrives WHERE source = 'config' AND name <> ALL(%(names)s::text[])
 RETURNING name;
 
+/* redelivery:STANDING_LET_GO */
+SELECT pg_advisory_unlock(%(namespace)s::int, %(id)s::int);
+
 /* redelivery:STANDING_LIST */
 SELECT p.id, p.name, g.name AS "group", p.source, p.spec, p.state, p.stopped_reason, p.changed_at,
        p.changed_by, p.last_run_at, p.runs, p.brought_back, p.more_left,
-       p.claimed_until > now() AS running
+       EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND l.classid = %(namespace)s::int AND l.objid = p.id AND l.objsubid = 2) AS running
 FROM standing_redrives p JOIN consumer_groups g ON g.id = p.group_id
 WHERE %(name)s::text IS NULL OR p.name = %(name)s::text ORDER BY p.name;
 
 /* redelivery:STANDING_RELEASE */
-UPDATE standing_redrives SET claimed_until = NULL, more_left = %(more_left)s,
+UPDATE standing_redrives SET more_left = %(more_left)s AND state = 'active',
     runs = runs + CASE WHEN %(ran)s THEN 1 ELSE 0 END
-WHERE id = %(id)s AND claimed_until = %(claimed)s;
+WHERE id = %(id)s;
 
 /* redelivery:STANDING_REMOVE */
 DELETE FROM standing_redrives WHERE name = %(name)s AND source = 'operator' RETURNING id;
@@ -1796,9 +1820,15 @@ SET state = CASE WHEN %(reason)s::text IS NULL THEN 'active' ELSE 'stopped' END,
     stopped_reason = %(reason)s::text, changed_at = now(), changed_by = %(changed_by)s,
     counting_since = CASE WHEN %(reason)s::text IS NULL AND p.state = 'stopped' THEN now()
                           ELSE p.counting_since END,
-    more_left = CASE WHEN %(reason)s::text IS NULL THEN p.more_left ELSE false END
+    more_left = %(reason)s::text IS NULL
 FROM standing_redrives old WHERE old.id = p.id AND p.name = %(name)s
 RETURNING old.state;
+
+/* redelivery:STANDING_STILL_WANTED */
+SELECT p.state = 'active' AND NOT EXISTS (
+    SELECT 1 FROM breakers b JOIN topics t ON t.id = b.topic_id
+    WHERE b.group_id = p.group_id AND b.state <> 'closed'
+      AND (p.spec->>'topic' IS NULL OR t.name = p.spec->>'topic')) FROM standing_redrives p WHERE p.id = %(id)s;
 
 /* redelivery:STANDING_SYNC_CONFIG */
 WITH written AS (
@@ -1806,11 +1836,21 @@ WITH written AS (
   SELECT n, g, 'config', s, 'config'
   FROM unnest(%(names)s::text[], %(group_ids)s::int[], %(specs)s::jsonb[]) AS c(n, g, s)
   ON CONFLICT (name) DO UPDATE SET spec = EXCLUDED.spec, group_id = EXCLUDED.group_id,
-      changed_at = now(), counting_since = now()
+      changed_at = now(),
+      counting_since = CASE
+        WHEN p.group_id <> EXCLUDED.group_id
+          OR jsonb_build_array(p.spec->'topic', p.spec->'reasons', p.spec->'error_contains',
+                               p.spec->'signature')
+             <> jsonb_build_array(EXCLUDED.spec->'topic', EXCLUDED.spec->'reasons',
+                                  EXCLUDED.spec->'error_contains', EXCLUDED.spec->'signature')
+        THEN now() ELSE p.counting_since END
   WHERE p.source = 'config' AND (p.spec <> EXCLUDED.spec OR p.group_id <> EXCLUDED.group_id)
   RETURNING name)
 SELECT p.name FROM standing_redrives p
 WHERE p.name = ANY(%(names)s::text[]) AND p.source = 'operator';
+
+/* redelivery:STANDING_TRY_HOLD */
+SELECT pg_try_advisory_lock(%(namespace)s::int, %(id)s::int);
 
 /* redelivery:STATE_STORE_TABLES */
 SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery' AND tablename <> 'alembic_version'

@@ -54,7 +54,7 @@ def dead(client) -> dict[int, int]:
 
 
 def run(client, database_url):
-    return tick(database_url, client.config, log=lambda *_: None)
+    return tick(database_url, client.config, sync_config=True, log=lambda *_: None)
 
 
 def test_a_due_policy_brings_dead_letters_back_audited_as_a_redrive_run(client, topic_group, database_url):
@@ -114,9 +114,9 @@ def test_it_goes_on_after_a_close_while_dead_letters_wait_for_their_generation(
     standing(client, after="breaker_closed", generation_wait="2s")
     run(client, database_url)  # the config's policy written: it counts closes from now on
     client.publish("orders", [{"n": 1}])
+    die(client)
     client.open_breaker("orders", "billing", by="test")
     client.close_breaker("orders", "billing", by="test")
-    die(client)
     assert run(client, database_url).runs == []  # dead for less than 2 s
     assert policies(client.conn)[0]["more_left"]  # so the next ticks look again
     time.sleep(2.1)
@@ -135,7 +135,7 @@ def test_it_stops_itself_when_what_it_brought_back_dies_again(client, topic_grou
     report = run(client, database_url)
     assert (
         report.runs == []
-        and "4 of the last 4 messages it brought back died again" in report.stopped["outage"]
+        and "4 of the last 4 messages it brought back that settled died again" in report.stopped["outage"]
     )
     [row] = policies(client.conn)
     assert (row["state"], row["changed_by"]) == ("stopped", "redelivery")
@@ -176,6 +176,75 @@ def test_config_policies_follow_the_file_and_an_operators_are_kept(client, topic
     client.config = client.config.model_copy(update={"standing_redrives": []})
     run(client, database_url)
     assert [(p["name"], p["source"]) for p in policies(client.conn)] == [("by-hand", "operator")]
+
+
+def test_a_run_that_fails_leaves_the_policy_to_the_next_tick(client, topic_group, database_url, monkeypatch):
+    import psycopg
+
+    import redelivery.standing
+
+    standing(client, after="breaker_closed")
+    run(client, database_url)
+    client.publish("orders", [{"n": 1}])
+    die(client)
+    client.open_breaker("orders", "billing", by="test")
+    client.close_breaker("orders", "billing", by="test")
+    time.sleep(1.1)
+
+    def cut(*args, **kwargs):
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(redelivery.standing, "redrive", cut)
+    report = run(client, database_url)
+    assert report.runs == [] and "server closed the connection" in report.problems["outage"]
+    assert policies(client.conn)[0]["more_left"]  # the close is not lost
+    monkeypatch.undo()
+    assert run(client, database_url).runs[0]["moved"] == 1
+
+
+def test_a_run_stops_between_batches_when_a_breaker_of_its_group_opens(client, topic_group, database_url):
+    import threading
+
+    standing(client, rate_limit=2)  # a batch of 2 a second
+    client.publish("orders", [{"n": i} for i in range(10)])
+    die(client)
+    time.sleep(1.1)
+    threading.Timer(1.5, lambda: client.open_breaker("orders", "billing", by="test")).start()
+    [record] = run(client, database_url).runs
+    assert record["status"] == "stopped" and 0 < record["moved"] < 10
+    assert policies(client.conn)[0]["more_left"]
+    client.close_breaker("orders", "billing", by="test")
+    time.sleep(1.1)
+    assert run(client, database_url).runs[0]["moved"] == 10 - record["moved"]  # the rest, next tick
+
+
+def test_after_a_close_only_the_dead_letters_of_before_it_come_back(client, topic_group, database_url):
+    standing(client, after="breaker_closed")
+    run(client, database_url)
+    client.publish("orders", [{"n": i} for i in range(4)])
+    before = die(client, 2)
+    client.open_breaker("orders", "billing", by="test")
+    client.close_breaker("orders", "billing", by="test")
+    after = die(client)  # dead after the close: not this outage's
+    time.sleep(1.1)
+    [record] = run(client, database_url).runs
+    assert record["moved"] == 2 and sorted(dead(client)) == after and len(before) == 2
+
+
+def test_a_tick_without_the_config_leaves_the_files_policies_alone(client, topic_group, database_url):
+    standing(client)
+    run(client, database_url)  # written from the file
+    tick(database_url, RedeliveryConfig(), log=lambda *_: None)  # another process, no config file
+    assert [p["name"] for p in policies(client.conn)] == ["outage"]
+
+
+def test_a_dead_letter_redriven_many_times_does_not_overflow_the_wait(client, topic_group, database_url):
+    standing(client, max_generations=100, generation_wait="7d")
+    client.publish("orders", [{"n": 1}])
+    die(client)
+    client.conn.execute("UPDATE dlq_messages SET redrive_count = 90")  # 7 days x 2^90: past any timestamp
+    report = run(client, database_url)
+    assert report.runs == [] and report.problems == {}
 
 
 def test_bad_policies_are_refused_in_one_line():

@@ -177,14 +177,18 @@ def count(conn: psycopg.Connection, request: DlqFilter) -> int:
 
 
 def select(
-    conn: psycopg.Connection, request: DlqFilter, limit: int = 100, with_body: bool = False
+    conn: psycopg.Connection,
+    request: DlqFilter,
+    limit: int = 100,
+    with_body: bool = False,
+    generations: tuple[int, float] | None = None,
 ) -> list[dict]:
     """The matching dead letters, oldest first (``limit`` at most), as dicts of native values
     (datetimes; with ``with_body`` the body decoded by content type, the properties and the attempt
     history). A body that does not decode (an UNDECODABLE dead letter) is given as it is stored
     (text, or bytes when it is not UTF-8) with the reason in ``body_error``. ``jsonable`` turns the
-    rows into JSON-ready values."""
-    cur = conn.execute(S.DLQ_SELECT, {**filter_params(conn, request), "limit": limit})
+    rows into JSON-ready values. ``generations``: a standing redrive's rule (``filter_params``)."""
+    cur = conn.execute(S.DLQ_SELECT, {**filter_params(conn, request, generations), "limit": limit})
     names = [c.name for c in cur.description]
     return [_selected(dict(zip(names, values, strict=True)), with_body) for values in cur.fetchall()]
 

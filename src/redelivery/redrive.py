@@ -319,12 +319,15 @@ def start_run(
     run_key: str,
     triggered_by: str | None,
     standing_id: int | None = None,
+    max_generations: int | None = None,
 ) -> Run:
-    """Start run ``run_key`` for ``request`` (of standing redrive ``standing_id``, when given), or
+    """Start run ``run_key`` for ``request`` (of standing redrive ``standing_id`` with its
+    generation limit ``max_generations``, when given), or
     resume it; raises ``RedeliveryError``, changing nothing, when the key is a redrive of another
     selection, or a real run that a dry run would resume (a dry run never moves anything)."""
     start = {
         "standing_id": standing_id,
+        "max_generations": max_generations,
         "run_key": run_key,
         "triggered_by": triggered_by,
         "group_id": group_id,
@@ -407,10 +410,11 @@ def redrive(
         db.check_schema(conn)  # SchemaNotMigratedError, not an UndefinedTable halfway
         params = _moving_params(conn, request, generations)
         lanes = capped_lanes(conn, config, request, params)
-        run = start_run(conn, request, params["group_id"], run_key, triggered_by, standing_id)
+        limit = generations[0] if generations else None
+        run = start_run(conn, request, params["group_id"], run_key, triggered_by, standing_id, limit)
         try:
             matched = conn.execute(S.DLQ_COUNT, params).fetchone()[0]
-            sample = jsonable(select(conn, request, limit=SAMPLE_SIZE))
+            sample = jsonable(select(conn, request, limit=SAMPLE_SIZE, generations=generations))
             log(
                 f"redrive {run_key}: {matched} dead letters of group {request.group!r} match"
                 f"{'' if request.max_messages is None else f', max {request.max_messages}'}; "

@@ -6,13 +6,16 @@ A *tick* (``tick``; the ``redelivery_standing_redrives`` DAG runs one every ``TI
 ``redelivery standing-redrive tick`` runs one by hand) looks at each active policy:
 
 1. it holds the policy (a session advisory lock: two ticks never run it at once, and one that dies
-   lets go with its connection) and claims it when it is due (``STANDING_CLAIM``: its trigger
-   fired, no breaker of its group is open);
-2. it stops the policy, and says so, when too many of the messages it brought back died again;
+   lets go with its connection; so a direct or session-pooled connection, never a transaction
+   pooler's), ends the runs a tick that died left running, and claims it when it is due
+   (``STANDING_CLAIM``: its trigger fired, no breaker of its group is open);
+2. it stops the policy, and says so, when too many of the messages it brought back died again
+   (of those that settled: acked, or dead again);
 3. it counts the dead letters the policy may bring back now (below the generation limit, past their
    generation's wait); when there are some, it runs a redrive run of them (``redrive.redrive``,
    rate-limited, at most ``max_messages``, under the groups' backlog caps), audited in
-   ``redrive_runs`` as ``standing:<name>`` with the policy's id;
+   ``redrive_runs`` as ``standing:<name>`` with the policy's id; between batches the run goes on
+   only while the policy is active and no breaker of its group is open;
 4. it releases the claim, saying whether matching dead letters are left (which makes the next tick
    run it again, whatever its trigger).
 
@@ -142,26 +145,32 @@ def tick(
     url: str | None = None,
     config: RedeliveryConfig | None = None,
     *,
+    sync_config: bool = False,
     log: Callable[[str], object] = print,
     should_stop: Callable[[], bool] = lambda: False,
     wait: Callable[[float], object] = time.sleep,
 ) -> TickReport:
-    """One tick over every standing redrive (the module's steps 1 to 4); returns a ``TickReport``.
-    ``should_stop()`` is asked between batches of a run (the run ends ``stopped``, left for the
-    next tick). A policy whose run fails is reported and left for the next tick; the others run."""
+    """One tick over every active standing redrive, the one looked at longest ago first (the
+    module's steps 1 to 4); returns a ``TickReport``. ``sync_config``: write the config file's
+    policies into the state store first (``sync``; the ``redelivery_standing_redrives`` DAG's ticks,
+    whose config is the deployment's: a tick of a process with another config must not rewrite
+    them). ``should_stop()`` is asked between batches of a run (the run ends ``stopped``, left for
+    the next tick). A policy whose run fails is reported and left for the next tick; the others
+    run."""
     url, config = url or db.database_url(), config or cached_config()
     report = TickReport()
     with db.connect(url, autocommit=True) as conn:
         db.check_schema(conn)
-        report.problems.update(sync(conn, config))
-        for row in policies(conn):
+        if sync_config:
+            report.problems.update(sync(conn, config))
+        found = sorted(policies(conn), key=lambda r: (r["last_run_at"] is not None, r["last_run_at"] or 0))
+        for row in found:
             if row["state"] != "active" or should_stop():
                 continue
             try:
                 _tick_one(conn, url, config, row, report, log, should_stop, wait)
             except (RedeliveryError, ValidationError, psycopg.Error) as exc:
                 report.problems[row["name"]] = f"{type(exc).__name__}: {exc}"
-                log(f"standing redrive {row['name']}: {type(exc).__name__}: {exc}")
     return report
 
 
@@ -171,52 +180,90 @@ def _tick_one(conn, url, config, row, report: TickReport, log, should_stop, wait
     if not conn.execute(S.STANDING_TRY_HOLD, hold).fetchone()[0]:
         return  # another tick is running it
     try:
-        if conn.execute(S.STANDING_CLAIM, {"id": row["id"], "every": policy.seconds("every")}).fetchone():
-            _run_claimed(conn, url, config, row["id"], policy, report, log, should_stop, wait)
-        # else: not due, or a breaker of its group is not closed
+        conn.execute(S.STANDING_END_ORPHANS, {"id": row["id"]})  # runs of a tick that died
+        due = {"id": row["id"], "every": policy.seconds("every")}
+        claimed = conn.execute(S.STANDING_CLAIM, due).fetchone()
+        if claimed:  # else: not due, or a breaker of its group is not closed
+            Claimed(conn, url, config, row["id"], policy, claimed[0]).go(report, log, should_stop, wait)
     finally:
-        conn.execute(S.STANDING_LET_GO, hold)
+        if not conn.execute(S.STANDING_LET_GO, hold).fetchone()[0]:  # a pooler gave another backend
+            LOG.warning("standing redrive %s: its hold was not this session's to let go", row["name"])
 
 
-def _run_claimed(
-    conn, url, config, policy_id: int, policy, report: TickReport, log, should_stop, wait
-) -> None:
-    """Steps 2 to 4 of a claimed policy."""
-    more_left, ran = True, False  # a run that raises leaves it to the next tick
-    try:
-        brought_back, died_again = conn.execute(
-            S.STANDING_DIED_AGAIN, {"id": policy_id, "limit": DIED_AGAIN_SAMPLE}
-        ).fetchone()
-        if died_again_too_often(policy, brought_back, died_again):
-            more_left = False
-            _stop_itself(conn, policy, brought_back, died_again, report, log)
-            return
-        generations = (policy.max_generations, float(policy.seconds("generation_wait")))
-        selection = DlqFilter(**policy.selection())
-        more_left = False
-        if _count(conn, selection, generations):
-            ran = True
-            record = redrive(
-                RedriveRequest(
-                    **policy.selection(), max_messages=policy.max_messages, rate_limit=policy.rate_limit,
-                    reset_reconsume_times=True, dry_run=False,
-                ),
-                run_key=f"standing/{policy.name}/{uuid.uuid4().hex}", triggered_by=f"standing:{policy.name}",
-                url=url, log=log, should_stop=should_stop, wait=wait, config=config,
-                standing_id=policy_id, generations=generations,
-            )  # fmt: skip
-            report.runs.append(record)
-            more_left = record["status"] != "success" or (record["matched"] or 0) > record["moved"]
-        # after a breaker closed, the dead letters whose generation's wait has not passed yet
-        if policy.after == "breaker_closed" and not more_left:
-            more_left = bool(_count(conn, selection, (generations[0], 0.0)))
-    finally:
-        conn.execute(S.STANDING_RELEASE, {"id": policy_id, "more_left": more_left, "ran": ran})
+@dataclass
+class Claimed:
+    """A policy claimed by a tick: steps 2 to 4. ``trigger_at``: the breaker close it brings back
+    the dead letters of (``after: breaker_closed``: those dead-lettered before it)."""
+
+    conn: psycopg.Connection
+    url: str
+    config: RedeliveryConfig
+    policy_id: int
+    policy: StandingRedrive
+    trigger_at: datetime | None
+
+    def go(self, report: TickReport, log, should_stop, wait) -> None:
+        more_left, ran = True, False  # a run that raises leaves it to the next tick
+        try:
+            died_again, settled = self.conn.execute(
+                S.STANDING_DIED_AGAIN, {"id": self.policy_id, "limit": DIED_AGAIN_SAMPLE}
+            ).fetchone()
+            if died_again_too_often(self.policy, settled, died_again):
+                _stop_itself(self.conn, self.policy, settled, died_again, report, log)
+                more_left = False
+                return
+            if self._count(self.generations):
+                ran = True
+                record = self._redrive(log, should_stop, wait)
+                report.runs.append(record)
+                if record["status"] == "success" and (record["matched"] or 0) <= record["moved"]:
+                    more_left = self._waiting()
+            else:
+                more_left = self._waiting()
+        finally:
+            release = {"id": self.policy_id, "more_left": more_left, "ran": ran}
+            self.conn.execute(S.STANDING_RELEASE, release)
+
+    @property
+    def generations(self) -> tuple[int, float]:
+        return (self.policy.max_generations, float(self.policy.seconds("generation_wait")))
+
+    def _selection(self) -> dict:
+        bound = self.trigger_at if self.policy.after == "breaker_closed" else None
+        return {**self.policy.selection(), "dead_lettered_to": bound}
+
+    def _count(self, generations: tuple[int, float]) -> int:
+        selection = DlqFilter(**self._selection())
+        return self.conn.execute(S.DLQ_COUNT, filter_params(self.conn, selection, generations)).fetchone()[0]
+
+    def _waiting(self) -> bool:
+        """After a breaker closed: whether dead letters of the close wait for their generation's
+        time (the next ticks look again); an ``every`` policy's next run comes by its clock."""
+        return self.policy.after == "breaker_closed" and bool(self._count((self.policy.max_generations, 0.0)))
+
+    def _redrive(self, log, should_stop, wait) -> dict:
+        """The run: between its batches it goes on only while the policy is active and no breaker
+        of its group is open (an operator's stop, an outage that came back)."""
+
+        def stop() -> bool:
+            wanted = self.conn.execute(S.STANDING_STILL_WANTED, {"id": self.policy_id}).fetchone()
+            return should_stop() or not (wanted and wanted[0])
+
+        request = RedriveRequest(
+            **self._selection(), max_messages=self.policy.max_messages, rate_limit=self.policy.rate_limit,
+            reset_reconsume_times=True, dry_run=False,
+        )  # fmt: skip
+        name = self.policy.name
+        return redrive(
+            request, run_key=f"standing/{name}/{uuid.uuid4().hex}", triggered_by=f"standing:{name}",
+            url=self.url, log=log, should_stop=stop, wait=wait, config=self.config,
+            standing_id=self.policy_id, generations=self.generations,
+        )  # fmt: skip
 
 
-def _stop_itself(conn, policy, brought_back: int, died_again: int, report: TickReport, log) -> None:
+def _stop_itself(conn, policy, settled: int, died_again: int, report: TickReport, log) -> None:
     why = (
-        f"{died_again} of the last {brought_back} messages it brought back died again "
+        f"{died_again} of the last {settled} messages it brought back that settled died again "
         f"(stop_ratio {policy.stop_ratio}): resume it with `redelivery standing-redrive resume "
         f"{policy.name}` once the cause is fixed"
     )
@@ -226,10 +273,6 @@ def _stop_itself(conn, policy, brought_back: int, died_again: int, report: TickR
     log(f"standing redrive {policy.name} stopped itself: {why}")
 
 
-def _count(conn: psycopg.Connection, selection: DlqFilter, generations: tuple[int, float]) -> int:
-    return conn.execute(S.DLQ_COUNT, filter_params(conn, selection, generations)).fetchone()[0]
-
-
 def run_ticks(
     until: datetime,
     *,
@@ -237,21 +280,27 @@ def run_ticks(
     config: RedeliveryConfig | None = None,
     clock: Callable[[], datetime],
     wait: Callable[[float], bool],
+    stop: Callable[[], bool] = lambda: False,
     log: Callable[[str], object] = print,
     paused: Callable[[], bool] = lambda: False,
 ) -> int:
-    """A DAG run's ticks, one every ``TICK_SECONDS`` until ``until`` (timezone-aware): returns how
-    many ran. ``wait(seconds)`` sleeps and returns True to stop (the task is being killed);
-    ``paused()`` True (the DAG was paused) ends it before the next tick. A tick that raises (the
-    state store is down) is logged in one line, and the next one tries again."""
-    ticks, failing = 0, None
-    while clock() < until and not paused():
+    """A DAG run's ticks (each writing the config file's policies first: ``tick``'s
+    ``sync_config``), one every ``TICK_SECONDS`` until ``until`` (timezone-aware): returns how many
+    ran. ``wait(seconds)`` sleeps and returns True to stop, as ``stop()`` does (the task is being
+    killed: a run stops between batches); ``paused()`` True (the DAG was paused) ends it before
+    the next tick. A policy's problem is logged once, and again only when it changes; a tick that
+    raises (the state store is down) likewise, and the next one tries again."""
+    ticks, failing, said = 0, None, {}
+    while clock() < until and not paused() and not stop():
         started = clock()
         try:
-            done = tick(url, config, log=log, wait=wait, should_stop=lambda: clock() >= until)
+            done = tick(url, config, sync_config=True, log=log, wait=wait,
+                        should_stop=lambda: stop() or clock() >= until)  # fmt: skip
             ticks, failing = ticks + 1, None
             for name, problem in done.problems.items():
-                log(f"standing redrive {name}: {problem}")
+                if said.get(name) != problem:
+                    log(f"standing redrive {name}: {problem}")
+            said = dict(done.problems)
         except (RedeliveryError, ConfigError, psycopg.Error) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if error != failing:

@@ -34,7 +34,9 @@ def test_a_manual_run_ticks_once_and_returns_its_report(dagbag, client, topic_gr
     client.reject("billing", client.receive("billing", "orders", 3, 60), error="bad schema")
     add(
         client.conn,
-        StandingRedrive(name="nightly", group="billing", after="every", generation_wait="1s"),
+        StandingRedrive(
+            name="nightly", group="billing", after="every", generation_wait="1s", reasons=["REJECTED"]
+        ),
         "test",
     )
     time.sleep(1.1)

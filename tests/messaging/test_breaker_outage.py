@@ -114,7 +114,7 @@ def test_without_it_the_same_outage_dead_letters_and_a_standing_redrive_brings_e
     endpoint = HttpEndpoint(again.url, timeout=5)
     deadline = time.monotonic() + 30
     while client.stats()["orders"]["billing"]["COMMITTED"] < MESSAGES and time.monotonic() < deadline:
-        tick(database_url, config, log=lambda *_: None)
+        tick(database_url, config, sync_config=True, log=lambda *_: None)
         drain(client, "orders", "billing", endpoint, batch_size=BATCH, invisible_duration=30)
         time.sleep(0.3)
     again.server.shutdown()

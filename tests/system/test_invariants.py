@@ -326,7 +326,10 @@ def plant_brought_back_past_its_generations(s):
            VALUES ('planted', %s, 'operator', '{"max_generations": 1}', 'planted')""",
         (s.group_id("billing"),),
     )
-    s.sql("UPDATE redrive_runs SET standing_id = (SELECT id FROM standing_redrives WHERE name = 'planted')")
+    s.sql(
+        "UPDATE redrive_runs SET max_generations = 1,"
+        " standing_id = (SELECT id FROM standing_redrives WHERE name = 'planted')"
+    )
     s.sql("UPDATE redrive_moves SET generation = 2 WHERE message_id = %s", (s.ids[2],))
 
 

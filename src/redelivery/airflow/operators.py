@@ -218,8 +218,9 @@ class StandingRedriveOperator(BaseOperator):
     ``standing.TICK_SECONDS`` for ``STANDING_RUN_SPAN_SECONDS`` from its start (one DAG run an hour,
     as a batched tier's), logs each run and each policy stopped, and returns nothing; pausing the
     DAG ends it before the next tick. Any other run (manual) runs one tick and returns its report
-    (XCom). Marking the task failed stops a run between batches (every message in one place; its
-    the next tick goes on with it)."""
+    (XCom). Both write the config file's policies into the state store first. Marking the task
+    failed stops a run between batches (every message in one place; the next tick goes on with
+    it)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -230,13 +231,18 @@ class StandingRedriveOperator(BaseOperator):
         url = RedeliveryHook().get_ready_url()
         run_type = context["dag_run"].run_type
         if getattr(run_type, "value", run_type) != "scheduled":
-            return tick(url, log=self.log.info, should_stop=self._stop.is_set, wait=self._stop.wait).as_dict()
+            done = tick(
+                url, sync_config=True, log=self.log.info, should_stop=self._stop.is_set, wait=self._stop.wait
+            )
+            return done.as_dict()
         until = context["dag_run"].run_after + timedelta(seconds=STANDING_RUN_SPAN_SECONDS)
         ticks = run_ticks(
-            until, url=url, clock=lambda: datetime.now(UTC), wait=self._stop.wait, log=self.log.info,
-            paused=dag_paused(context["ti"]),
+            until, url=url, clock=lambda: datetime.now(UTC), wait=self._stop.wait, stop=self._stop.is_set,
+            log=self.log.info, paused=dag_paused(context["ti"]),
         )  # fmt: skip
         self.log.info("standing redrives: %d ticks", ticks)
+        if self._stop.is_set():
+            raise RuntimeError(f"stopped by Airflow after {ticks} ticks")
         return None
 
     def on_kill(self) -> None:

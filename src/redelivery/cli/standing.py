@@ -104,13 +104,22 @@ def standing_remove(name: NameArg) -> None:
 
 
 @standing_app.command("tick")
-def standing_tick(as_json: JsonOpt = False) -> None:
+def standing_tick(
+    sync_config: Annotated[
+        bool,
+        typer.Option(
+            help="write this config file's standing_redrives into the state store first, as the "
+            "redelivery_standing_redrives DAG does (only with the deployment's config file)"
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Run one tick now: each standing redrive that is due brings its dead letters back."""
     from redelivery.redrive import summary_line
     from redelivery.standing import tick
 
     _migrated()
-    report = tick(log=lambda line: typer.echo(line, err=True))
+    report = tick(sync_config=sync_config, log=lambda line: typer.echo(line, err=True))
     text = "\n".join(
         [f"{r['triggered_by']}: {summary_line(r)}" for r in report.runs]
         + [f"{n} stopped itself: {why}" for n, why in report.stopped.items()]

@@ -7,17 +7,18 @@ generation (rocketmq-dashboard #4315 asks for "a rate-limited, scheduled replay 
 standing redrive is that sweeper, declared once:
 
 - **which**: a filter of a group's dead letters (topic, reasons, error text, signature), as a
-  manual redrive's;
-- **when**: ``after: breaker_closed`` (a breaker of the group closed since its last run) or
-  ``every: 5m``; it never runs while a breaker of its group is not closed, and it goes on at the
+  manual redrive's; by default the reasons an outage makes (``OUTAGE_REASONS``);
+- **when**: ``after: breaker_closed`` (a breaker of the group closed since the last close it saw:
+  the dead letters dead-lettered before that close) or ``every: 5m``; it never runs while a breaker
+  of its group is not closed (a run stops between batches when one opens), and it goes on at the
   next tick while its last run left matching dead letters behind;
 - **how fast**: ``rate_limit`` (messages per second) and ``max_messages`` per run, under the
   groups' ready-backlog caps as every redrive;
 - **how often**: a message comes back while its redrive count (manual redrives included) is below
   ``max_generations``, and not before ``generation_wait * 2**redrive_count`` after it was
   dead-lettered: each generation waits twice as long;
-- **when to stop**: once ``stop_min`` messages it brought back were counted, it stops itself, and
-  says so, when at least ``stop_ratio`` of them died again.
+- **when to stop**: once ``stop_min`` messages it brought back settled (acked, or dead again), it
+  stops itself, and says so, when at least ``stop_ratio`` of them died again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ MAX_STANDING_SECONDS = 7 * 86400
 #: How many generations a policy may allow at most.
 MAX_GENERATIONS = 100
 StandingTrigger = Literal["breaker_closed", "every"]
+#: The dead letters an outage makes: retries used up, a lease that ended. A reject is a verdict on
+#: the message and an undecodable body never decodes: bringing them back by themselves helps nobody.
+OUTAGE_REASONS: tuple[Reason, ...] = ("MAX_DELIVERIES_EXCEEDED", "LEASE_EXPIRED")
 _NAME = f"^{NAME_REGEX}$"
 
 
@@ -48,7 +52,10 @@ class StandingRedrive(BaseModel):
     group: str = Field(pattern=_NAME, description="the consumer group whose dead letters it brings back")
     topic: str | None = Field(None, pattern=_NAME, description="only dead letters of this topic (empty: any)")
     reasons: list[Reason] = Field(
-        default_factory=list, description="only dead letters of these reasons (empty: any)"
+        default_factory=lambda: list(OUTAGE_REASONS),
+        description="only dead letters of these reasons; by default those an outage makes (retries "
+        "used up, a lease that ended), never a reject's or an undecodable body's; `[]`: any",
+        json_schema_extra={"default_text": "MAX_DELIVERIES_EXCEEDED, LEASE_EXPIRED"},
     )
     error_contains: str | None = Field(
         None,
@@ -61,7 +68,8 @@ class StandingRedrive(BaseModel):
     )
     after: StandingTrigger = Field(
         "breaker_closed",
-        description="`breaker_closed`: after a breaker of the group closed; `every`: every `every`",
+        description="`breaker_closed`: after a breaker of the group closed, the dead letters dead-lettered "
+        "before the close; `every`: every `every`",
     )
     every: str = Field("5m", description="with `after: every`, the time between two runs, a duration")
     rate_limit: float = Field(100.0, gt=0, le=1_000_000, description="messages per second at most")
@@ -83,10 +91,11 @@ class StandingRedrive(BaseModel):
         0.5,
         gt=0.0,
         le=1.0,
-        description="the share of the messages it brought back that died again that stops it",
+        description="the share of the messages it brought back and that settled (acked, or dead again) "
+        "that died again, which stops it",
     )
     stop_min: int = Field(
-        20, ge=1, le=1_000_000, description="messages brought back before `stop_ratio` applies"
+        20, ge=1, le=1_000_000, description="messages brought back and settled before `stop_ratio` applies"
     )
 
     @field_validator("every", "generation_wait")
@@ -117,7 +126,8 @@ def generation_wait_seconds(policy: StandingRedrive, redrive_count: int) -> int:
     return policy.seconds("generation_wait") * 2**redrive_count
 
 
-def died_again_too_often(policy: StandingRedrive, brought_back: int, died_again: int) -> bool:
-    """Whether the policy stops itself: at least ``stop_min`` messages brought back, and at least
-    ``stop_ratio`` of them dead again."""
-    return brought_back >= policy.stop_min and died_again >= policy.stop_ratio * brought_back
+def died_again_too_often(policy: StandingRedrive, settled: int, died_again: int) -> bool:
+    """Whether the policy stops itself: at least ``stop_min`` of the messages it brought back
+    settled (acked, or dead again; one still retrying may yet die), and at least ``stop_ratio`` of
+    them died again."""
+    return settled >= policy.stop_min and died_again >= policy.stop_ratio * settled

@@ -32,6 +32,8 @@ def standing_dag() -> DAG:
         tag="dlq",
         retry_delay=timedelta(seconds=30),
         schedule=DeltaTriggerTimetable(span),
+        # a manual run (one tick) need not wait for the hour's run: two ticks never run one policy
+        max_active_runs=2,
         is_paused_upon_creation=False,  # a standing policy is a promise: it runs without a person
         doc_md=DOC,
     ) as dag:

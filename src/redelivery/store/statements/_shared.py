@@ -220,10 +220,11 @@ DLQ_FILTER = f"""q.group_id = %(group_id)s
          OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > {SHORT_KEY_BYTES}
                                         OR octet_length(q.key) <= {SHORT_KEY_BYTES})))
     -- a standing redrive's: below its generation limit, and dead long enough for the generation
-    -- (rules.standing.generation_wait_seconds)
+    -- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+    -- would pass the range of a timestamp)
     AND (%(max_generations)s::int IS NULL
          OR (q.redrive_count < %(max_generations)s::int
-             AND q.dead_lettered_at <= now() - make_interval(
-                   secs => %(generation_wait)s::float8 * power(2::float8, q.redrive_count))))"""
+             AND extract(epoch FROM now() - q.dead_lettered_at)
+                 >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000))))"""
 _DLQ_FROM = "dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id"
 # fmt: on

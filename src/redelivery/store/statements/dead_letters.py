@@ -114,8 +114,9 @@ PLAN_REDRIVE_RANGES = _named("PLAN_REDRIVE_RANGES", f"""
 #: otherwise the conflicting row is left as it is and nothing is returned (REDRIVE_RUN_BY_KEY says
 #: why), so a refused call changes nothing.
 REDRIVE_RUN_START = _named("REDRIVE_RUN_START", """
-    INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run, standing_id)
-    VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s, %(standing_id)s)
+    INSERT INTO redrive_runs (run_key, triggered_by, group_id, filter, dry_run, standing_id, max_generations)
+    VALUES (%(run_key)s, %(triggered_by)s, %(group_id)s, %(filter)s, %(dry_run)s, %(standing_id)s,
+            %(max_generations)s)
     ON CONFLICT (run_key) DO UPDATE SET
         status = CASE WHEN redrive_runs.status = 'success' AND (EXCLUDED.dry_run OR NOT redrive_runs.dry_run)
                       THEN 'success' ELSE 'running' END,
@@ -231,8 +232,8 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
              r.origin_message_id
       FROM removed r WHERE %(dest)s::int IS NOT NULL ORDER BY r.message_id),
     logged AS (
-      INSERT INTO redrive_moves (run_id, group_id, message_id, generation)
-      SELECT %(run)s, group_id, message_id, redrive_count + 1 FROM removed RETURNING 1),
+      INSERT INTO redrive_moves (run_id, group_id, message_id, generation, topic_id)
+      SELECT %(run)s, group_id, message_id, redrive_count + 1, topic_id FROM removed RETURNING 1),
     counted AS (
       UPDATE redrive_runs SET moved = moved + (SELECT count(*) FROM logged) WHERE id = %(run)s
       RETURNING standing_id),
