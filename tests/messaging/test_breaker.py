@@ -42,15 +42,13 @@ def dead(client) -> int:
     return client.conn.execute("SELECT count(*) FROM dlq_messages").fetchone()[0]
 
 
-def tier(database_url, config, key):
+def tier(database_url, config, key, name="seconds"):
     from redelivery.store import db
     from redelivery.tiers.run import TierRunRequest, run_tier
 
     with db.connect(database_url) as conn:
         now = conn.execute("SELECT now()").fetchone()[0]
-    return run_tier(
-        TierRunRequest(tier="seconds", window_end=now, run_key=key), url=database_url, config=config
-    )
+    return run_tier(TierRunRequest(tier=name, window_end=now, run_key=key), url=database_url, config=config)
 
 
 def trip(client) -> list:
@@ -171,6 +169,16 @@ def test_half_open_probes_a_few_and_closes_on_their_successes(client, topic_grou
     assert len(client.receive("billing", "orders", 10, 60)) == 4
     moves = [(t["from"], t["to"]) for t in reversed(client.breaker_history("billing"))]
     assert moves == [("closed", "open"), ("open", "closed")]
+
+
+def test_only_the_fastest_tiers_windows_evaluate_the_breakers(client, topic_group, database_url):
+    config = configured(client, POLICY)
+    client.publish("orders", [{"n": i} for i in range(10)])
+    trip(client)
+    time.sleep(1.1)  # its open time passed: the next evaluation records half-open
+    assert tier(database_url, config, "m1", name="minutes")["breaker_transitions"] == []
+    [moved] = tier(database_url, config, "s1")["breaker_transitions"]
+    assert (moved["from"], moved["to"]) == ("open", "half_open")
 
 
 def test_a_failed_probe_opens_it_for_twice_as_long_then_holds_it(client, topic_group, caplog):
