@@ -614,6 +614,16 @@ WITH policies AS MATERIALIZED (
               d.invisible_until AS last_failure_at, %(lease_error)s::text AS last_error,
               'redelivery.LeaseExpired'::text AS error_class, NULL::text AS error_frame,
               NULL::text AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))) AS attempts, d.redrive_count),
+    tallied AS (
+      INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
+      SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+      FROM moved r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
+      WHERE p.rule ? 'breaker' AND (coalesce(NOT (p.rule ? 'include')
+                       OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
+              AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false))
+        AND NOT coalesce(p.open_until > now(), false)
+      GROUP BY 1, 2
+      ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed),
     inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
@@ -652,7 +662,17 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
          AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false)))
-  RETURNING d.group_id)
+  RETURNING d.group_id, d.topic_id),
+tallied AS (
+  INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
+  SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+  FROM parked r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
+  WHERE p.rule ? 'breaker' AND (coalesce(NOT (p.rule ? 'include')
+                   OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
+          AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false))
+    AND NOT coalesce(p.open_until > now(), false)
+  GROUP BY 1, 2
+  ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed)
 SELECT group_id, count(*) FROM parked GROUP BY 1;
 
 /* redelivery:EXPIRE_LEASES_RETRY */
@@ -677,7 +697,17 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
          AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false)))
-  RETURNING d.group_id)
+  RETURNING d.group_id, d.topic_id),
+tallied AS (
+  INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
+  SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+  FROM retried r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
+  WHERE p.rule ? 'breaker' AND (coalesce(NOT (p.rule ? 'include')
+                   OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
+          AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false))
+    AND NOT coalesce(p.open_until > now(), false)
+  GROUP BY 1, 2
+  ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed)
 SELECT group_id, count(*) FROM retried GROUP BY 1;
 
 /* redelivery:EXTEND_LEASE */

@@ -181,6 +181,24 @@ def test_only_the_fastest_tiers_windows_evaluate_the_breakers(client, topic_grou
     assert (moved["from"], moved["to"]) == ("open", "half_open")
 
 
+def test_leases_that_end_count_so_a_hanging_dependency_opens_it_and_a_hung_probe_too(
+    client, topic_group, database_url
+):
+    config = configured(client, {**POLICY, "max_reconsume_times": 3})
+    client.publish("orders", [{"n": i} for i in range(10)])
+    client.receive("billing", "orders", 4, 1)  # the consumer hangs on the dependency: no answer
+    time.sleep(1.1)
+    [opened] = tier(database_url, config, "w1")["breaker_transitions"]
+    assert (opened["from"], opened["to"]) == ("closed", "open")
+    assert state(client)["opened_total"] == 1
+    time.sleep(1.1)  # half-open: a probe, which hangs too
+    assert len(client.receive("billing", "orders", 10, 1)) == 2
+    time.sleep(1.1)
+    moves = [(t["from"], t["to"]) for t in tier(database_url, config, "w2")["breaker_transitions"]]
+    assert ("half_open", "open") in moves or ("open", "open") in moves, moves
+    assert state(client)["opened_total"] == 2 and state(client)["open_seconds"] == 2.0
+
+
 def test_a_failed_probe_opens_it_for_twice_as_long_then_holds_it(client, topic_group, caplog):
     configured(client, POLICY)
     client.publish("orders", [{"n": i} for i in range(10)])

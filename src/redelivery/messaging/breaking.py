@@ -94,10 +94,10 @@ def evaluate(
 
 
 def evaluate_all(conn: psycopg.Connection, breakers: dict[tuple[int, int], BreakerConfig]) -> list:
-    """A window of the fastest tier's (``tiers.run``): ``evaluate`` each subscription of ``breakers`` ({(topic id, group id): its
-    ``breaker:``}) in turn; and a breaker an operator opened for a time on a subscription with no
-    ``breaker:`` (nothing counts its answers, so no probe could close it) is closed once its time
-    ended. Returns the transitions."""
+    """A window of the fastest tier's (``tiers.run``): ``evaluate`` each subscription of
+    ``breakers`` ({(topic id, group id): its ``breaker:``}) in turn; and a breaker an operator
+    opened for a time on a subscription with no ``breaker:`` (nothing counts its answers, so no
+    probe could close it) is closed once its time ended. Returns the transitions."""
     done = [t for (topic, group), config in breakers.items() if (t := evaluate(conn, config, topic, group))]
     for topic_id, group_id, ended in conn.execute(S.BREAKERS_NOT_CLOSED).fetchall():
         if ended and (topic_id, group_id) not in breakers:

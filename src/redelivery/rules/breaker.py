@@ -123,12 +123,13 @@ class BreakerConfig(BaseModel):
 
 def counting_rule(config: BreakerConfig | None) -> str:
     """Which failures count, as the JSON the statements read (``statements.breakers.COUNTED``):
-    ``{"include": [...], "exclude": [...]}``, a list left out when empty. ``None`` (no breaker:
-    an operator may still open one) counts every failure: ``{}``."""
+    ``{"breaker": true, "include": [...], "exclude": [...]}``, a list left out when empty
+    (``breaker``: the subscription has one, whose tally a tier window's ended leases add to).
+    ``None`` (no breaker: an operator may still open one) counts every failure: ``{}``."""
     if config is None:
         return "{}"
     rule = {k: v for k, v in (("include", config.include), ("exclude", config.exclude)) if v}
-    return json.dumps(rule, sort_keys=True)
+    return json.dumps({"breaker": True, **rule}, sort_keys=True)
 
 
 def counts(rule: dict, error_class: str | None, signature: str | None) -> bool:

@@ -20,6 +20,7 @@ from redelivery.store.statements._shared import (
     _attempt,
     _moved,
     _named,
+    counted,
     parked,
 )
 
@@ -47,9 +48,22 @@ WINDOW_DLQS_NEEDED = _named("WINDOW_DLQS_NEEDED", f"""
     WHERE p.dlq_id = ANY(%(missing)s::int[]) AND p.max_times <> -1 AND (
           ({_EXPIRED} AND d.reconsume_times >= p.max_times)
        OR ({_DUE} AND d.reconsume_times > p.max_times))""")
+#: An ended lease counts for its subscription's breaker (one configured: ``rule ? 'breaker'``) as an
+#: answer's failure does (COUNT_OUTCOMES), when its rule counts ended leases: the rows of CTE
+#: ``{0}`` (topic_id, group_id) added to ``breaker_outcomes`` (a consumer that hangs on a dependency
+#: is as telling as one that fails fast). Never while open: those are parked.
+_TALLY_ENDED_LEASES = f"""tallied AS (
+      INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
+      SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+      FROM {{0}} r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
+      WHERE p.rule ? 'breaker' AND {counted('p.rule', _LEASE_FAILURE)}
+        AND NOT coalesce(p.open_until > now(), false)
+      GROUP BY 1, 2
+      ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed)"""
 #: A lease that ended while its subscription's breaker is open, when an ended lease counts
 #: (``parked``): waiting again as the retry it would have been, its reconsume times unchanged,
-#: ``parked`` in its history (FAIL_PARK's rule).
+#: ``parked`` in its history (FAIL_PARK's rule); a half-open breaker's probe counted
+#: (_TALLY_ENDED_LEASES: its hung probe opens it again).
 EXPIRE_LEASES_PARK = _named("EXPIRE_LEASES_PARK", f"""
     WITH {POLICIES_CTE}, parked AS (
       UPDATE deliveries d SET state = 'WAITING_RETRY', delay_level = {NEXT_LEVEL},
@@ -59,9 +73,11 @@ EXPIRE_LEASES_PARK = _named("EXPIRE_LEASES_PARK", f"""
           attempts = {_LEASE_PARKED}, invisible_until = NULL, updated_at = now()
       FROM policies p
       WHERE {_IN_RANGE} AND {_EXPIRED} AND {parked(_LEASE_FAILURE)}
-      RETURNING d.group_id)
+      RETURNING d.group_id, d.topic_id),
+    {_TALLY_ENDED_LEASES.format("parked")}
     SELECT group_id, count(*) FROM parked GROUP BY 1""")
-#: A lease that ended is a failed delivery: the retry is due its policy's wait after the lease end.
+#: A lease that ended is a failed delivery: the retry is due its policy's wait after the lease end
+#: (counted for its breaker: _TALLY_ENDED_LEASES).
 EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
     WITH {POLICIES_CTE}, retried AS (
       UPDATE deliveries d SET state = 'WAITING_RETRY',
@@ -72,14 +88,17 @@ EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
           attempts = {_LEASE_FAILED}, invisible_until = NULL, updated_at = now()
       FROM policies p
       WHERE {_IN_RANGE} AND {_EXPIRED} AND {CAN_RETRY} AND NOT {parked(_LEASE_FAILURE)}
-      RETURNING d.group_id)
+      RETURNING d.group_id, d.topic_id),
+    {_TALLY_ENDED_LEASES.format("retried")}
     SELECT group_id, count(*) FROM retried GROUP BY 1""")
-#: A lease that ended when no retry is left: the delivery row goes, its dead letter to the DLQ.
+#: A lease that ended when no retry is left: the delivery row goes, its dead letter to the DLQ
+#: (counted for its breaker: _TALLY_ENDED_LEASES).
 EXPIRE_LEASES_DEAD_LETTER = _named("EXPIRE_LEASES_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
       DELETE FROM deliveries d USING policies p
       WHERE {_IN_RANGE} AND {_EXPIRED} AND NOT {CAN_RETRY} AND NOT {parked(_LEASE_FAILURE)}
       {_moved("d.invisible_until", _LEASE_FAILURE, _LEASE_FAILED)}),
+    {_TALLY_ENDED_LEASES.format("moved")},
     {_DLQ_COPY}""")
 #: Due retries of subscriptions without a ready-backlog cap (PROMOTE_CAPPED does the others); a
 #: subscription whose breaker is open keeps them waiting (``_NOT_OPEN``).
