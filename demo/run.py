@@ -281,16 +281,7 @@ def finish(
                 "wall_seconds": round(time.perf_counter() - started, 1),
                 "storage_bytes": sizes,
                 "storage_bytes_after_vacuum": vacuumed,
-                "outage": {
-                    "final": outage_run["timeline"][-1][1],
-                    "seconds": outage_run["timeline"][-1][0],
-                    "refused": outage_run["service"].refused,
-                    "dead_letters_peak": max(
-                        s[outage.STANDING_GROUP]["DLQ"] for _, s in outage_run["timeline"]
-                    ),
-                    "brought_back": outage_run["brought_back"],
-                    "breaker_transitions": len(outage_run["transitions"]),
-                },
+                "outage": outage.summary(outage_run),
                 "failures": failures,
             },
             indent=2,

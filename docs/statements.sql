@@ -616,12 +616,13 @@ WITH policies AS MATERIALIZED (
               NULL::text AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', d.invisible_until, 'delivery', d.delivery_count, 'outcome', 'lease_expired', 'error', %(lease_error)s::text, 'signature', error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', 'redelivery.LeaseExpired'::text, 'frame', NULL::text, 'stack', NULL::text))) AS attempts, d.redrive_count),
     tallied AS (
       INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
-      SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+      SELECT r.topic_id, r.group_id, date_trunc('second', now()), 4 + pg_backend_pid() %% 32000, 0, count(*)
       FROM moved r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
       WHERE p.rule ? 'breaker' AND (coalesce(NOT (p.rule ? 'include')
                        OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
               AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false))
         AND NOT coalesce(p.open_until > now(), false)
+        AND r.last_failure_at >= coalesce(p.open_until, '-infinity')
       GROUP BY 1, 2
       ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed),
     inserted AS (
@@ -662,15 +663,16 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
          AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false)))
-  RETURNING d.group_id, d.topic_id),
+  RETURNING d.group_id, d.topic_id, d.last_failure_at),
 tallied AS (
   INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
-  SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+  SELECT r.topic_id, r.group_id, date_trunc('second', now()), 4 + pg_backend_pid() %% 32000, 0, count(*)
   FROM parked r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
   WHERE p.rule ? 'breaker' AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false))
     AND NOT coalesce(p.open_until > now(), false)
+    AND r.last_failure_at >= coalesce(p.open_until, '-infinity')
   GROUP BY 1, 2
   ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed)
 SELECT group_id, count(*) FROM parked GROUP BY 1;
@@ -697,15 +699,16 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
          AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false)))
-  RETURNING d.group_id, d.topic_id),
+  RETURNING d.group_id, d.topic_id, d.last_failure_at),
 tallied AS (
   INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
-  SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+  SELECT r.topic_id, r.group_id, date_trunc('second', now()), 4 + pg_backend_pid() %% 32000, 0, count(*)
   FROM retried r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
   WHERE p.rule ? 'breaker' AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY['redelivery.LeaseExpired'::text, error_signature('redelivery.LeaseExpired'::text, %(lease_error)s::text, NULL::text)], NULL), false))
     AND NOT coalesce(p.open_until > now(), false)
+    AND r.last_failure_at >= coalesce(p.open_until, '-infinity')
   GROUP BY 1, 2
   ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed)
 SELECT group_id, count(*) FROM retried GROUP BY 1;
@@ -1789,7 +1792,9 @@ WITH closed AS (
   WHERE p0.id = %(id)s AND x.to_state = 'closed' AND x.at > coalesce(p0.trigger_at, p0.created_at)
     AND (p0.spec->>'topic' IS NULL OR t.name = p0.spec->>'topic'))
 UPDATE standing_redrives p SET more_left = true, last_run_at = now(),
-    trigger_at = coalesce((SELECT at FROM closed), p.trigger_at)
+    trigger_at = coalesce((SELECT at FROM closed), p.trigger_at),
+    trigger_from = CASE WHEN (SELECT at FROM closed) IS NULL THEN p.trigger_from
+                        ELSE coalesce(p.trigger_at, p.created_at) END
 WHERE p.id = %(id)s AND p.state = 'active' AND NOT EXISTS (
     SELECT 1 FROM breakers b JOIN topics t ON t.id = b.topic_id
     WHERE b.group_id = p.group_id AND b.state <> 'closed'
@@ -1799,7 +1804,7 @@ WHERE p.id = %(id)s AND p.state = 'active' AND NOT EXISTS (
            AND (p.last_run_at IS NULL
                 OR p.last_run_at <= now() - make_interval(secs => %(every)s::float8)))
        OR (p.spec->>'after' = 'breaker_closed' AND (SELECT at FROM closed) IS NOT NULL))
-RETURNING p.trigger_at;
+RETURNING p.trigger_at, p.trigger_from;
 
 /* redelivery:STANDING_DIED_AGAIN */
 SELECT count(*) FILTER (WHERE x.dead), count(*) FILTER (WHERE x.dead OR NOT x.live)
@@ -1850,7 +1855,7 @@ SET state = CASE WHEN %(reason)s::text IS NULL THEN 'active' ELSE 'stopped' END,
     stopped_reason = %(reason)s::text, changed_at = now(), changed_by = %(changed_by)s,
     counting_since = CASE WHEN %(reason)s::text IS NULL AND p.state = 'stopped' THEN now()
                           ELSE p.counting_since END,
-    more_left = %(reason)s::text IS NULL
+    more_left = %(reason)s::text IS NULL AND (p.spec->>'after' = 'every' OR p.trigger_at IS NOT NULL)
 FROM standing_redrives old WHERE old.id = p.id AND p.name = %(name)s
 RETURNING old.state;
 

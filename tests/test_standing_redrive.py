@@ -96,6 +96,7 @@ def test_a_message_comes_back_at_most_max_generations_times_each_after_a_longer_
 
 def test_after_breaker_closed_waits_for_a_close_and_never_runs_while_open(client, topic_group, database_url):
     standing(client, after="breaker_closed")
+    run(client, database_url)  # written: the outages it brings back begin now
     client.publish("orders", [{"n": i} for i in range(4)])
     die(client)
     time.sleep(1.1)
@@ -203,15 +204,17 @@ def test_a_run_that_fails_leaves_the_policy_to_the_next_tick(client, topic_group
 
 
 def test_a_run_stops_between_batches_when_a_breaker_of_its_group_opens(client, topic_group, database_url):
-    import threading
-
     standing(client, rate_limit=2)  # a batch of 2 a second
     client.publish("orders", [{"n": i} for i in range(10)])
     die(client)
     time.sleep(1.1)
-    threading.Timer(1.5, lambda: client.open_breaker("orders", "billing", by="test")).start()
-    [record] = run(client, database_url).runs
-    assert record["status"] == "stopped" and 0 < record["moved"] < 10
+
+    def wait(seconds):  # the pause before the second batch: the outage comes back meanwhile
+        client.open_breaker("orders", "billing", by="test")
+        time.sleep(seconds)
+
+    [record] = tick(database_url, client.config, sync_config=True, wait=wait, log=lambda *_: None).runs
+    assert record["status"] == "stopped" and record["moved"] == 2
     assert policies(client.conn)[0]["more_left"]
     client.close_breaker("orders", "billing", by="test")
     time.sleep(1.1)

@@ -184,7 +184,7 @@ def _tick_one(conn, url, config, row, report: TickReport, log, should_stop, wait
         due = {"id": row["id"], "every": policy.seconds("every")}
         claimed = conn.execute(S.STANDING_CLAIM, due).fetchone()
         if claimed:  # else: not due, or a breaker of its group is not closed
-            Claimed(conn, url, config, row["id"], policy, claimed[0]).go(report, log, should_stop, wait)
+            Claimed(conn, url, config, row["id"], policy, *claimed).go(report, log, should_stop, wait)
     finally:
         if not conn.execute(S.STANDING_LET_GO, hold).fetchone()[0]:  # a pooler gave another backend
             LOG.warning("standing redrive %s: its hold was not this session's to let go", row["name"])
@@ -193,7 +193,8 @@ def _tick_one(conn, url, config, row, report: TickReport, log, should_stop, wait
 @dataclass
 class Claimed:
     """A policy claimed by a tick: steps 2 to 4. ``trigger_at``: the breaker close it brings back
-    the dead letters of (``after: breaker_closed``: those dead-lettered before it)."""
+    the dead letters of (``after: breaker_closed``: those dead-lettered before it and since
+    ``trigger_from``, the close before it or the policy's creation)."""
 
     conn: psycopg.Connection
     url: str
@@ -201,9 +202,14 @@ class Claimed:
     policy_id: int
     policy: StandingRedrive
     trigger_at: datetime | None
+    trigger_from: datetime | None
 
     def go(self, report: TickReport, log, should_stop, wait) -> None:
         more_left, ran = True, False  # a run that raises leaves it to the next tick
+        if self.policy.after == "breaker_closed" and self.trigger_at is None:
+            more_left = False  # no close seen yet (resumed, or its rule changed): nothing of an outage
+            self.conn.execute(S.STANDING_RELEASE, {"id": self.policy_id, "more_left": False, "ran": False})
+            return
         try:
             died_again, settled = self.conn.execute(
                 S.STANDING_DIED_AGAIN, {"id": self.policy_id, "limit": DIED_AGAIN_SAMPLE}
@@ -229,8 +235,13 @@ class Claimed:
         return (self.policy.max_generations, float(self.policy.seconds("generation_wait")))
 
     def _selection(self) -> dict:
-        bound = self.trigger_at if self.policy.after == "breaker_closed" else None
-        return {**self.policy.selection(), "dead_lettered_to": bound}
+        if self.policy.after != "breaker_closed":
+            return self.policy.selection()
+        return {
+            **self.policy.selection(),
+            "dead_lettered_from": self.trigger_from,
+            "dead_lettered_to": self.trigger_at,
+        }
 
     def _count(self, generations: tuple[int, float]) -> int:
         selection = DlqFilter(**self._selection())

@@ -18,6 +18,10 @@ def test_every_dag_follows_the_rules(dagbag):
         assert dag.catchup is False, dag_id
         assert dag.max_active_runs >= 1, dag_id
         for task in dag.tasks:
+            if (dag_id, task.task_id) == ("redelivery_breaker", "set_breaker"):
+                # an operator's open or close: a retry after an error could undo a later one
+                assert task.retries == 0
+                continue
             assert task.retries >= 1, f"{dag_id}.{task.task_id} has no retries"
         for name, param in dag.params.items():
             assert param.schema.get("title") and param.description, f"{dag_id} param {name} is undocumented"

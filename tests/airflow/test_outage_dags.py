@@ -69,3 +69,7 @@ def test_the_breaker_dag_refuses_a_subscription_that_does_not_exist(dagbag, clie
     )
     assert str(run.state).endswith("failed")
     assert client.breaker_history("billing") == []
+    run = dagbag.get_dag("redelivery_breaker").test(
+        run_conf={"topic": "orders", "group": "billing", "action": "close", "seconds": 60}
+    )
+    assert str(run.state).endswith("failed") and client.breaker_history("billing") == []

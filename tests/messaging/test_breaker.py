@@ -171,16 +171,6 @@ def test_half_open_probes_a_few_and_closes_on_their_successes(client, topic_grou
     assert moves == [("closed", "open"), ("open", "closed")]
 
 
-def test_only_the_fastest_tiers_windows_evaluate_the_breakers(client, topic_group, database_url):
-    config = configured(client, POLICY)
-    client.publish("orders", [{"n": i} for i in range(10)])
-    trip(client)
-    time.sleep(1.1)  # its open time passed: the next evaluation records half-open
-    assert tier(database_url, config, "m1", name="minutes")["breaker_transitions"] == []
-    [moved] = tier(database_url, config, "s1")["breaker_transitions"]
-    assert (moved["from"], moved["to"]) == ("open", "half_open")
-
-
 def test_leases_that_end_count_so_a_hanging_dependency_opens_it_and_a_hung_probe_too(
     client, topic_group, database_url
 ):

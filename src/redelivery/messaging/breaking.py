@@ -94,7 +94,7 @@ def evaluate(
 
 
 def evaluate_all(conn: psycopg.Connection, breakers: dict[tuple[int, int], BreakerConfig]) -> list:
-    """A window of the fastest tier's (``tiers.run``): ``evaluate`` each subscription of
+    """A tier window's (``tiers.run``): ``evaluate`` each subscription of
     ``breakers`` ({(topic id, group id): its ``breaker:``}) in turn; and a breaker an operator
     opened for a time on a subscription with no ``breaker:`` (nothing counts its answers, so no
     probe could close it) is closed once its time ended. Returns the transitions."""

@@ -256,11 +256,11 @@ def _apply(
         total.merge(part)
     if total.promoted_by_topic and not dry_run:  # committed: their waiting consumers may receive them
         wake(conn, [(topic_id, group_id, n) for (group_id, topic_id), n in total.promoted_by_topic.items()])
-    # every breaker takes its next state once a window of the fastest tier, which owns them
-    # (half-open once its open time passed, answers a crash left uncounted by a transition)
+    # every breaker takes its next state once a window (half-open once its open time passed, ended
+    # leases counted, answers a crash left uncounted by a transition): every tier's, so that a
+    # paused tier leaves none stuck (each evaluation is a lock and a statement, idempotent)
     watched = {key: p.breaker for key, p in sorted(effective.items()) if p.breaker is not None}
-    owns = request.tier == min(config.tiers, key=lambda t: t.window_seconds).name
-    transitions = breaking.evaluate_all(conn, watched) if owns and not dry_run else []
+    transitions = [] if dry_run else breaking.evaluate_all(conn, watched)
     seconds = time.perf_counter() - started
     summary = _summary(conn, total, request, levels, len(ranges), seconds)
     summary["breaker_transitions"] = [

@@ -9,7 +9,7 @@ from typing import Literal
 
 from airflow.sdk import DAG, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from redelivery.airflow.dags.tiers import system_dag
 from redelivery.airflow.hooks import RedeliveryHook
@@ -52,6 +52,12 @@ class BreakerRequest(BaseModel):
         default=None, max_length=1000, title="Note", description="Why, for the audit. Empty: none."
     )
 
+    @model_validator(mode="after")
+    def _seconds_only_to_open(self) -> BreakerRequest:
+        if self.action == "close" and self.seconds is not None:
+            raise ValueError("seconds is for open: a close takes none")
+        return self
+
 
 def breaker_dag() -> DAG:
     with system_dag(
@@ -63,12 +69,19 @@ def breaker_dag() -> DAG:
         doc_md=DOC,
         params=params_of(BreakerRequest),
     ) as dag:
-
-        @task(task_id="set_breaker")
+        # no retry: a retry after an error could open again a breaker an operator closed meanwhile
+        @task(task_id="set_breaker", retries=0)
         def set_breaker() -> dict:
             context = get_current_context()
-            check_run_conf(context)
-            request = BreakerRequest.model_validate(dict(context["params"]))
+            try:  # a conf that is no request: one line, and no retry mends it
+                check_run_conf(context)
+                request = BreakerRequest.model_validate(dict(context["params"]))
+            except ValidationError as exc:
+                raise AirflowFailException("; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'conf'}: {e['msg']}" for e in exc.errors()
+                )) from None  # fmt: skip
+            except ValueError as exc:
+                raise AirflowFailException(str(exc)) from None
             user = getattr(context["dag_run"], "triggering_user_name", None) or "unknown"
             with Client(RedeliveryHook().get_ready_url()) as client:
                 try:

@@ -8,8 +8,9 @@ statement of its own, whose snapshot and clock come after the wait. PostgreSQL q
 in order (a share asked after a waiting transition waits behind it: no opening starves), and they
 write nothing (a row's share lock would write its tuple and a multixact each time). Lock order,
 whoever takes them: the breaker lock first, then delivery rows, then group rows, then
-``breaker_outcomes`` (``COUNT_OUTCOMES``); a transition takes the breaker lock and its row alone,
-in a transaction of its own.
+``breaker_outcomes`` (``COUNT_OUTCOMES``, shards 0 to 3); a tier range's ended leases go into
+rows of its own backend (shards 4 and up, ``statements.tiers``), which no answer and no other range
+writes; a transition takes the breaker lock and its row alone, in a transaction of its own.
 """
 
 from __future__ import annotations

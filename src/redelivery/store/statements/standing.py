@@ -57,7 +57,7 @@ STANDING_SET_STATE = _named("STANDING_SET_STATE", """
         stopped_reason = %(reason)s::text, changed_at = now(), changed_by = %(changed_by)s,
         counting_since = CASE WHEN %(reason)s::text IS NULL AND p.state = 'stopped' THEN now()
                               ELSE p.counting_since END,
-        more_left = %(reason)s::text IS NULL
+        more_left = %(reason)s::text IS NULL AND (p.spec->>'after' = 'every' OR p.trigger_at IS NOT NULL)
     FROM standing_redrives old WHERE old.id = p.id AND p.name = %(name)s
     RETURNING old.state""")
 #: Every policy (``name`` NULL) or one, by name.
@@ -82,8 +82,9 @@ _NO_BREAKER_OPEN = """NOT EXISTS (
 #: behind (or did not finish), or ``every`` seconds passed since its last run (``after: every``),
 #: or a breaker of its group closed after the last close it saw (``after: breaker_closed``;
 #: ``trigger_at`` keeps the latest close seen: one that commits late, after a claim, is seen by the
-#: next). Marks it as having more left until its run says otherwise, so that a tick that dies leaves
-#: it to the next. Returns ``trigger_at``.
+#: next; ``trigger_from`` the close it saw before, or the policy's creation: the outage's dead
+#: letters are those between them). Marks it as having more left until its run says otherwise, so
+#: that a tick that dies leaves it to the next. Returns ``trigger_at``, ``trigger_from``.
 STANDING_CLAIM = _named("STANDING_CLAIM", f"""
     WITH closed AS (
       SELECT max(x.at) AS at
@@ -92,14 +93,16 @@ STANDING_CLAIM = _named("STANDING_CLAIM", f"""
       WHERE p0.id = %(id)s AND x.to_state = 'closed' AND x.at > coalesce(p0.trigger_at, p0.created_at)
         AND (p0.spec->>'topic' IS NULL OR t.name = p0.spec->>'topic'))
     UPDATE standing_redrives p SET more_left = true, last_run_at = now(),
-        trigger_at = coalesce((SELECT at FROM closed), p.trigger_at)
+        trigger_at = coalesce((SELECT at FROM closed), p.trigger_at),
+        trigger_from = CASE WHEN (SELECT at FROM closed) IS NULL THEN p.trigger_from
+                            ELSE coalesce(p.trigger_at, p.created_at) END
     WHERE p.id = %(id)s AND p.state = 'active' AND {_NO_BREAKER_OPEN}
       AND (p.more_left
            OR (p.spec->>'after' = 'every'
                AND (p.last_run_at IS NULL
                     OR p.last_run_at <= now() - make_interval(secs => %(every)s::float8)))
            OR (p.spec->>'after' = 'breaker_closed' AND (SELECT at FROM closed) IS NOT NULL))
-    RETURNING p.trigger_at""")
+    RETURNING p.trigger_at, p.trigger_from""")
 #: Whether a claimed policy's run goes on (asked between its batches): still active, and no breaker
 #: of its group other than closed.
 STANDING_STILL_WANTED = _named("STANDING_STILL_WANTED", f"""

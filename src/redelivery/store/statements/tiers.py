@@ -50,14 +50,18 @@ WINDOW_DLQS_NEEDED = _named("WINDOW_DLQS_NEEDED", f"""
        OR ({_DUE} AND d.reconsume_times > p.max_times))""")
 #: An ended lease counts for its subscription's breaker (one configured: ``rule ? 'breaker'``) as an
 #: answer's failure does (COUNT_OUTCOMES), when its rule counts ended leases: the rows of CTE
-#: ``{0}`` (topic_id, group_id) added to ``breaker_outcomes`` (a consumer that hangs on a dependency
-#: is as telling as one that fails fast). Never while open: those are parked.
+#: ``{0}`` (topic_id, group_id, last_failure_at: the lease's end) added to ``breaker_outcomes`` (a
+#: consumer that hangs on a dependency is as telling as one that fails fast). Never while open
+#: (those are parked), and half-open only a lease that ended after the open period (a probe's, not
+#: one handed out before the opening). Into this backend's own shard (4 and up; answers use 0 to
+#: 3): no answer and no other range waits for the row this range's transaction holds.
 _TALLY_ENDED_LEASES = f"""tallied AS (
       INSERT INTO breaker_outcomes AS o (topic_id, group_id, second, shard, succeeded, failed)
-      SELECT r.topic_id, r.group_id, date_trunc('second', now()), pg_backend_pid() %% 4, 0, count(*)
+      SELECT r.topic_id, r.group_id, date_trunc('second', now()), 4 + pg_backend_pid() %% 32000, 0, count(*)
       FROM {{0}} r JOIN policies p ON p.topic_id = r.topic_id AND p.group_id = r.group_id
       WHERE p.rule ? 'breaker' AND {counted('p.rule', _LEASE_FAILURE)}
         AND NOT coalesce(p.open_until > now(), false)
+        AND r.last_failure_at >= coalesce(p.open_until, '-infinity')
       GROUP BY 1, 2
       ON CONFLICT (topic_id, group_id, second, shard) DO UPDATE SET failed = o.failed + excluded.failed)"""
 #: A lease that ended while its subscription's breaker is open, when an ended lease counts
@@ -73,7 +77,7 @@ EXPIRE_LEASES_PARK = _named("EXPIRE_LEASES_PARK", f"""
           attempts = {_LEASE_PARKED}, invisible_until = NULL, updated_at = now()
       FROM policies p
       WHERE {_IN_RANGE} AND {_EXPIRED} AND {parked(_LEASE_FAILURE)}
-      RETURNING d.group_id, d.topic_id),
+      RETURNING d.group_id, d.topic_id, d.last_failure_at),
     {_TALLY_ENDED_LEASES.format("parked")}
     SELECT group_id, count(*) FROM parked GROUP BY 1""")
 #: A lease that ended is a failed delivery: the retry is due its policy's wait after the lease end
@@ -88,7 +92,7 @@ EXPIRE_LEASES_RETRY = _named("EXPIRE_LEASES_RETRY", f"""
           attempts = {_LEASE_FAILED}, invisible_until = NULL, updated_at = now()
       FROM policies p
       WHERE {_IN_RANGE} AND {_EXPIRED} AND {CAN_RETRY} AND NOT {parked(_LEASE_FAILURE)}
-      RETURNING d.group_id, d.topic_id),
+      RETURNING d.group_id, d.topic_id, d.last_failure_at),
     {_TALLY_ENDED_LEASES.format("retried")}
     SELECT group_id, count(*) FROM retried GROUP BY 1""")
 #: A lease that ended when no retry is left: the delivery row goes, its dead letter to the DLQ

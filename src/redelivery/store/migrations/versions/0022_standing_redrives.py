@@ -7,7 +7,8 @@
   ``more_left``: its last run left matching dead letters behind (or did not finish), so the next
   tick runs it again (a tick runs a policy under a session advisory lock, so two ticks never run it
   at once and one that died frees it at once). ``trigger_at``: the breaker close an ``after:
-  breaker_closed`` policy is bringing back the dead letters of (those dead-lettered before it).
+  breaker_closed`` policy is bringing back the dead letters of (those dead-lettered before it, and
+  since ``trigger_from``: the close before it, or the policy's creation).
   ``brought_back`` counts every message its runs moved, in the transaction of each move
   (``redelivery_auto_redriven_total``).
 - ``redrive_runs.standing_id``: the policy a run belongs to (NULL: a person's redrive), and
@@ -42,6 +43,7 @@ CREATE TABLE IF NOT EXISTS redelivery.standing_redrives (
     counting_since timestamptz NOT NULL DEFAULT now(),
     more_left boolean NOT NULL DEFAULT false,
     trigger_at timestamptz,
+    trigger_from timestamptz,
     last_run_at timestamptz,
     runs bigint NOT NULL DEFAULT 0,
     brought_back bigint NOT NULL DEFAULT 0,
