@@ -180,3 +180,34 @@ def test_a_spark_connect_url_is_the_providers_with_the_token_kept_off_a_plain_ch
     for use_ssl in (True, "true"):
         url = connection(host="spark", port=443, password="t0k", extra={"use_ssl": use_ssl})
         assert url.startswith("sc://spark:443/;token=t0k;use_ssl=")
+
+
+def test_a_task_that_lost_its_supervisor_knows_it(tmp_path):
+    """``orphaned()``: a task process whose parent (Airflow's supervisor) died sees it, so an hour's
+    batch of tier windows or standing redrive ticks stops instead of going on unwatched."""
+    import subprocess
+    import textwrap
+    import time
+
+    out = tmp_path / "out"
+    script = textwrap.dedent(f"""
+        import os, time
+        read, write = os.pipe()
+        if os.fork() == 0:  # the task
+            from redelivery.airflow.operators import orphaned
+            gone = orphaned()
+            before = gone()
+            os.write(write, b"x")  # its supervisor may die now
+            deadline = time.time() + 20
+            while not gone() and time.time() < deadline:
+                time.sleep(0.05)
+            open({str(out)!r}, "w").write(f"{{before}} {{gone()}}")
+            os._exit(0)
+        os.read(read, 1)  # the supervisor dies once the task watches it
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert out.read_text() == "False True"

@@ -8,6 +8,7 @@ A scheduled tier run that spans several windows (``TierConfig.run_span``) applie
 from __future__ import annotations
 
 import json
+import os
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -128,9 +129,11 @@ class TierWindowOperator(BaseOperator):
             "tier %s: %d windows of %s s ending %s to %s",
             self.tier, len(ends), tier.window_seconds, ends[0].isoformat(), ends[-1].isoformat(),
         )  # fmt: skip
+        paused, gone = dag_paused(ti), orphaned()
         report = apply_windows(
-            ends, tier.window_seconds, apply, wait=self._stop.wait, log=self.log.info, paused=dag_paused(ti)
-        )
+            ends, tier.window_seconds, apply, wait=self._stop.wait, log=self.log.info,
+            paused=lambda: gone() or paused(),
+        )  # fmt: skip
         self.log.info("tier %s batch: %s", self.tier, json.dumps(report.as_dict()))
         if self._stop.is_set():
             raise RuntimeError(f"stopped by Airflow after {report.windows} of {len(ends)} windows")
@@ -141,6 +144,13 @@ class TierWindowOperator(BaseOperator):
         self._stop.set()
         if self._engine is not None:
             self._engine.on_kill()
+
+
+def orphaned():
+    """A check that this task lost its supervisor (its parent process: a worker killed with its
+    Airflow, a node going down): a task that spans an hour stops instead of going on unwatched."""
+    parent = os.getppid()
+    return lambda: os.getppid() != parent
 
 
 def dag_paused(ti):
@@ -236,9 +246,10 @@ class StandingRedriveOperator(BaseOperator):
             )
             return done.as_dict()
         until = context["dag_run"].run_after + timedelta(seconds=STANDING_RUN_SPAN_SECONDS)
+        gone = orphaned()
         ticks = run_ticks(
-            until, url=url, clock=lambda: datetime.now(UTC), wait=self._stop.wait, stop=self._stop.is_set,
-            log=self.log.info, paused=dag_paused(context["ti"]),
+            until, url=url, clock=lambda: datetime.now(UTC), wait=self._stop.wait,
+            stop=lambda: self._stop.is_set() or gone(), log=self.log.info, paused=dag_paused(context["ti"]),
         )  # fmt: skip
         self.log.info("standing redrives: %d ticks", ticks)
         if self._stop.is_set():

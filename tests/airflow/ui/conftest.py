@@ -31,6 +31,10 @@ def local_airflow(database_url, tmp_path_factory):
         # (its times are in the past): paused here, as an operator would, which the page and the
         # metrics then show (test_a_paused_tier_is_shown_at_the_top_and_measured).
         pause_tier_dags(running.url)
+        # the standing redrives' ticks write the checkout's config into this state store: none here
+        api.patch(
+            f"{running.url}/api/v2/dags/redelivery_standing_redrives", json={"is_paused": True}, timeout=30
+        )
         yield running
     api.headers.pop("Authorization", None)
 
