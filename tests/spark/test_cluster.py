@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +72,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def workers_python(tmp_path_factory) -> Path:
+def workers_python(tmp_path_factory) -> Iterator[Path]:
     """The workers' own environment, as docs/spark-clusters.md says for standalone: ``uv venv`` and
     the executor install (the wheel without extras) with PySpark; the wheel built from a copy of the
     sources whose version is ``OLD``."""
@@ -99,11 +99,12 @@ def workers_python(tmp_path_factory) -> Path:
     listed = run(UV, "pip", "list", "--format", "json", "--python", str(python)).stdout
     names = {p["name"] for p in json.loads(listed)}
     assert not {n for n in names if n.startswith(("apache-airflow", "pyspark-client", "typer", "pandas"))}
-    return python
+    yield python
+    shutil.rmtree(where, ignore_errors=True)  # 0.5 GB: a test run must not leave it on the disk
 
 
 @pytest.fixture(scope="module")
-def packed_env(workers_python, tmp_path_factory) -> Path:
+def packed_env(workers_python, tmp_path_factory) -> Iterator[Path]:
     """docs/spark-clusters.md's recipe for the executors' environment as an archive: the base
     install (here the ``OLD`` wheel) with the driver's versions as constraints, no PySpark (the
     cluster's own serves), in a virtual environment made on the nodes' interpreter, packed by
@@ -124,7 +125,8 @@ def packed_env(workers_python, tmp_path_factory) -> Path:
     names = run("tar", "-tzf", str(archive)).stdout.splitlines()
     assert not [n for n in names if "/site-packages/pyspark/" in n] and "bin/python" in names
     assert archive.stat().st_size < 100 * 2**20  # 66 MB; with PySpark it was 522 MB
-    return archive
+    yield archive
+    shutil.rmtree(where, ignore_errors=True)
 
 
 def spark_home_of(python: Path) -> Path:
@@ -180,6 +182,7 @@ def cluster(workers_python, tmp_path_factory):
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+        shutil.rmtree(where, ignore_errors=True)  # the executors' work folders: 0.8 GB
 
 
 def driver_env(database_url: str) -> dict:

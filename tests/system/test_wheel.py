@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -58,7 +59,7 @@ def run(*command: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def installed(tmp_path_factory) -> Iterator[Path]:
     """A fresh virtual environment, outside the checkout, with the built wheel installed; returns
     its bin folder."""
     where = tmp_path_factory.mktemp("wheel")
@@ -88,7 +89,8 @@ def installed(tmp_path_factory) -> Path:
         "--excludes",
         str(REPO_ROOT / "excludes.txt"),
     )
-    return python.parent
+    yield python.parent
+    shutil.rmtree(where, ignore_errors=True)  # 0.9 GB: a test run must not leave it on the disk
 
 
 def fresh_env(bin_dir: Path, home: Path) -> dict:
