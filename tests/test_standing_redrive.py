@@ -146,6 +146,27 @@ def test_it_stops_itself_when_what_it_brought_back_dies_again(client, topic_grou
     assert run(client, database_url).runs[0]["moved"] == 4
 
 
+def test_a_full_backlog_cap_makes_no_run_until_there_is_room(client, topic_group, database_url):
+    """A group at its ready-backlog cap: ticks bring nothing back and write no redrive run (one
+    every 30 s would be 2,880 rows a day); once a consumer makes room, the next tick runs."""
+    policy = standing(client)
+    client.publish("orders", [{"n": i} for i in range(3)])
+    ids = die(client)
+    capped = configured(client, {**POLICY, "max_ready_backlog": 2})
+    client.config = capped.model_copy(update={"standing_redrives": [policy]})
+    client.publish("orders", [{"n": i} for i in range(3, 5)])  # the cap: 2 READY
+    time.sleep(1.1)
+    for _ in range(3):
+        assert run(client, database_url).runs == []
+        time.sleep(1.1)  # due again: `every` 1 s
+    assert client.conn.execute("SELECT count(*) FROM redrive_runs").fetchone()[0] == 0
+    assert policies(client.conn)[0]["runs"] == 0
+    client.ack("billing", client.receive("billing", "orders", 10, 60))  # room for 2
+    [record] = run(client, database_url).runs
+    assert (record["moved"], record["held_by_backlog_cap"]) == (2, 1)
+    assert sorted(dead(client)) == ids[2:]  # oldest first
+
+
 def test_a_policy_another_tick_holds_is_left_to_it(client, topic_group, database_url):
     standing(client)
     client.publish("orders", [{"n": 1}])

@@ -41,7 +41,7 @@ from pydantic import ValidationError
 from redelivery.config import RedeliveryConfig, cached_config
 from redelivery.dead_letters import DlqFilter, filter_params
 from redelivery.errors import ConfigError, RedeliveryError, UnknownGroupError
-from redelivery.redrive import RedriveRequest, redrive
+from redelivery.redrive import RedriveRequest, could_move, redrive
 from redelivery.rules.standing import StandingRedrive, died_again_too_often
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
@@ -218,13 +218,13 @@ class Claimed:
                 _stop_itself(self.conn, self.policy, settled, died_again, report, log)
                 more_left = False
                 return
-            if self._count(self.generations):
+            if could_move(self.conn, self.config, self._request(), self.generations):
                 ran = True
                 record = self._redrive(log, should_stop, wait)
                 report.runs.append(record)
                 if record["status"] == "success" and (record["matched"] or 0) <= record["moved"]:
                     more_left = self._waiting()
-            else:
+            else:  # nothing may come back now, or the groups' backlog caps are full: no run row
                 more_left = self._waiting()
         finally:
             release = {"id": self.policy_id, "more_left": more_left, "ran": ran}
@@ -252,6 +252,12 @@ class Claimed:
         time (the next ticks look again); an ``every`` policy's next run comes by its clock."""
         return self.policy.after == "breaker_closed" and bool(self._count((self.policy.max_generations, 0.0)))
 
+    def _request(self) -> RedriveRequest:
+        return RedriveRequest(
+            **self._selection(), max_messages=self.policy.max_messages, rate_limit=self.policy.rate_limit,
+            reset_reconsume_times=True, dry_run=False,
+        )  # fmt: skip
+
     def _redrive(self, log, should_stop, wait) -> dict:
         """The run: between its batches it goes on only while the policy is active and no breaker
         of its group is open (an operator's stop, an outage that came back)."""
@@ -260,10 +266,7 @@ class Claimed:
             wanted = self.conn.execute(S.STANDING_STILL_WANTED, {"id": self.policy_id}).fetchone()
             return should_stop() or not (wanted and wanted[0])
 
-        request = RedriveRequest(
-            **self._selection(), max_messages=self.policy.max_messages, rate_limit=self.policy.rate_limit,
-            reset_reconsume_times=True, dry_run=False,
-        )  # fmt: skip
+        request = self._request()
         name = self.policy.name
         return redrive(
             request, run_key=f"standing/{name}/{uuid.uuid4().hex}", triggered_by=f"standing:{name}",
