@@ -28,6 +28,12 @@ for key, value in airflow_environ(REPO_ROOT / "dags").items():
 logging.getLogger("py4j").setLevel(logging.WARNING)  # quiet teardown of the shared Spark session
 
 
+def pytest_sessionfinish(session):
+    from helpers import prune_uv_cache
+
+    prune_uv_cache()
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "database_url" in item.fixturenames:

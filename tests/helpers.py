@@ -19,6 +19,26 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 #: The installed ``redelivery`` command.
 CLI = shutil.which("redelivery") or os.path.join(os.path.dirname(os.sys.executable), "redelivery")
+#: The checkout's uv (the Makefile installs it into the virtual environment).
+UV = os.path.join(os.path.dirname(os.sys.executable), "uv")
+
+
+def uv_install(*args: str) -> None:
+    """``uv pip install *args`` into a test's own environment: from uv's cache alone when it holds
+    everything (``--offline``), else from the index. PyPI has PySpark only as a source archive, and
+    each online install keeps a new ~2 GB build of it in uv's cache; ``prune_uv_cache`` removes the
+    older ones at the end of the run."""
+    install = [UV, "pip", "install", "--quiet", *args]
+    if subprocess.run([*install, "--offline"], capture_output=True).returncode == 0:
+        return
+    done = subprocess.run(install, capture_output=True, text=True)
+    assert done.returncode == 0, f"uv pip install failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+def prune_uv_cache() -> None:
+    """What the test run's online installs left in uv's cache and nothing uses any more (a CI disk
+    filled up with PySpark builds); a failure here is not the tests'."""
+    subprocess.run([UV, "cache", "prune", "--quiet"], capture_output=True)
 
 
 def docs_page(name: str) -> str:

@@ -206,11 +206,10 @@ class Claimed:
 
     def go(self, report: TickReport, log, should_stop, wait) -> None:
         more_left, ran = True, False  # a run that raises leaves it to the next tick
-        if self.policy.after == "breaker_closed" and self.trigger_at is None:
-            more_left = False  # no close seen yet (resumed, or its rule changed): nothing of an outage
-            self.conn.execute(S.STANDING_RELEASE, {"id": self.policy_id, "more_left": False, "ran": False})
-            return
         try:
+            if self.policy.after == "breaker_closed" and self.trigger_at is None:
+                more_left = False  # no close seen yet (resumed, or its rule changed): nothing of an outage
+                return
             died_again, settled = self.conn.execute(
                 S.STANDING_DIED_AGAIN, {"id": self.policy_id, "limit": DIED_AGAIN_SAMPLE}
             ).fetchone()

@@ -40,10 +40,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO_ROOT, UV, uv_install
+
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-UV = str(Path(sys.executable).parent / "uv")
 OLD = "0.0.9"  # the redelivery the workers have installed: not the driver's
 #: What every driver gives the cluster (REDELIVERY_SPARK_CONF): reachable on 127.0.0.1, small executors.
 DRIVER_CONF = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "512m"}
@@ -92,10 +92,8 @@ def workers_python(tmp_path_factory) -> Iterator[Path]:
     assert wheel.name.startswith(f"redelivery-{OLD}-")
     run(UV, "venv", "--quiet", "--python", sys.executable, str(where / "venv"))
     python = where / "venv" / "bin" / "python"
-    install = [UV, "pip", "install", "--quiet", "--python", str(python), f"pyspark=={pyspark.__version__}",
-               str(wheel), "-c", str(REPO_ROOT / "requirements.txt")]  # fmt: skip
-    if subprocess.run([*install, "--offline"], capture_output=True).returncode != 0:
-        run(*install)  # not all in uv's cache: from the index
+    uv_install("--python", str(python), f"pyspark=={pyspark.__version__}", str(wheel),
+               "-c", str(REPO_ROOT / "requirements.txt"))  # fmt: skip
     listed = run(UV, "pip", "list", "--format", "json", "--python", str(python)).stdout
     names = {p["name"] for p in json.loads(listed)}
     assert not {n for n in names if n.startswith(("apache-airflow", "pyspark-client", "typer", "pandas"))}
@@ -116,10 +114,8 @@ def packed_env(workers_python, tmp_path_factory) -> Iterator[Path]:
     pins = run(UV, "pip", "freeze", "--python", sys.executable, "--exclude-editable").stdout
     (where / "driver-pins.txt").write_text(pins)  # the driver's versions: the executors' pins
     run(UV, "venv", "--quiet", "--python", str(NODES_PYTHON), str(where / "env"))
-    install = [UV, "pip", "install", "--quiet", "--python", str(where / "env" / "bin" / "python"),
-               "-c", str(where / "driver-pins.txt"), str(wheel)]  # fmt: skip
-    if subprocess.run([*install, "--offline"], capture_output=True).returncode != 0:
-        run(*install)
+    uv_install("--python", str(where / "env" / "bin" / "python"), "-c", str(where / "driver-pins.txt"),
+               str(wheel))  # fmt: skip
     archive = where / "redelivery-env.tar.gz"
     run(str(Path(sys.executable).parent / "venv-pack"), "-q", "-p", str(where / "env"), "-o", str(archive))
     names = run("tar", "-tzf", str(archive)).stdout.splitlines()

@@ -22,11 +22,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, UV, uv_install
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(900)]
 
-UV = str(Path(sys.executable).parent / "uv")
 TOPIC, GROUP, DAG_ID = "wheel-orders", "wheel-billing", "wheel_consumer"
 
 DAG_FILE = f'''
@@ -73,11 +72,7 @@ def installed(tmp_path_factory) -> Iterator[Path]:
     (wheel,) = (where / "dist").glob("redelivery-*.whl")
     run(UV, "venv", "--quiet", "--python", sys.executable, str(where / "venv"))
     python = where / "venv" / "bin" / "python"
-    run(
-        UV,
-        "pip",
-        "install",
-        "--quiet",
+    uv_install(
         "--python",
         str(python),
         f"{wheel}[airflow]",  # as README says: the base install is the Spark executors'
