@@ -9,14 +9,14 @@ WITH acked AS (
     AND d.message_id = ANY(%(ids)s::bigint[])  -- the rows by their primary key, not the group's scan
     AND d.state::text = 'INFLIGHT' AND (%(receipts)s::jsonb -> d.message_id::text)
                    ? (d.delivery_count::text || ':' || d.topic_id::text)
-  RETURNING 1),
+  RETURNING d.topic_id),
 n AS (SELECT count(*) AS answered FROM acked),
 stale AS (
   UPDATE consumer_groups g
   SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.answered
   FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.answered < cardinality(%(ids)s::bigint[])
   RETURNING 1)
-SELECT answered FROM n;
+SELECT answered, ARRAY(SELECT topic_id FROM acked) FROM n;
 
 /* redelivery:ADD_GROUP_TOTALS */
 WITH added AS (

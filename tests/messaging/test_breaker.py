@@ -189,6 +189,23 @@ def test_leases_that_end_count_so_a_hanging_dependency_opens_it_and_a_hung_probe
     assert state(client)["opened_total"] == 2 and state(client)["open_seconds"] == 2.0
 
 
+def test_a_late_ack_after_its_lease_ended_counts_no_success(client, topic_group, database_url):
+    """A consumer whose own time-out outlasts its lease: the ended lease counted a failure, and its
+    late ack, stale, applies nothing, so it counts nothing either (it counted a success, halving a
+    hanging dependency's failure ratio)."""
+    config = configured(
+        client, {**POLICY, "max_reconsume_times": 3, "breaker": {**BREAKER, "min_attempts": 100}}
+    )
+    client.publish("orders", [{"n": i} for i in range(4)])
+    late = client.receive("billing", "orders", 3, 1)
+    on_time = client.receive("billing", "orders", 1, 60)
+    time.sleep(1.1)
+    assert tier(database_url, config, "ended")["retried_after_lease_expiry"] == 3  # 3 failures counted
+    assert client.ack("billing", late + on_time) == 1
+    counted = client.conn.execute("SELECT sum(succeeded), sum(failed) FROM breaker_outcomes").fetchone()
+    assert counted == (1, 3)
+
+
 def test_a_failed_probe_opens_it_for_twice_as_long_then_holds_it(client, topic_group, caplog):
     configured(client, POLICY)
     client.publish("orders", [{"n": i} for i in range(10)])

@@ -215,7 +215,9 @@ class Consumer(Role):
                     if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
                         done = self.conn.execute(S.SETTLE_PART, keys).fetchone()
                         return dict(zip(("acked", "retried", "dead_lettered", "stale"), done, strict=True))
-                acked = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()[0] if acks else 0
+                acked, acked_topics = (
+                    self.conn.execute(S.ACK, ack_params, prepare=False).fetchone() if acks else (0, [])
+                )
                 retried, dead = self._apply_failures(plans)
                 stale = len(acks) - acked + failed - retried - dead
                 if stale and check:  # a receipt matched no delivery: is it of the topic it names?
@@ -225,7 +227,7 @@ class Consumer(Role):
                 if marker is not None:
                     self.conn.execute(S.SETTLE_PART_RECORD, {**keys, **counts})
                 counted.clear()
-                counted.update(self._count(group_id, watched))
+                counted.update(self._count(group_id, watched, Counter(acked_topics)))
                 return counts
 
         try:
@@ -249,11 +251,11 @@ class Consumer(Role):
 
         def ack_only() -> int:
             with self.conn.transaction():
-                acked = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()[0]
+                acked, acked_topics = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()
                 if acked < len(acks):  # a receipt matched no delivery: is it of the topic it names?
                     self._check_receipt_topics(group_id, acks)  # if not, raises: all rolled back
                 counted.clear()
-                counted.update(self._count(group_id, watched))
+                counted.update(self._count(group_id, watched, Counter(acked_topics)))
             return acked
 
         acked = db.retry_lock_conflicts(ack_only)
@@ -262,32 +264,32 @@ class Consumer(Role):
 
     def _watched(self, group_id: int, group: str, acks: list, plans: list) -> dict[int, tuple]:
         """The topics of an answer whose subscription has a breaker: topic id -> (its
-        ``BreakerConfig``, acks of the topic, the ``errors`` JSON of its failures that are not
-        rejects: a reject is a verdict on a message, not an attempt against a dependency)."""
+        ``BreakerConfig``, the ``errors`` JSON of its failures that are not rejects: a reject is a
+        verdict on a message, not an attempt against a dependency)."""
         watched: dict[int, tuple] = {}
-        for topic, n in Counter(receipt.topic for receipt in acks).items():
+        for topic in {receipt.topic for receipt in acks}:
             topic_id = self.context.topic_id(topic)
             if (breaker := self.context.breaker(topic_id, group_id, topic, group)) is not None:
-                watched[topic_id] = (breaker, n, [])
+                watched[topic_id] = (breaker, [])
         for params in plans:
             topic_id = params["topic_id"]
             policy = self.context.policies[(topic_id, group_id)][0]  # _plan_failures resolved it
             if policy.breaker is not None:
-                config, n, errors = watched.get(topic_id, (policy.breaker, 0, []))
+                config, errors = watched.get(topic_id, (policy.breaker, []))
                 watched[topic_id] = (
                     config,
-                    n,
                     errors + ([] if params["force_dead_letter"] else [params["errors"]]),
                 )
         return watched
 
-    def _count(self, group_id: int, watched: dict) -> dict[int, tuple[int, str | None]]:
+    def _count(self, group_id: int, watched: dict, acked: Counter) -> dict[int, tuple[int, str | None]]:
         """The answers of each watched topic counted for its breaker, last in the answer's
-        transaction (after the group's row: lock order): topic id -> (failures counted, the
-        breaker's state)."""
+        transaction (after the group's row: lock order): its acks that applied (``acked``, by topic
+        id: a late ack after its lease ended was counted as that lease's failure, and changed
+        nothing) and its failures; topic id -> (failures counted, the breaker's state)."""
         return {
-            topic_id: breaking.count_answers(self.conn, config, topic_id, group_id, succeeded, errors)
-            for topic_id, (config, succeeded, errors) in sorted(watched.items())
+            topic_id: breaking.count_answers(self.conn, config, topic_id, group_id, acked[topic_id], errors)
+            for topic_id, (config, errors) in sorted(watched.items())
         }
 
     def _evaluate(self, group_id: int, watched: dict, counted: dict) -> None:

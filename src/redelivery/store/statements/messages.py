@@ -340,17 +340,18 @@ NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
 #: ack deletes the delivery row, and the message, below its group's offset with no row, is
 #: COMMITTED. Receipts that match nothing (late, repeated) are counted as stale on the group, in
 #: the same statement, when ``count_stale`` (``settle`` counts them itself, last, so that its group
-#: row is locked after every delivery row it changes). Returns how many were acknowledged.
+#: row is locked after every delivery row it changes). Returns how many were acknowledged, and the
+#: topic id of each (a breaker counts the acks that applied, never a stale one).
 ACK = _named("ACK", f"""
     WITH acked AS (
       DELETE FROM deliveries d
       WHERE d.topic_id = ANY(%(topic_ids)s::int[]) AND d.group_id = %(group_id)s
         AND d.message_id = ANY(%(ids)s::bigint[])  -- the rows by their primary key, not the group's scan
         AND {_IS_INFLIGHT} AND {_ANSWERS_RECEIPT}
-      RETURNING 1),
+      RETURNING d.topic_id),
     n AS (SELECT count(*) AS answered FROM acked),
     {_COUNT_STALE}
-    SELECT answered FROM n""")
+    SELECT answered, ARRAY(SELECT topic_id FROM acked) FROM n""")
 #: Keep deliveries invisible longer (SQS ChangeMessageVisibility, Kafka KIP-1222's RENEW): each one
 #: still INFLIGHT under its receipt (message id, delivery count, topic) whose lease has not ended
 #: at ``at`` (or now: ``invisible_until`` after it; SQS refuses an ended one, MessageNotInflight)
