@@ -31,7 +31,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(UV) pip install --python $(PY) --no-deps -e .
 	# PyPI has PySpark only as a source archive: every online install keeps a new ~2 GB build of it
 	# in uv's cache, and nothing removes the older ones; a run of CI filled the disk that way
-	$(UV) cache prune --quiet || echo "uv cache prune failed: ignored"
+	timeout 300 $(UV) cache prune --quiet || echo "uv cache prune failed or waited too long: ignored"
 	# setuptools leaves src/redelivery.egg-info behind; src/ is on sys.path (editable), so Airflow
 	# would find the distribution, its provider and its plugin twice
 	rm -rf src/*.egg-info

@@ -399,6 +399,30 @@ AND (%(max_generations)s::int IS NULL
          AND extract(epoch FROM now() - q.dead_lettered_at)
              >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000)))) AND q.topic_id = %(dest)s::int;
 
+/* redelivery:DLQ_COUNT_HOLDING */
+SELECT count(*) FROM dlq_messages q WHERE q.group_id = %(group_id)s
+    AND (%(topic_id)s::int IS NULL OR q.topic_id = %(topic_id)s::int)
+    AND (%(dead_lettered_from)s::timestamptz IS NULL
+         OR q.dead_lettered_at >= %(dead_lettered_from)s::timestamptz)
+    AND (%(dead_lettered_to)s::timestamptz IS NULL OR q.dead_lettered_at < %(dead_lettered_to)s::timestamptz)
+    AND (%(reasons)s::text[] IS NULL OR q.reason::text = ANY(%(reasons)s::text[]))
+    AND (%(signature)s::text IS NULL OR q.signature = %(signature)s::text)
+    AND (%(error_contains)s::text IS NULL
+         OR strpos(lower(coalesce(q.last_error, '')), lower(%(error_contains)s::text)) > 0)
+    AND (%(message_ids)s::bigint[] IS NULL OR q.message_id = ANY(%(message_ids)s::bigint[]))
+    AND (%(key)s::text IS NULL
+         OR (q.key = %(key)s::text AND (octet_length(%(key)s::text) > 2000
+                                        OR octet_length(q.key) <= 2000)))
+    -- a standing redrive's: below its generation limit, and dead long enough for the generation
+    -- (rules.standing.generation_wait_seconds), compared in seconds (an interval of 2^n waits
+    -- would pass the range of a timestamp)
+    AND (%(max_generations)s::int IS NULL
+         OR (q.redrive_count < %(max_generations)s::int
+             AND extract(epoch FROM now() - q.dead_lettered_at)
+                 >= %(generation_wait)s::float8 * power(2::float8, least(q.redrive_count, 1000)))) AND EXISTS (
+    SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
+      AND h.message_id = q.message_id AND h.state = 'HALTED');
+
 /* redelivery:DLQ_IDS */
 SELECT name, id FROM dead_letter_queues WHERE name = ANY(%(names)s::text[]);
 
@@ -1562,9 +1586,9 @@ AND (%(max_generations)s::int IS NULL
                     AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
     -- only the dead letters that hold their key (a HALTED head), the ones a backlog cap never
     -- holds back: the messages waiting for them are what fills it
-    AND (NOT %(holding_only)s::bool
-         OR EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
-                      AND h.message_id = q.message_id AND h.state = 'HALTED'))
+    AND (NOT %(holding_only)s::bool OR EXISTS (
+SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
+  AND h.message_id = q.message_id AND h.state = 'HALTED'))
   ORDER BY q.message_id LIMIT %(batch_size)s FOR UPDATE SKIP LOCKED),
 -- by their primary key, the picked ids as arrays (not a join the planner may make a scan of the
 -- whole DLQ table): a group has one dead letter of a message, in one DLQ

@@ -35,10 +35,20 @@ def uv_install(*args: str) -> None:
     assert done.returncode == 0, f"uv pip install failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
 
 
+def remove_unless_a_test_failed(request, where: Path, failed_before: int) -> None:
+    """At a module fixture's end, remove its folder (virtual environments, Spark work folders: the
+    biggest a run makes), unless a test failed meanwhile: a failed test's folders are kept to
+    read, as pytest keeps them (``tmp_path_retention_policy``)."""
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def prune_uv_cache() -> None:
     """What the test run's online installs left in uv's cache and nothing uses any more (a CI disk
-    filled up with PySpark builds); a failure here is not the tests'."""
-    subprocess.run([UV, "cache", "prune", "--quiet"], capture_output=True)
+    filled up with PySpark builds). A failure here is not the tests': no uv (a venv made by pip),
+    or another uv holding the cache's lock past the time-out."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run([UV, "cache", "prune", "--quiet"], capture_output=True, timeout=120)
 
 
 def docs_page(name: str) -> str:

@@ -158,13 +158,36 @@ def test_a_full_backlog_cap_makes_no_run_until_there_is_room(client, topic_group
     time.sleep(1.1)
     for _ in range(3):
         assert run(client, database_url).runs == []
-        time.sleep(1.1)  # due again: `every` 1 s
     assert client.conn.execute("SELECT count(*) FROM redrive_runs").fetchone()[0] == 0
-    assert policies(client.conn)[0]["runs"] == 0
+    [row] = policies(client.conn)
+    assert (row["runs"], row["more_left"]) == (0, True)  # the next tick looks again, not `every` later
     client.ack("billing", client.receive("billing", "orders", 10, 60))  # room for 2
     [record] = run(client, database_url).runs
     assert (record["moved"], record["held_by_backlog_cap"]) == (2, 1)
     assert sorted(dead(client)) == ids[2:]  # oldest first
+
+
+def test_a_full_cap_never_keeps_a_halted_head_from_coming_back(client, database_url):
+    """An ordered subscription that halts: its head's dead letter holds the key, and the key's
+    BLOCKED messages fill the cap (publish refused, nothing to receive). The standing redrive
+    brings the head back whatever the cap, as a redrive does (issue 36); else the group stalls."""
+    from redelivery.messaging.codec import Message
+
+    client.create_topic("orders")
+    client.create_group("billing")
+    client.subscribe("billing", "orders", ordered=True, on_exhausted="halt")
+    policy = standing(client, reasons=[])
+    capped = configured(client, {**POLICY, "max_ready_backlog": 3})
+    client.config = capped.model_copy(update={"standing_redrives": [policy]})
+    client.publish("orders", [Message({"n": i}, key="a") for i in range(3)])
+    [head] = client.receive("billing", "orders", 1, 60)
+    client.reject("billing", head, error="bad")  # HALTED: its dead letter holds key a
+    client.publish("orders", [Message({"n": 3}, key="a")])  # 3 BLOCKED: at the cap
+    assert client.receive("billing", "orders", 10, 60) == []
+    time.sleep(1.1)
+    [record] = run(client, database_url).runs
+    assert record["moved"] == 1 and dead(client) == {}
+    assert [m.message_id for m in client.receive("billing", "orders", 10, 60)] == [head.message_id]
 
 
 def test_a_policy_another_tick_holds_is_left_to_it(client, topic_group, database_url):

@@ -177,19 +177,24 @@ def could_move(
     conn: psycopg.Connection, config, request: RedriveRequest, generations: tuple[int, float] | None = None
 ) -> bool:
     """Whether a redrive of ``request`` would move something now: a matching dead letter in a lane
-    with room under its ready-backlog caps (``capped_lanes``), or in any lane when none is capped.
-    A peek without the backlog lock: the run's batches check the room again under it. A standing
-    redrive asks first, so that a cap that stays full writes no redrive run at each tick. Raises
-    as ``redrive`` does, before moving anything."""
+    with room under its ready-backlog caps (``capped_lanes``), or in any lane when none is capped,
+    or one that holds its key (moved back whatever the caps, as ``_move_batch_once`` does). A peek
+    without the backlog lock: the run's batches check the room again under it. A standing redrive
+    asks first, so that a cap that stays full writes no redrive run at each tick. Raises as
+    ``redrive`` does, before moving anything."""
     params = _moving_params(conn, request, generations)
     lanes = capped_lanes(conn, config, request, params)
     if not lanes:
         return bool(conn.execute(S.DLQ_COUNT, params).fetchone()[0])
-    return any(
-        (not lane.caps or _places(conn, lane) > 0)
-        and conn.execute(S.DLQ_COUNT, {**params, "topic_id": lane.topic_filter}).fetchone()[0]
-        for lane in lanes
-    )
+    for lane in lanes:
+        lane_params = {**params, "topic_id": lane.topic_filter}
+        if not conn.execute(S.DLQ_COUNT, lane_params).fetchone()[0]:
+            continue
+        if not lane.caps or _places(conn, lane) > 0:
+            return True
+        if params["dest"] is None and conn.execute(S.DLQ_COUNT_HOLDING, lane_params).fetchone()[0]:
+            return True
+    return False
 
 
 #: How often a batch runs again after a retention run dropped a partition it writes to.

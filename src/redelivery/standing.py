@@ -217,14 +217,15 @@ class Claimed:
                 _stop_itself(self.conn, self.policy, settled, died_again, report, log)
                 more_left = False
                 return
-            if could_move(self.conn, self.config, self._request(), self.generations):
+            if not self._count(self.generations):
+                more_left = self._waiting()
+            elif could_move(self.conn, self.config, self._request(), self.generations):
                 ran = True
                 record = self._redrive(log, should_stop, wait)
                 report.runs.append(record)
                 if record["status"] == "success" and (record["matched"] or 0) <= record["moved"]:
                     more_left = self._waiting()
-            else:  # nothing may come back now, or the groups' backlog caps are full: no run row
-                more_left = self._waiting()
+            # else the groups' backlog caps are full: no run (no row), and the next tick looks again
         finally:
             release = {"id": self.policy_id, "more_left": more_left, "ran": ran}
             self.conn.execute(S.STANDING_RELEASE, release)

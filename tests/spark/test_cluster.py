@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO_ROOT, UV, uv_install
+from helpers import REPO_ROOT, UV, remove_unless_a_test_failed, uv_install
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -72,7 +72,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def workers_python(tmp_path_factory) -> Iterator[Path]:
+def workers_python(tmp_path_factory, request) -> Iterator[Path]:
     """The workers' own environment, as docs/spark-clusters.md says for standalone: ``uv venv`` and
     the executor install (the wheel without extras) with PySpark; the wheel built from a copy of the
     sources whose version is ``OLD``."""
@@ -97,12 +97,13 @@ def workers_python(tmp_path_factory) -> Iterator[Path]:
     listed = run(UV, "pip", "list", "--format", "json", "--python", str(python)).stdout
     names = {p["name"] for p in json.loads(listed)}
     assert not {n for n in names if n.startswith(("apache-airflow", "pyspark-client", "typer", "pandas"))}
+    failed = request.session.testsfailed
     yield python
-    shutil.rmtree(where, ignore_errors=True)  # 0.5 GB: a test run must not leave it on the disk
+    remove_unless_a_test_failed(request, where, failed)  # 0.5 GB: a run must not leave it on the disk
 
 
 @pytest.fixture(scope="module")
-def packed_env(workers_python, tmp_path_factory) -> Iterator[Path]:
+def packed_env(workers_python, tmp_path_factory, request) -> Iterator[Path]:
     """docs/spark-clusters.md's recipe for the executors' environment as an archive: the base
     install (here the ``OLD`` wheel) with the driver's versions as constraints, no PySpark (the
     cluster's own serves), in a virtual environment made on the nodes' interpreter, packed by
@@ -121,8 +122,9 @@ def packed_env(workers_python, tmp_path_factory) -> Iterator[Path]:
     names = run("tar", "-tzf", str(archive)).stdout.splitlines()
     assert not [n for n in names if "/site-packages/pyspark/" in n] and "bin/python" in names
     assert archive.stat().st_size < 100 * 2**20  # 66 MB; with PySpark it was 522 MB
+    failed = request.session.testsfailed
     yield archive
-    shutil.rmtree(where, ignore_errors=True)
+    remove_unless_a_test_failed(request, where, failed)
 
 
 def spark_home_of(python: Path) -> Path:
@@ -139,7 +141,7 @@ def alive_workers(webui: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(workers_python, tmp_path_factory):
+def cluster(workers_python, tmp_path_factory, request):
     """A standalone master and two workers (one core, 1 GB each) on 127.0.0.1, started from the
     workers' pyspark with an environment of their own: their PATH leads to their virtual
     environment first, so Spark's default ``python3`` is theirs; nothing of the checkout."""
@@ -157,7 +159,7 @@ def cluster(workers_python, tmp_path_factory):
         commands.append([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                          "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
                          "--work-dir", str(where / f"work-{n}"), master])  # fmt: skip
-    processes = []
+    processes, failed = [], request.session.testsfailed
     try:
         for n, argv in enumerate(commands):
             with open(where / f"{n}.log", "w") as log:
@@ -178,7 +180,8 @@ def cluster(workers_python, tmp_path_factory):
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
-        shutil.rmtree(where, ignore_errors=True)  # the executors' work folders: 0.8 GB
+                process.wait()
+        remove_unless_a_test_failed(request, where, failed)  # the executors' work folders: 0.8 GB
 
 
 def driver_env(database_url: str) -> dict:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from helpers import REPO_ROOT, UV, uv_install
+from helpers import REPO_ROOT, UV, remove_unless_a_test_failed, uv_install
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(900)]
 
@@ -58,7 +58,7 @@ def run(*command: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Iterator[Path]:
+def installed(tmp_path_factory, request) -> Iterator[Path]:
     """A fresh virtual environment, outside the checkout, with the built wheel installed; returns
     its bin folder."""
     where = tmp_path_factory.mktemp("wheel")
@@ -84,8 +84,9 @@ def installed(tmp_path_factory) -> Iterator[Path]:
         "--excludes",
         str(REPO_ROOT / "excludes.txt"),
     )
+    failed = request.session.testsfailed
     yield python.parent
-    shutil.rmtree(where, ignore_errors=True)  # 0.9 GB: a test run must not leave it on the disk
+    remove_unless_a_test_failed(request, where, failed)  # 0.9 GB: a run must not leave it on the disk
 
 
 def fresh_env(bin_dir: Path, home: Path) -> dict:

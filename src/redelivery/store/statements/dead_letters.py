@@ -11,6 +11,16 @@ from redelivery.store.statements.ordered import _BLOCKED_OF, _HELD, _ORDERING_KE
 # ---- dead letters ---------------------------------------------------------------------------------
 
 DLQ_COUNT = _named("DLQ_COUNT", f"SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER}")
+#: Dead letter ``q`` holds its key: its delivery row is the HALTED head of an ordered subscription's
+#: key, which the key's messages wait for (a backlog cap never holds it back).
+_HOLDS_ITS_KEY = """EXISTS (
+    SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
+      AND h.message_id = q.message_id AND h.state = 'HALTED')"""
+#: The matching dead letters that hold their key (``_HOLDS_ITS_KEY``): a redrive moves them whatever
+#: the backlog caps.
+DLQ_COUNT_HOLDING = _named(
+    "DLQ_COUNT_HOLDING", f"SELECT count(*) FROM dlq_messages q WHERE {DLQ_FILTER} AND {_HOLDS_ITS_KEY}"
+)
 #: The matching dead letters, oldest first, at most ``limit`` (with their last failure's signature,
 #: class and top frame: a download says which failure each one is).
 DLQ_SELECT = _named("DLQ_SELECT", f"""
@@ -166,9 +176,7 @@ REDRIVE_MOVE_BATCH = _named("REDRIVE_MOVE_BATCH", f"""
                         AND rm.group_id = q.group_id AND rm.message_id = q.message_id)
         -- only the dead letters that hold their key (a HALTED head), the ones a backlog cap never
         -- holds back: the messages waiting for them are what fills it
-        AND (NOT %(holding_only)s::bool
-             OR EXISTS (SELECT 1 FROM deliveries h WHERE h.topic_id = q.topic_id AND h.group_id = q.group_id
-                          AND h.message_id = q.message_id AND h.state = 'HALTED'))
+        AND (NOT %(holding_only)s::bool OR {_HOLDS_ITS_KEY})
       ORDER BY q.message_id LIMIT %(batch_size)s FOR UPDATE SKIP LOCKED),
     -- by their primary key, the picked ids as arrays (not a join the planner may make a scan of the
     -- whole DLQ table): a group has one dead letter of a message, in one DLQ
