@@ -66,6 +66,8 @@ def _uses_fab(env: dict) -> bool:
 
 
 _CONN = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+#: How long the components have, together, to stop after a TERM before they are killed.
+STOP_SECONDS = 10
 
 
 def _sqlalchemy_url(database: str) -> str:
@@ -234,6 +236,10 @@ class LocalAirflow:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": _sqlalchemy_url(metadata_db),
             **access,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            # the scheduler's and the triggerer's log servers (8793, 8794 by default): two test
+            # Airflows at once (two test runs) would share them
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
             # One key for every component: each one that finds no airflow.cfg would make its own,
@@ -311,18 +317,19 @@ class LocalAirflow:
         done.raise_for_status()
 
     def __exit__(self, *exc) -> None:
+        for session in self._sessions.values():  # the api-server waits for open connections
+            session.close()
+        self._sessions = {}
         for proc in self.procs:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + STOP_SECONDS
         for proc in self.procs:
             try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:  # nothing of a test's Airflow is worth waiting longer for
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs = []
-        for session in self._sessions.values():
-            session.close()
-        self._sessions = {}

@@ -58,13 +58,14 @@ def test_the_default_spark_connection_is_the_warm_connect_server():
     import json
 
     from redelivery.airflow.env import airflow_environ
+    from redelivery.settings import get_settings
     from redelivery.spark import connect_server
 
     conn = json.loads(airflow_environ()["AIRFLOW_CONN_REDELIVERY_SPARK"])
     assert conn == {
         "conn_type": "spark_connect",
         "host": "localhost",
-        "port": 15002,
+        "port": get_settings().spark_connect_port,  # 15002 unless REDELIVERY_SPARK_CONNECT_PORT says
         "password": connect_server.token(),
     }
     assert connect_server.connect_url("localhost", 15002, "t0k") == "sc://localhost:15002/;token=t0k"

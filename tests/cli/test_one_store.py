@@ -140,6 +140,21 @@ def test_with_no_store_configured_the_embedded_server_starts_and_a_new_one_says_
         stop_embedded(own)
 
 
+def test_a_home_too_deep_for_a_unix_socket_still_starts_its_server(own):
+    """A Unix socket's path has at most 107 bytes: with the socket in the data directory, a home
+    this deep (a worker's temporary folder under pytest-xdist) made PostgreSQL refuse to start.
+    Every client connects over TCP; the socket is left out then."""
+    deep = f"{own['REDELIVERY_HOME']}/{'a-folder-of-a-long-name/' * 3}redelivery-home"
+    assert len(f"{deep}/pgdata/.s.PGSQL.{own['REDELIVERY_PG_PORT']}") > 107
+    env = {**own, "REDELIVERY_HOME": deep}
+    done = redelivery("db", "upgrade", env=env)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert json.loads(redelivery("stats", "--json", env=env).stdout) == {}
+    finally:
+        stop_embedded(env)
+
+
 def test_a_port_held_by_another_homes_server_says_so(database_url, own):
     """Two REDELIVERY_HOMEs on one port (the package's ~/.redelivery against a checkout's): this
     home's password was refused by the other home's server; now the line says whose port it is."""

@@ -126,6 +126,8 @@ def test_the_spark_job_uses_the_libpq_url_as_it_is(client, topic_group, database
     if not database_url.startswith(embedded.url(dbname).rsplit("/", 1)[0] + "/"):
         pytest.skip("needs the embedded PostgreSQL and its socket directory")
     socket_dir = embedded.get_settings().home.resolve() / "pgdata"
+    if not (socket_dir / f".s.PGSQL.{embedded.get_settings().pg_port}").exists():
+        pytest.skip("the embedded server has no Unix socket: its home is too deep for one")
     url = (f"host={socket_dir} port={embedded.get_settings().pg_port} dbname={dbname} "
            f"user=postgres password={embedded.password()}")  # fmt: skip
     with db.connect(url) as conn:  # the same database, reached another way

@@ -59,6 +59,8 @@ def standalone(tmp_path_factory, database_url):
         AIRFLOW_HOME=str(home),
         AIRFLOW__API__PORT=str(port),
         AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://localhost:{port}/execution/",
+        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),  # another Airflow may run here
+        AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
         REDELIVERY_DATABASE_URL=database_url,
     )
     env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = fresh_metadata_db("airflow_readme", env)

@@ -12,6 +12,7 @@ import fcntl
 import os
 import platform
 import secrets
+import shlex
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
@@ -216,6 +217,18 @@ def _initdb(pgdata: Path, run_as: dict) -> None:
         pwfile.unlink(missing_ok=True)
 
 
+#: The longest path of a Unix socket PostgreSQL takes (``sun_path``: 108 bytes with its NUL).
+SOCKET_PATH_MAX = 107
+
+
+def _socket_directory(pgdata: Path, port: int) -> str:
+    """Where the server's Unix socket goes, as ``pg_ctl -o`` passes it to a shell: the data
+    directory (``psql -h <pgdata>`` by hand), or none when that path would be too long for a socket
+    (a deep REDELIVERY_HOME: PostgreSQL refuses to start then). Every client connects over TCP."""
+    fits = len(f"{pgdata}/.s.PGSQL.{port}".encode()) <= SOCKET_PATH_MAX
+    return shlex.quote(str(pgdata) if fits else "")
+
+
 def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> str:
     """Initialise (first time), start (when not running) and create ``databases``.
 
@@ -242,7 +255,8 @@ def ensure_running(databases: tuple[str, ...] = (APP_DATABASE, "airflow")) -> st
             # max_wal_size is PostgreSQL's default: pg_wal keeps about that much between
             # checkpoints; with 4 GB it held 2.8 GB after `make test`, on a CI disk that filled up
             options = (
-                f"-h 127.0.0.1 -p {settings.pg_port} -k {pgdata} -c max_connections=200 "
+                f"-h 127.0.0.1 -p {settings.pg_port} -k {_socket_directory(pgdata, settings.pg_port)} "
+                "-c max_connections=200 "
                 "-c shared_buffers=512MB "
                 "-c max_wal_size=1GB -c checkpoint_timeout=15min"
             )
