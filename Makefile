@@ -44,8 +44,11 @@ $(CHROMIUM):
 demo: setup
 	@$(AIRFLOW_ENV) && $(PY) -m demo $(DEMO_ARGS)
 
+# Two pytest-xdist workers: the suite waits on servers half the time (tests/conftest.py gives each
+# worker its own databases); one process against an external REDELIVERY_TEST_DATABASE_URL.
+PYTEST_WORKERS ?= $(if $(REDELIVERY_TEST_DATABASE_URL),0,2)
 test: setup lint
-	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest $(PYTEST_ARGS)
+	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # ruff (configured in pyproject.toml): lint rules and formatting, as CI runs them.
 LINTED := src dags plugins spark_jobs tests bench chaos demo harness docs/hooks.py

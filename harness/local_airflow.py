@@ -66,7 +66,9 @@ def _uses_fab(env: dict) -> bool:
 
 
 _CONN = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
-#: How long the components have, together, to stop after a TERM before they are killed.
+#: How long the components have, together, to stop after a TERM before they are killed: one of
+#: them (not identified) let a 30 s wait run out at every stop, and a test's Airflow keeps nothing
+#: that needs an orderly stop.
 STOP_SECONDS = 10
 
 
@@ -317,7 +319,7 @@ class LocalAirflow:
         done.raise_for_status()
 
     def __exit__(self, *exc) -> None:
-        for session in self._sessions.values():  # the api-server waits for open connections
+        for session in self._sessions.values():  # this side's HTTP connections end first
             session.close()
         self._sessions = {}
         for proc in self.procs:

@@ -173,13 +173,13 @@ def test_the_package_zip_is_built_once_per_content(settings, tmp_path):
         first = deploy.package_zip()
         deploy.package_zip.cache_clear()
         assert deploy.package_zip() == first and first.parent == tmp_path / "spark-py-files"
-    finally:
+        assert deploy.archives(deploy.Deployment()) == [f"{first}#{first.stem}"]
+    finally:  # no zip of this test's home stays cached for the tests after it
         deploy.package_zip.cache_clear()
     assert first.name.startswith(f"redelivery-{redelivery.__version__}-") and first.suffix == ".zip"
     names = zipfile.ZipFile(first).namelist()
     assert "redelivery/spark/deploy.py" in names and "redelivery/store/migrations/script.py.mako" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
-    assert deploy.archives(deploy.Deployment()) == [f"{first}#{first.stem}"]
     assert deploy.archives(deploy.Deployment(ship_package=False, archives=("e.tgz#env",))) == ["e.tgz#env"]
 
 
