@@ -300,7 +300,7 @@ WITH policies AS MATERIALIZED (
            error_signature(mv.error_class, mv.last_error, mv.error_frame)
     FROM moved mv LEFT JOIN messages m
       ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
-    RETURNING group_id, reason)
+    RETURNING group_id, reason, message_id)
 SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2;
 
 /* redelivery:DELETE_STAGED_RUN */
@@ -663,7 +663,7 @@ WITH policies AS MATERIALIZED (
            error_signature(mv.error_class, mv.last_error, mv.error_frame)
     FROM moved mv LEFT JOIN messages m
       ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
-    RETURNING group_id, reason)
+    RETURNING group_id, reason, message_id)
 SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2;
 
 /* redelivery:EXPIRE_LEASES_PARK */
@@ -756,44 +756,44 @@ SELECT answered FROM n;
 
 /* redelivery:FAIL_DEAD_LETTER */
 WITH policies AS MATERIALIZED (
-    SELECT p.topic_id, p.group_id, p.max_times, p.delays::float8[] AS delays, p.levels::int[] AS levels,
-           p.jitter, p.dlq_id, p.cap, p.rule::jsonb AS rule,
-           (SELECT b.open_until FROM breakers b WHERE b.topic_id = p.topic_id AND b.group_id = p.group_id)
-               AS open_until
-    FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays)s::text[],
-                %(p_levels)s::text[], %(p_jitter)s::float8[], %(p_dlq)s::int[], %(p_cap)s::int[],
-                %(p_rule)s::text[])
-        AS p(topic_id, group_id, max_times, delays, levels, jitter, dlq_id, cap, rule)), moved AS (
-      DELETE FROM deliveries d USING policies p
-      WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
-                      AND d.message_id = ANY(%(ids)s::bigint[]) AND d.state::text = 'INFLIGHT' AND (%(receipts)s::jsonb -> d.message_id::text)
-                       ? (d.delivery_count::text || ':' || d.topic_id::text)
-                      AND p.topic_id = d.topic_id AND p.group_id = d.group_id
-        AND (%(force_dead_letter)s OR (NOT (p.max_times = -1 OR d.reconsume_times < p.max_times) AND NOT (p.open_until IS NOT NULL AND (p.open_until > now() OR NOT (p.max_times = -1 OR d.reconsume_times < p.max_times))
-             AND (coalesce(NOT (p.rule ? 'include')
-                       OR (p.rule -> 'include') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), true)
-              AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), false)))))
-      RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
-              d.reconsume_times, coalesce(d.first_failure_at, coalesce(%(at)s::timestamptz, now())) AS first_failure_at,
-              coalesce(%(at)s::timestamptz, now()) AS last_failure_at, (%(errors)s::jsonb -> d.message_id::text ->> 'error') AS last_error,
-              (%(errors)s::jsonb -> d.message_id::text ->> 'class') AS error_class, (%(errors)s::jsonb -> d.message_id::text ->> 'frame') AS error_frame,
-              (%(errors)s::jsonb -> d.message_id::text ->> 'stack') AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame')), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))) AS attempts, d.redrive_count),
-    inserted AS (
-    INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
-                              content_type, properties, published_at, reason, last_error, delivery_count,
-                              reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
-                              redrive_count, error_class, error_frame, error_stack, signature)
-    SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, mv.message_id),
-           m.key, m.body, m.content_type, m.properties, mv.published_at, %(reason)s::dlq_reason,
-           mv.last_error,
-           mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
-           coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count,
-           mv.error_class, mv.error_frame, mv.error_stack,
-           error_signature(mv.error_class, mv.last_error, mv.error_frame)
-    FROM moved mv LEFT JOIN messages m
-      ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
-    RETURNING group_id, reason)
-SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2;
+SELECT p.topic_id, p.group_id, p.max_times, p.delays::float8[] AS delays, p.levels::int[] AS levels,
+       p.jitter, p.dlq_id, p.cap, p.rule::jsonb AS rule,
+       (SELECT b.open_until FROM breakers b WHERE b.topic_id = p.topic_id AND b.group_id = p.group_id)
+           AS open_until
+FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays)s::text[],
+            %(p_levels)s::text[], %(p_jitter)s::float8[], %(p_dlq)s::int[], %(p_cap)s::int[],
+            %(p_rule)s::text[])
+    AS p(topic_id, group_id, max_times, delays, levels, jitter, dlq_id, cap, rule)), moved AS (
+  DELETE FROM deliveries d USING policies p
+  WHERE d.topic_id = %(topic_id)s AND d.group_id = %(group_id)s
+                  AND d.message_id = ANY(%(ids)s::bigint[]) AND d.state::text = 'INFLIGHT' AND (%(receipts)s::jsonb -> d.message_id::text)
+                   ? (d.delivery_count::text || ':' || d.topic_id::text)
+                  AND p.topic_id = d.topic_id AND p.group_id = d.group_id
+    AND (%(force_dead_letter)s OR (NOT (p.max_times = -1 OR d.reconsume_times < p.max_times) AND NOT (p.open_until IS NOT NULL AND (p.open_until > now() OR NOT (p.max_times = -1 OR d.reconsume_times < p.max_times))
+         AND (coalesce(NOT (p.rule ? 'include')
+                   OR (p.rule -> 'include') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), true)
+          AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), false)))))
+  RETURNING d.message_id, d.group_id, d.topic_id, d.published_at, p.dlq_id, d.delivery_count,
+          d.reconsume_times, coalesce(d.first_failure_at, coalesce(%(at)s::timestamptz, now())) AS first_failure_at,
+          coalesce(%(at)s::timestamptz, now()) AS last_failure_at, (%(errors)s::jsonb -> d.message_id::text ->> 'error') AS last_error,
+          (%(errors)s::jsonb -> d.message_id::text ->> 'class') AS error_class, (%(errors)s::jsonb -> d.message_id::text ->> 'frame') AS error_frame,
+          (%(errors)s::jsonb -> d.message_id::text ->> 'stack') AS error_stack, append_attempt(d.attempts, jsonb_build_object('at', coalesce(%(at)s::timestamptz, now()), 'delivery', d.delivery_count, 'outcome', %(outcome)s::text, 'error', (%(errors)s::jsonb -> d.message_id::text ->> 'error'), 'signature', error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame')), 'recorded', clock_timestamp()) || jsonb_strip_nulls(jsonb_build_object('class', (%(errors)s::jsonb -> d.message_id::text ->> 'class'), 'frame', (%(errors)s::jsonb -> d.message_id::text ->> 'frame'), 'stack', (%(errors)s::jsonb -> d.message_id::text ->> 'stack')))) AS attempts, d.redrive_count),
+inserted AS (
+INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
+                          content_type, properties, published_at, reason, last_error, delivery_count,
+                          reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
+                          redrive_count, error_class, error_frame, error_stack, signature)
+SELECT mv.dlq_id, mv.group_id, mv.message_id, mv.topic_id, coalesce(m.origin_message_id, mv.message_id),
+       m.key, m.body, m.content_type, m.properties, mv.published_at, %(reason)s::dlq_reason,
+       mv.last_error,
+       mv.delivery_count, mv.reconsume_times, mv.first_failure_at, mv.last_failure_at,
+       coalesce(%(dead_lettered_at)s::timestamptz, now()), mv.attempts, mv.redrive_count,
+       mv.error_class, mv.error_frame, mv.error_stack,
+       error_signature(mv.error_class, mv.last_error, mv.error_frame)
+FROM moved mv LEFT JOIN messages m
+  ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
+RETURNING group_id, reason, message_id)
+SELECT group_id, reason::text, count(*), array_agg(message_id) FROM inserted GROUP BY 1, 2;
 
 /* redelivery:FAIL_PARK */
 WITH policies AS MATERIALIZED (
@@ -820,8 +820,8 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
          AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), false)))
-  RETURNING 1)
-SELECT count(*) FROM parked;
+  RETURNING d.message_id)
+SELECT count(*), coalesce(array_agg(message_id), '{}') FROM parked;
 
 /* redelivery:FAIL_RETRY */
 WITH policies AS MATERIALIZED (
@@ -849,8 +849,8 @@ FROM unnest(%(p_topic)s::int[], %(p_group)s::int[], %(p_max)s::int[], %(p_delays
          AND (coalesce(NOT (p.rule ? 'include')
                    OR (p.rule -> 'include') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), true)
           AND NOT coalesce((p.rule -> 'exclude') ?| array_remove(ARRAY[(%(errors)s::jsonb -> d.message_id::text ->> 'class'), error_signature((%(errors)s::jsonb -> d.message_id::text ->> 'class'), (%(errors)s::jsonb -> d.message_id::text ->> 'error'), (%(errors)s::jsonb -> d.message_id::text ->> 'frame'))], NULL), false)))
-  RETURNING 1)
-SELECT count(*) FROM retried;
+  RETURNING d.message_id)
+SELECT count(*), coalesce(array_agg(message_id), '{}') FROM retried;
 
 /* redelivery:FORGET_LOG_PARTITION */
 DELETE FROM log_partitions WHERE partition_name = %(partition_name)s;

@@ -206,6 +206,24 @@ def test_a_late_ack_after_its_lease_ended_counts_no_success(client, topic_group,
     assert counted == (1, 3)
 
 
+def test_a_late_failure_after_its_lease_ended_counts_no_second_failure(client, topic_group, database_url):
+    """The same consumer's late nack and reject: the ended lease counted the failure once; its late
+    answers, stale, apply nothing, so they count nothing either (each counted a second failure,
+    doubling a hanging dependency's failure ratio). An answer on time among them counts."""
+    config = configured(
+        client, {**POLICY, "max_reconsume_times": 3, "breaker": {**BREAKER, "min_attempts": 100}}
+    )
+    client.publish("orders", [{"n": i} for i in range(5)])
+    late = client.receive("billing", "orders", 3, 1)
+    on_time = client.receive("billing", "orders", 2, 60)
+    time.sleep(1.1)
+    assert tier(database_url, config, "ended")["retried_after_lease_expiry"] == 3  # 3 failures counted
+    assert client.nack("billing", late[:2] + on_time[:1], error=DOWN) == 1  # retried: the on-time one
+    assert client.reject("billing", late[2:] + on_time[1:], error=DOWN) == 1  # dead-lettered
+    counted = client.conn.execute("SELECT sum(succeeded), sum(failed) FROM breaker_outcomes").fetchone()
+    assert counted == (0, 4)  # the 3 ended leases and the on-time nack; a reject counts no failure
+
+
 def test_a_failed_probe_opens_it_for_twice_as_long_then_holds_it(client, topic_group, caplog):
     configured(client, POLICY)
     client.publish("orders", [{"n": i} for i in range(10)])

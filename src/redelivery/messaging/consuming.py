@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+import orjson
 import psycopg
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
@@ -264,8 +265,8 @@ class Consumer(Role):
 
     def _watched(self, group_id: int, group: str, acks: list, plans: list) -> dict[int, tuple]:
         """The topics of an answer whose subscription has a breaker: topic id -> (its
-        ``BreakerConfig``, the ``errors`` JSON of its failures that are not rejects: a reject is a
-        verdict on a message, not an attempt against a dependency)."""
+        ``BreakerConfig``, the plans of its failures that are not rejects: a reject is a verdict
+        on a message, not an attempt against a dependency)."""
         watched: dict[int, tuple] = {}
         for topic in {receipt.topic for receipt in acks}:
             topic_id = self.context.topic_id(topic)
@@ -275,21 +276,21 @@ class Consumer(Role):
             topic_id = params["topic_id"]
             policy = self.context.policies[(topic_id, group_id)][0]  # _plan_failures resolved it
             if policy.breaker is not None:
-                config, errors = watched.get(topic_id, (policy.breaker, []))
-                watched[topic_id] = (
-                    config,
-                    errors + ([] if params["force_dead_letter"] else [params["errors"]]),
-                )
+                config, failing = watched.get(topic_id, (policy.breaker, []))
+                watched[topic_id] = (config, failing + ([] if params["force_dead_letter"] else [params]))
         return watched
 
     def _count(self, group_id: int, watched: dict, acked: Counter) -> dict[int, tuple[int, str | None]]:
         """The answers of each watched topic counted for its breaker, last in the answer's
-        transaction (after the group's row: lock order): its acks that applied (``acked``, by topic
-        id: a late ack after its lease ended was counted as that lease's failure, and changed
-        nothing) and its failures; topic id -> (failures counted, the breaker's state)."""
+        transaction (after the group's row: lock order): its acks and failures that applied
+        (``acked`` by topic id, each plan's ``applied_errors``: a late answer after its lease ended
+        changed nothing, and that lease's end counted its failure); topic id -> (failures counted,
+        the breaker's state)."""
         return {
-            topic_id: breaking.count_answers(self.conn, config, topic_id, group_id, acked[topic_id], errors)
-            for topic_id, (config, errors) in sorted(watched.items())
+            topic_id: breaking.count_answers(
+                self.conn, config, topic_id, group_id, acked[topic_id], [p["applied_errors"] for p in failing]
+            )
+            for topic_id, (config, failing) in sorted(watched.items())
         }
 
     def _evaluate(self, group_id: int, watched: dict, counted: dict) -> None:
@@ -351,19 +352,27 @@ class Consumer(Role):
 
     def _apply_failures(self, plans: list) -> tuple[int, int]:
         """(retried, dead-lettered) by ``plans``, in the caller's transaction; a parked failure
-        (its breaker open) counts as retried."""
+        (its breaker open) counts as retried. Each plan gets ``applied_errors``: its ``errors``
+        of the receipts that moved a delivery (all of them unless some were stale)."""
         retried = dead = 0
         for params in plans:
-            done = 0  # a statement that can move nothing is not sent: a round trip each
+            done, moved = 0, []  # a statement that can move nothing is not sent: a round trip each
             if not params["force_dead_letter"]:
-                done = self.conn.execute(S.FAIL_RETRY, params, prepare=False).fetchone()[0]
+                done, moved = self.conn.execute(S.FAIL_RETRY, params, prepare=False).fetchone()
                 if (
                     done < params["receipt_count"]
                 ):  # some not retried: parked (breaker open), out of retries, stale
-                    done += self.conn.execute(S.FAIL_PARK, params, prepare=False).fetchone()[0]
+                    parked, ids = self.conn.execute(S.FAIL_PARK, params, prepare=False).fetchone()
+                    done, moved = done + parked, moved + ids
                 retried += done
+            params["applied_errors"] = params["errors"]
             if done < params["receipt_count"]:  # some receipt not retried: out of retries, or stale
-                dead += sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
+                for _, _, n, ids in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False):
+                    dead, moved = dead + n, moved + ids
+                if len(moved) < params["receipt_count"]:  # stale receipts: their failures count nowhere
+                    errors = orjson.loads(params["errors"])
+                    applied = {i: errors[str(i)] for i in moved}
+                    params["applied_errors"] = orjson.dumps(applied, option=orjson.OPT_NON_STR_KEYS).decode()
         return retried, dead
 
     def settle(

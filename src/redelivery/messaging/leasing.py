@@ -213,7 +213,7 @@ class Receiver(Role):
 
         def dead_letter() -> None:
             with self.conn.transaction():
-                dead = sum(n for _, _, n in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
+                dead = sum(row[2] for row in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False))
                 catalog.add_group_totals(self.conn, dead_lettered={group_id: dead})
 
         db.retry_lock_conflicts(dead_letter)

@@ -145,8 +145,8 @@ def _moved(failed_at: str, failure: FailureSql, attempts: str) -> str:
 # Copies the rows of the CTE "moved" into dlq_messages with their message from the log, inside the
 # database (payloads never leave it); the statement returns (group_id, reason, count). A message
 # missing from the log leaves the body NULL, which the DLQ table refuses: the transaction fails
-# instead of losing the dead letter.
-_DLQ_COPY = """inserted AS (
+# instead of losing the dead letter. _DLQ_INSERT is the CTE alone, for a statement of other returns.
+_DLQ_INSERT = """inserted AS (
     INSERT INTO dlq_messages (dlq_id, group_id, message_id, topic_id, origin_message_id, key, body,
                               content_type, properties, published_at, reason, last_error, delivery_count,
                               reconsume_times, first_failure_at, last_failure_at, dead_lettered_at, attempts,
@@ -160,7 +160,8 @@ _DLQ_COPY = """inserted AS (
            error_signature(mv.error_class, mv.last_error, mv.error_frame)
     FROM moved mv LEFT JOIN messages m
       ON m.topic_id = mv.topic_id AND m.id = mv.message_id AND m.published_at = mv.published_at
-    RETURNING group_id, reason)
+    RETURNING group_id, reason, message_id)"""
+_DLQ_COPY = _DLQ_INSERT + """
 SELECT group_id, reason::text, count(*) FROM inserted GROUP BY 1, 2"""
 
 #: A tier window's candidates: due retries of its levels, and leases ended by the window end.

@@ -7,7 +7,7 @@ from psycopg import sql
 from redelivery.rules.leased_row import receive_select
 from redelivery.store.statements._shared import (
     _ANSWERS_RECEIPT,
-    _DLQ_COPY,
+    _DLQ_INSERT,
     _IS_INFLIGHT,
     _RECEIPT_FAILURE,
     _RECEIPT_MATCHES,
@@ -431,6 +431,7 @@ ADD_GROUP_TOTALS = _named("ADD_GROUP_TOTALS", """
 #: waiting again as the retry it would have been (its level, its wait), but its reconsume times
 #: unchanged, ``parked`` in its history, never dead-lettered. The tiers promote it once the breaker
 #: is no longer open. Not for a reject: a consumer's verdict on the message, not an attempt.
+#: Returns (how many, their message ids).
 FAIL_PARK = _named("FAIL_PARK", f"""
     WITH {POLICIES_CTE}, parked AS (
       UPDATE deliveries d SET state = 'WAITING_RETRY',
@@ -441,12 +442,12 @@ FAIL_PARK = _named("FAIL_PARK", f"""
           attempts = {_attempt(AT, "'parked'", _RECEIPT_FAILURE)}, updated_at = now()
       FROM policies p
       WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {parked(_RECEIPT_FAILURE)}
-      RETURNING 1)
-    SELECT count(*) FROM parked""")
+      RETURNING d.message_id)
+    SELECT count(*), coalesce(array_agg(message_id), '{{}}') FROM parked""")
 #: A failed delivery that may be retried: the retry's level and wait are ``level`` / ``delay``
 #: (seconds) when given, else the policy's next ones. ``force_dead_letter`` (reject, negative
 #: level) leaves every receipt to FAIL_DEAD_LETTER; ``outcome`` goes into the attempt history.
-#: A parked one is FAIL_PARK's.
+#: A parked one is FAIL_PARK's. Returns (how many, their message ids).
 FAIL_RETRY = _named("FAIL_RETRY", f"""
     WITH {POLICIES_CTE}, retried AS (
       UPDATE deliveries d SET state = 'WAITING_RETRY', reconsume_times = d.reconsume_times + 1,
@@ -458,17 +459,19 @@ FAIL_RETRY = _named("FAIL_RETRY", f"""
       FROM policies p
       WHERE {_RECEIPT_MATCHES} AND NOT %(force_dead_letter)s AND {CAN_RETRY}
         AND NOT {parked(_RECEIPT_FAILURE)}
-      RETURNING 1)
-    SELECT count(*) FROM retried""")
+      RETURNING d.message_id)
+    SELECT count(*), coalesce(array_agg(message_id), '{{}}') FROM retried""")
 #: The failed deliveries FAIL_RETRY left (retries used up, or forced): the delivery row goes, and
 #: its dead letter, with the failure, the history and the message, goes to the DLQ with ``reason``.
+#: Returns (group id, reason, how many, their message ids) per group and reason.
 FAIL_DEAD_LETTER = _named("FAIL_DEAD_LETTER", f"""
     WITH {POLICIES_CTE}, moved AS (
       DELETE FROM deliveries d USING policies p
       WHERE {_RECEIPT_MATCHES}
         AND (%(force_dead_letter)s OR (NOT {CAN_RETRY} AND NOT {parked(_RECEIPT_FAILURE)}))
       {_moved(AT, _RECEIPT_FAILURE, _attempt(AT, "%(outcome)s::text", _RECEIPT_FAILURE))}),
-    {_DLQ_COPY}""")
+    {_DLQ_INSERT}
+    SELECT group_id, reason::text, count(*), array_agg(message_id) FROM inserted GROUP BY 1, 2""")
 
 # ---- views ----------------------------------------------------------------------------------------
 
