@@ -45,8 +45,10 @@ demo: setup
 	@$(AIRFLOW_ENV) && $(PY) -m demo $(DEMO_ARGS)
 
 # Two pytest-xdist workers: the suite waits on servers half the time (tests/conftest.py gives each
-# worker its own databases); one process against an external REDELIVERY_TEST_DATABASE_URL.
-PYTEST_WORKERS ?= $(if $(REDELIVERY_TEST_DATABASE_URL),0,2)
+# worker its own databases on the embedded server); one process against an external
+# REDELIVERY_TEST_DATABASE_URL, or a store of the user's (REDELIVERY_DATABASE_URL: its Airflow
+# metadata database is the user's too, one for both workers).
+PYTEST_WORKERS ?= $(if $(REDELIVERY_TEST_DATABASE_URL)$(REDELIVERY_DATABASE_URL),0,2)
 test: setup lint
 	@$(AIRFLOW_ENV) && $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 

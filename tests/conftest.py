@@ -82,6 +82,7 @@ def pytest_sessionfinish(session):
         prune_uv_cache()
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) knows no such hook
 def pytest_xdist_make_scheduler(config, log):
     """A module's tests in one worker (a package's, for ``SHARED_PACKAGES``): xdist's own
     ``loadgroup`` marks no longer group with pytest 9 (it rewrites ``item._nodeid``; pytest 9 reads
@@ -120,7 +121,7 @@ def worker_databases() -> None:
     from harness.local_airflow import fresh_metadata_db
     from redelivery.store import embedded
 
-    if WORKER and own("airflow") in os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]:
+    if WORKER and own("airflow") in os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", ""):
         embedded.ensure_running(("redelivery", "airflow"))
         fresh_metadata_db(own("airflow"), dict(os.environ))
 

@@ -244,7 +244,8 @@ def _wait_for_second_migrator(url: str) -> None:
         url,
         f"application_name = '{MIGRATOR}' AND state = 'idle' AND query = 'COMMIT' AND backend_xmin IS NULL"
         " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-        f" AND l.objid = {MIGRATION_LOCK} AND l.pid <> pg_stat_activity.pid)",
+        f" AND l.objid = {MIGRATION_LOCK} AND l.pid <> pg_stat_activity.pid"  # of this database, not
+        "   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))",  # a worker's
         "a second migration session waiting for the migration lock between transactions",
     )
 
