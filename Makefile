@@ -27,7 +27,10 @@ setup: $(VENV)/.installed $(CHROMIUM)
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet uv==0.13.8
-	$(UV) pip sync --python $(PY) requirements.txt
+	# the bytecode now, once (about 20 s): where PYTHONDONTWRITEBYTECODE is set, as on this project's
+	# machines, every process would otherwise compile what it imports, each time (Airflow's import
+	# 4.5 s instead of 2.4 s, in every component, task and CLI call)
+	$(UV) pip sync --python $(PY) --compile-bytecode requirements.txt
 	$(UV) pip install --python $(PY) --no-deps -e .
 	# PyPI has PySpark only as a source archive: every online install keeps a new ~2 GB build of it
 	# in uv's cache, and nothing removes the older ones; a run of CI filled the disk that way
