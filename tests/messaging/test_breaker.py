@@ -224,6 +224,20 @@ def test_a_late_failure_after_its_lease_ended_counts_no_second_failure(client, t
     assert counted == (0, 4)  # the 3 ended leases and the on-time nack; a reject counts no failure
 
 
+def test_a_late_failure_counts_when_the_rule_counts_no_ended_lease(client, topic_group, database_url):
+    """A rule that counts only ``ConnectionError``: an ended lease counts nothing, so the late nack
+    of that delivery is the one failure the breaker hears of, and counts."""
+    breaker = {**BREAKER, "min_attempts": 100, "include": ["ConnectionError"]}
+    config = configured(client, {**POLICY, "max_reconsume_times": 3, "breaker": breaker})
+    client.publish("orders", [{"n": i} for i in range(2)])
+    late = client.receive("billing", "orders", 2, 1)
+    time.sleep(1.1)
+    assert tier(database_url, config, "ended")["retried_after_lease_expiry"] == 2  # not counted
+    assert client.nack("billing", late, error=DOWN) == 0  # stale: changes nothing
+    counted = client.conn.execute("SELECT sum(succeeded), sum(failed) FROM breaker_outcomes").fetchone()
+    assert counted == (0, 2)
+
+
 def test_a_failed_probe_opens_it_for_twice_as_long_then_holds_it(client, topic_group, caplog):
     configured(client, POLICY)
     client.publish("orders", [{"n": i} for i in range(10)])

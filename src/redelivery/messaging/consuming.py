@@ -28,7 +28,8 @@ from redelivery.messaging.receipts import (
     receipts_of,
     retry_mode,
 )
-from redelivery.rules.failures import describe
+from redelivery.rules.breaker import counts
+from redelivery.rules.failures import LEASE_EXPIRED_CLASS, describe
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
 
@@ -282,16 +283,20 @@ class Consumer(Role):
 
     def _count(self, group_id: int, watched: dict, acked: Counter) -> dict[int, tuple[int, str | None]]:
         """The answers of each watched topic counted for its breaker, last in the answer's
-        transaction (after the group's row: lock order): its acks and failures that applied
-        (``acked`` by topic id, each plan's ``applied_errors``: a late answer after its lease ended
-        changed nothing, and that lease's end counted its failure); topic id -> (failures counted,
-        the breaker's state)."""
-        return {
-            topic_id: breaking.count_answers(
-                self.conn, config, topic_id, group_id, acked[topic_id], [p["applied_errors"] for p in failing]
+        transaction (after the group's row: lock order): its acks that applied (``acked`` by topic
+        id: a late ack after its lease ended changed nothing) and its failures, of the receipts that
+        applied when the breaker's rule counts an ended lease (that lease's end counted the late
+        failure's delivery once), else all of them (the late failure is the one the breaker hears
+        of); topic id -> (failures counted, the breaker's state)."""
+        found = {}
+        for topic_id, (config, failing) in sorted(watched.items()):
+            rule = {"include": config.include, "exclude": config.exclude}
+            key = "applied_errors" if counts(rule, LEASE_EXPIRED_CLASS, None) else "errors"
+            errors = [plan[key] for plan in failing]
+            found[topic_id] = breaking.count_answers(
+                self.conn, config, topic_id, group_id, acked[topic_id], errors
             )
-            for topic_id, (config, failing) in sorted(watched.items())
-        }
+        return found
 
     def _evaluate(self, group_id: int, watched: dict, counted: dict) -> None:
         """After the answer committed: each watched breaker takes its next state when, closed, the

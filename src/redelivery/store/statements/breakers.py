@@ -41,8 +41,8 @@ LOCK_BREAKER = _named("LOCK_BREAKER", f"""
 #: "class", "frame"} or null}``) as a failure.
 _ENTRY = FailureSql(*(f"(e.value ->> '{k}')" for k in ("error", "class", "frame")))
 #: In an answer's transaction, last: ``succeeded`` acks and the failures of ``errors`` (a JSON array
-#: of ``error_lookup`` objects) that count under ``rule`` (every entry is a failure the consumer saw,
-#: a late one too) added to the subscription's answers of this second, in the row of the backend's
+#: of ``error_lookup`` objects) that count under ``rule`` (the caller leaves out a late failure's
+#: entry when the rule counts the ended lease it came after: ``Consuming._count``) added to the subscription's answers of this second, in the row of the backend's
 #: shard (pid modulo 4: concurrent answers of a group rarely wait on one row); none while the
 #: breaker is open, so that half-open counts its probes from its first second. Returns (counted
 #: failures, the breaker's state as this transaction sees it, an open one past its open time
