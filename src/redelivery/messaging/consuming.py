@@ -374,7 +374,7 @@ class Consumer(Role):
             if done < params["receipt_count"]:  # some receipt not retried: out of retries, or stale
                 for _, _, n, ids in self.conn.execute(S.FAIL_DEAD_LETTER, params, prepare=False):
                     dead, moved = dead + n, moved + ids
-                if len(moved) < params["receipt_count"]:  # stale receipts: their failures count nowhere
+                if len(moved) < params["receipt_count"]:  # stale receipts: their failures moved nothing
                     errors = orjson.loads(params["errors"])
                     applied = {i: errors[str(i)] for i in moved}
                     params["applied_errors"] = orjson.dumps(applied, option=orjson.OPT_NON_STR_KEYS).decode()

@@ -42,8 +42,9 @@ LOCK_BREAKER = _named("LOCK_BREAKER", f"""
 _ENTRY = FailureSql(*(f"(e.value ->> '{k}')" for k in ("error", "class", "frame")))
 #: In an answer's transaction, last: ``succeeded`` acks and the failures of ``errors`` (a JSON array
 #: of ``error_lookup`` objects) that count under ``rule`` (the caller leaves out a late failure's
-#: entry when the rule counts the ended lease it came after: ``Consuming._count``) added to the subscription's answers of this second, in the row of the backend's
-#: shard (pid modulo 4: concurrent answers of a group rarely wait on one row); none while the
+#: entry when the rule counts the ended lease it came after: ``Consumer._count``) added to the
+#: subscription's answers of this second, in the row of the backend's shard (pid modulo 4:
+#: concurrent answers of a group rarely wait on one row); none while the
 #: breaker is open, so that half-open counts its probes from its first second. Returns (counted
 #: failures, the breaker's state as this transaction sees it, an open one past its open time
 #: 'half_open').
