@@ -2,10 +2,9 @@
 REDELIVERY_TEST_DATABASE_URL), a real local Spark session, and Airflow's environment.
 
 ``make test`` runs two pytest-xdist workers (``-n 2``, scheduled by ``pytest_xdist_make_scheduler``):
-each worker has a test
-database and an Airflow metadata database of its own (``own``), and a module's tests stay on one
-worker (a package's, where it shares a fixture: ``SHARED_PACKAGES``), so that a module's Airflow or
-Spark cluster starts once.
+each worker has a test database and an Airflow metadata database of its own (``own``), and a
+module's tests stay on one worker (a package's, where it shares a fixture: ``SHARED_PACKAGES``), so
+that a module's Airflow or Spark cluster starts once.
 
 Tests are marked by what they need, so that ``pytest -m "not db and not spark and not airflow and
 not browser"`` runs the pure ones without any server: ``db`` and ``spark`` are added here to every

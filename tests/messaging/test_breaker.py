@@ -189,53 +189,49 @@ def test_leases_that_end_count_so_a_hanging_dependency_opens_it_and_a_hung_probe
     assert state(client)["opened_total"] == 2 and state(client)["open_seconds"] == 2.0
 
 
+def leases_ended(client, database_url, breaker: dict, late: int, on_time: int) -> tuple[list, list]:
+    """``late + on_time`` messages published and received, the first ``late`` with a 1 s lease that
+    a tier window then ends (asserted), the others with a 60 s one: (late receipts, on-time ones)."""
+    config = configured(client, {**POLICY, "max_reconsume_times": 3, "breaker": breaker})
+    client.publish("orders", [{"n": i} for i in range(late + on_time)])
+    late_ones = client.receive("billing", "orders", late, 1)
+    on_time_ones = client.receive("billing", "orders", on_time, 60) if on_time else []
+    time.sleep(1.1)
+    assert tier(database_url, config, "ended")["retried_after_lease_expiry"] == late
+    return late_ones, on_time_ones
+
+
+def outcomes(client) -> tuple:
+    """(successes, failures) the breaker counted, in all."""
+    return client.conn.execute("SELECT sum(succeeded), sum(failed) FROM breaker_outcomes").fetchone()
+
+
 def test_a_late_ack_after_its_lease_ended_counts_no_success(client, topic_group, database_url):
     """A consumer whose own time-out outlasts its lease: the ended lease counted a failure, and its
     late ack, stale, applies nothing, so it counts nothing either (it counted a success, halving a
     hanging dependency's failure ratio)."""
-    config = configured(
-        client, {**POLICY, "max_reconsume_times": 3, "breaker": {**BREAKER, "min_attempts": 100}}
-    )
-    client.publish("orders", [{"n": i} for i in range(4)])
-    late = client.receive("billing", "orders", 3, 1)
-    on_time = client.receive("billing", "orders", 1, 60)
-    time.sleep(1.1)
-    assert tier(database_url, config, "ended")["retried_after_lease_expiry"] == 3  # 3 failures counted
+    late, on_time = leases_ended(client, database_url, {**BREAKER, "min_attempts": 100}, 3, 1)
     assert client.ack("billing", late + on_time) == 1
-    counted = client.conn.execute("SELECT sum(succeeded), sum(failed) FROM breaker_outcomes").fetchone()
-    assert counted == (1, 3)
+    assert outcomes(client) == (1, 3)
 
 
 def test_a_late_failure_after_its_lease_ended_counts_no_second_failure(client, topic_group, database_url):
     """The same consumer's late nack and reject: the ended lease counted the failure once; its late
     answers, stale, apply nothing, so they count nothing either (each counted a second failure,
     doubling a hanging dependency's failure ratio). An answer on time among them counts."""
-    config = configured(
-        client, {**POLICY, "max_reconsume_times": 3, "breaker": {**BREAKER, "min_attempts": 100}}
-    )
-    client.publish("orders", [{"n": i} for i in range(5)])
-    late = client.receive("billing", "orders", 3, 1)
-    on_time = client.receive("billing", "orders", 2, 60)
-    time.sleep(1.1)
-    assert tier(database_url, config, "ended")["retried_after_lease_expiry"] == 3  # 3 failures counted
+    late, on_time = leases_ended(client, database_url, {**BREAKER, "min_attempts": 100}, 3, 2)
     assert client.nack("billing", late[:2] + on_time[:1], error=DOWN) == 1  # retried: the on-time one
     assert client.reject("billing", late[2:] + on_time[1:], error=DOWN) == 1  # dead-lettered
-    counted = client.conn.execute("SELECT sum(succeeded), sum(failed) FROM breaker_outcomes").fetchone()
-    assert counted == (0, 4)  # the 3 ended leases and the on-time nack; a reject counts no failure
+    assert outcomes(client) == (0, 4)  # the 3 ended leases and the on-time nack; a reject counts no failure
 
 
 def test_a_late_failure_counts_when_the_rule_counts_no_ended_lease(client, topic_group, database_url):
     """A rule that counts only ``ConnectionError``: an ended lease counts nothing, so the late nack
     of that delivery is the one failure the breaker hears of, and counts."""
     breaker = {**BREAKER, "min_attempts": 100, "include": ["ConnectionError"]}
-    config = configured(client, {**POLICY, "max_reconsume_times": 3, "breaker": breaker})
-    client.publish("orders", [{"n": i} for i in range(2)])
-    late = client.receive("billing", "orders", 2, 1)
-    time.sleep(1.1)
-    assert tier(database_url, config, "ended")["retried_after_lease_expiry"] == 2  # not counted
+    late, _ = leases_ended(client, database_url, breaker, 2, 0)  # the ended leases: not counted
     assert client.nack("billing", late, error=DOWN) == 0  # stale: changes nothing
-    counted = client.conn.execute("SELECT sum(succeeded), sum(failed) FROM breaker_outcomes").fetchone()
-    assert counted == (0, 2)
+    assert outcomes(client) == (0, 2)
 
 
 def test_a_failed_probe_opens_it_for_twice_as_long_then_holds_it(client, topic_group, caplog):
