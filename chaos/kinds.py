@@ -10,6 +10,7 @@ KINDS = (
     "redrive: between two batches",
     "API publish: inside its transaction",
     "API publish: inside its one statement",
+    "API publish: inside its one round trip",
     "lost commit answer: publish",
     "lost commit answer: receive",
     "lost commit answer: ack",

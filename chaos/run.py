@@ -361,6 +361,7 @@ class Controller(KillPoints):
         "redrive_between_batches": 5,
         "publish_inside_transaction:small": 5,
         "publish_inside_transaction:copy": 5,
+        "publish_inside_transaction:one_trip": 5,
         "lost_commit:publish": 6,
         "lost_commit:receive": 6,
         "lost_commit:ack": 6,

@@ -1,7 +1,7 @@
 """The crash suite's worker processes: real publishers, consumers, tier runs and redrives, run
 through the public API exactly as a pipeline would, and killed by the controller (chaos/run.py).
 
-    python chaos/worker.py publish --batch B --count N [--first K] [--ago SECONDS]
+    python chaos/worker.py publish --batch B --count N [--first K] [--ago SECONDS] [--one-trip]
     python chaos/worker.py consume --group G --max N --lease S [--gate NAME --gate-at before|after] [--loop]
         [--wait SECONDS]
                                    [--extend]
@@ -77,6 +77,12 @@ def publish(args) -> None:
         from datetime import timedelta
 
         at = client.client.conn.execute("SELECT now()").fetchone()[0] - timedelta(seconds=args.ago)
+    if args.one_trip:  # as after a publish before: the log's partition of now is known (one round trip)
+        from redelivery.store import statements as S
+
+        conn = client.client.conn
+        now = conn.execute("SELECT now()").fetchone()[0]
+        client.client.publisher._partition = conn.execute(S.LOG_PARTITION_AT, {"at": now}).fetchone()[0]
     try:
         ids = client.publish(TOPIC, messages, batch_id=args.batch, at=at)
     except BatchExpiredError:  # published before, and already dropped by retention (recorded)
@@ -363,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--count", type=int, default=20)
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--ago", type=float, default=0, help="publish this many seconds in the past")
+    p.add_argument("--one-trip", action="store_true", help="the log's partition of now known: one round trip")
     p = roles.add_parser("consume")
     p.add_argument("--group", required=True)
     p.add_argument("--max", type=int, default=20)

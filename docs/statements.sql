@@ -888,6 +888,9 @@ WHERE coalesce(l.starts_at, '-infinity') <= coalesce(%(at)s::timestamptz, now())
 /* redelivery:LOCK_LOG_PARTITION_FOR_RETENTION */
 SELECT pg_advisory_lock(%(namespace)s, hashtext(%(partition_name)s));
 
+/* redelivery:LOCK_LOG_PARTITION_NAMED */
+SELECT pg_advisory_xact_lock_shared(%(namespace)s, hashtext(%(partition_name)s));
+
 /* redelivery:LOCK_ORDERED_SUBSCRIPTION */
 WITH gate AS MATERIALIZED (
   SELECT coalesce((
@@ -1264,26 +1267,34 @@ UPDATE publish_parts SET rows = %(rows)s
 WHERE batch_id = %(batch)s AND run_id = %(stage_run)s AND part = %(part)s;
 
 /* redelivery:PUBLISH_SMALL_BATCH */
-WITH numbered AS MATERIALIZED (
+WITH target AS MATERIALIZED (
+  SELECT EXISTS (SELECT 1 FROM topics t WHERE t.id = %(topic_id)s)
+         AND (SELECT l.partition_name FROM log_partitions l
+              WHERE coalesce(l.starts_at, '-infinity') <= coalesce(%(at)s::timestamptz, now()) AND l.ends_at > coalesce(%(at)s::timestamptz, now()))
+             = %(partition_name)s AS placed),
+numbered AS MATERIALIZED (
   SELECT nextval('message_ids') AS id, r.key, r.body, r.content_type, r.properties
   FROM unnest(%(keys)s::text[], %(bodies)b::bytea[], %(content_types)s::text[],
               %(properties)s::jsonb[]) WITH ORDINALITY AS r(key, body, content_type, properties, ord)
+  WHERE (SELECT placed FROM target)
   ORDER BY r.ord),
 claimed AS (
   INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at, first_id, last_id,
                                fingerprint)
   SELECT %(batch)s, %(topic_id)s, count(*), coalesce(%(at)s::timestamptz, now()), min(n.id), max(n.id),
          content_fingerprint(count(*), sum(message_hash(n.key, n.body, n.content_type, n.properties)))
-  FROM numbered n
+  FROM numbered n HAVING count(*) > 0
   ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id),
 written AS (
   INSERT INTO messages (id, topic_id, key, body, content_type, properties, published_at)
   SELECT n.id, %(topic_id)s, n.key, n.body, n.content_type, n.properties, coalesce(%(at)s::timestamptz, now())
   FROM numbered n WHERE EXISTS (SELECT 1 FROM claimed)
   RETURNING id)
-SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{}'),
-       EXISTS (SELECT 1 FROM receive_waiters v
-               WHERE v.topic_id = %(topic_id)s AND v.expires_at > now()) AS waited
+SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{}'), EXISTS (SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid = (-%(topic_id)s::int)::oid) AS waited,
+       coalesce((SELECT placed FROM target), false)
 FROM written w;
 
 /* redelivery:PUBLISH_STAGED */
@@ -2001,21 +2012,14 @@ SELECT id, name FROM topics;
 SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s));
 
 /* redelivery:WAITER_DONE */
-UPDATE receive_waiters SET expires_at = now()
-WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND backend_pid = pg_backend_pid();
-
-/* redelivery:WAITER_GONE */
-DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid();
+SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int);
 
 /* redelivery:WAITER_PRESENT */
-WITH swept AS (
-  DELETE FROM receive_waiters WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM receive_waiters
-    WHERE expires_at < now() - interval '1 minute' AND backend_pid <> pg_backend_pid()
-    FOR UPDATE SKIP LOCKED)))
-INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
-VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), now() + make_interval(secs => %(seconds)s))
-ON CONFLICT (topic_id, group_id, backend_pid) DO UPDATE SET expires_at = excluded.expires_at;
+SELECT pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int)
+WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid);
 
 /* redelivery:WAITING_BEYOND_LEVELS */
 SELECT delay_level, count(*) FROM deliveries

@@ -37,7 +37,6 @@ from redelivery.messaging.consuming import Consumer, Outcome
 from redelivery.messaging.context import ClientContext
 from redelivery.messaging.leasing import MAX_INVISIBLE_SECONDS, MIN_INVISIBLE_SECONDS, Receiver
 from redelivery.messaging.publishing import Publisher
-from redelivery.messaging.waiting import leave
 from redelivery.store import catalog, db
 
 #: ``dlq_list`` gives at most this many dead letters.
@@ -157,8 +156,7 @@ class Client:
         return select(self.conn, DlqFilter(group=group), limit=limit, with_body=True)
 
     def close(self) -> None:
-        """Close the connection; this client's consumers wait no more (``messaging.waiting.leave``)."""
-        leave(self.context)
+        """Close the connection (a consumer's waiter lock and LISTEN go with its session)."""
         self.conn.close()
 
     def __enter__(self) -> Client:

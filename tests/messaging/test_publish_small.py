@@ -1,5 +1,6 @@
 """A small batch is one statement (``publishing.SMALL_BATCH_MESSAGES``, issue 42): the same
-messages, ids, record and refusals as the COPY, in two round trips, its batch's row written once."""
+messages, ids, record and refusals as the COPY, in two round trips (one when the partition of the
+last publish still holds the time), its batch's row written once."""
 
 import threading
 import time
@@ -158,3 +159,62 @@ def test_the_sessions_encoding_and_string_settings_change_nothing_stored(client,
     assert [r[:4] for r in stored(client.conn, small)] == [r[:4] for r in stored(client.conn, copied)]
     assert stored(client.conn, small)[0][:2] == ("clé", b"\\x41\x00\xff")
     assert batch_record(client.conn, "odd-small") == batch_record(client.conn, "odd-copy")
+
+
+def partition_of(conn, ids):
+    return conn.execute(
+        "SELECT DISTINCT tableoid::regclass::text FROM messages WHERE id = ANY(%s)", (ids,)
+    ).fetchall()
+
+
+def test_a_small_publish_after_one_takes_one_round_trip_and_stores_the_same(client, topic_group, monkeypatch):
+    """The partition the last publish went into is the guess: the next small publish sends its
+    locks, its statement, its commit and its wake at once, without reading the log's partitions
+    first, and stores what the COPY stores."""
+    from redelivery.store import log
+
+    first = client.publish("orders", [{"n": 0}])
+    monkeypatch.setattr(log, "lock_partition_for_publish", lambda *a: pytest.fail("two round trips"))
+    small = client.publish("orders", MESSAGES, batch_id="one-trip")
+    monkeypatch.undo()
+    through_copy(monkeypatch)
+    copied = client.publish("orders", MESSAGES, batch_id="copied")
+    assert small == sorted(small) and small[0] > first[0]
+    assert [r[:4] for r in stored(client.conn, small)] == [r[:4] for r in stored(client.conn, copied)]
+    assert batch_record(client.conn, "one-trip") == batch_record(client.conn, "copied")
+    assert partition_of(client.conn, small) == partition_of(client.conn, first)
+
+
+def test_one_round_trip_repeats_and_conflicts_as_the_copy_does(client, topic_group):
+    client.publish("orders", [{"n": 0}])  # the guess
+    ids = client.publish("orders", MESSAGES, batch_id="b-2")
+    before = snapshot(client.conn)
+    assert client.publish("orders", MESSAGES, batch_id="b-2") == ids
+    with pytest.raises(BatchConflictError, match="other content"):
+        client.publish("orders", MESSAGES[:3], batch_id="b-2")
+    assert snapshot(client.conn) == before
+
+
+def test_a_stale_partition_guess_writes_nothing_and_the_publish_lands_where_its_time_is(
+    client, topic_group, monkeypatch
+):
+    """The guessed partition no longer holds the publish time (the span turned over; retention
+    dropped it): the one round trip writes nothing, not even an id's batch claim, and the publish
+    takes its two round trips into the partition of its time, which becomes the guess."""
+    from datetime import timedelta
+
+    from redelivery.store import log
+
+    first = client.publish("orders", [{"n": 0}])
+    right = client.publisher._partition
+    now = client.conn.execute("SELECT now()").fetchone()[0]
+    elsewhere = log.ensure_partition(client.conn, now + timedelta(days=400), 3600)
+    client.publisher._partition = elsewhere
+    looked = []
+    lock = log.lock_partition_for_publish
+    monkeypatch.setattr(log, "lock_partition_for_publish", lambda *a: looked.append(1) or lock(*a))
+    [mid] = client.publish("orders", [{"n": 1}], batch_id="after-stale", retry=False)
+    assert looked == [1] and client.publisher._partition == right
+    assert partition_of(client.conn, [mid]) == partition_of(client.conn, first)
+    assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 2
+    assert client.conn.execute("SELECT count(*) FROM publish_batches").fetchone()[0] == 2

@@ -43,7 +43,16 @@ class Waiter(threading.Thread):
 
 
 def present(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT count(*) FROM receive_waiters WHERE expires_at > now()").fetchone()[0]
+    """How many backends hold a waiter lock (migration 0023: classid 2^32 - topic id)."""
+    return conn.execute(
+        "SELECT count(*) FROM pg_locks"
+        " WHERE locktype = 'advisory' AND objsubid = 2 AND classid::text::bigint >= 2147483648"
+    ).fetchone()[0]
+
+
+def wait_on(conn: psycopg.Connection, topic_id: int, group_id: int) -> None:
+    """``conn``'s backend says it waits on the subscription, as ``WAITER_PRESENT`` does."""
+    conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (-topic_id, group_id))
 
 
 def until_present(conn: psycopg.Connection, n: int = 1) -> None:
@@ -58,7 +67,16 @@ def no_recheck(monkeypatch):
     monkeypatch.setattr(waiting, "RECHECK_SECONDS", NO_RECHECK)
 
 
-def test_a_waiting_receive_returns_when_a_message_is_published(client, topic_group, database_url, no_recheck):
+@pytest.mark.parametrize("round_trips", [2, 1])
+def test_a_waiting_receive_returns_when_a_message_is_published(
+    client, topic_group, database_url, no_recheck, round_trips
+):
+    """Either way of a small publish wakes the waiter: its wake after the commit (two round trips),
+    or the wake in its pipeline (one: the publisher's partition known from a publish before)."""
+    if round_trips == 1:
+        client.create_topic("elsewhere")
+        client.publish("elsewhere", [{"n": 0}])
+        assert client.publisher._partition is not None
     waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
     waiter.start()
     until_present(client.conn)
@@ -66,6 +84,26 @@ def test_a_waiting_receive_returns_when_a_message_is_published(client, topic_gro
     waiter.join(20)
     assert waiter.error is None and [m.message_id for m in waiter.got] == [mid]
     assert waiter.seconds < 10  # woken, not the wait's end (nor a re-check: patched away)
+
+
+def test_a_publish_that_knows_consumers_wait_wakes_them_in_its_own_round_trip(
+    client, topic_group, database_url, no_recheck, monkeypatch
+):
+    """A consumer waited on the topic at the last publish: the next one-round-trip publish sends
+    the wake in its pipeline, after its commit, not in a round trip of its own."""
+    from redelivery.messaging import publishing
+
+    for n in range(2):
+        waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
+        waiter.start()
+        until_present(client.conn)
+        if n == 1:  # the publish before saw a waiter: no wake after this one's round trip
+            monkeypatch.setattr(publishing, "wake", lambda *a: pytest.fail("a round trip of its own"))
+        [mid] = client.publish("orders", [{"n": n}])
+        waiter.join(20)
+        assert waiter.error is None and [m.message_id for m in waiter.got] == [mid]
+        assert waiter.seconds < 10  # woken, not the wait's end (nor a re-check: patched away)
+        assert client.publisher._waited == {client.context.topic_id("orders"): True}
 
 
 def test_a_promotion_and_a_redrive_wake_the_waiting_consumer(client, topic_group, database_url, no_recheck):
@@ -88,7 +126,7 @@ def test_a_promotion_and_a_redrive_wake_the_waiting_consumer(client, topic_group
 
 
 def test_nobody_waiting_means_no_notification(client, topic_group, database_url):
-    """A publish notifies only while a consumer's row says it waits: a commit that notifies takes a
+    """A publish notifies only while a consumer holds its waiter lock: a commit that notifies takes a
     lock of the whole cluster."""
     topic_id = client.conn.execute("SELECT id FROM topics WHERE name = 'orders'").fetchone()[0]
     group_id = client.conn.execute("SELECT id FROM consumer_groups WHERE name = 'billing'").fetchone()[0]
@@ -97,14 +135,13 @@ def test_nobody_waiting_means_no_notification(client, topic_group, database_url)
         listener.execute(f"LISTEN redelivery_wait_{pid}")
         client.publish("orders", [{"n": 1}])
         assert list(listener.notifies(timeout=0.5)) == []  # nobody waits: nothing sent
-        present = "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')"
-        client.conn.execute(present, (topic_id, group_id, pid))
+        wait_on(listener, topic_id, group_id)
         client.publish("orders", [{"n": 2}])
         [note] = listener.notifies(timeout=5, stop_after=1)
         assert note.channel == f"redelivery_wait_{pid}"
-        client.conn.execute("UPDATE receive_waiters SET expires_at = now() - interval '1 second'")
+        listener.execute("SELECT pg_advisory_unlock_shared(%s, %s)", (-topic_id, group_id))
         client.publish("orders", [{"n": 3}])
-        assert list(listener.notifies(timeout=0.5)) == []  # an expired row: nobody
+        assert list(listener.notifies(timeout=0.5)) == []  # its wait returned: nobody
 
 
 def test_a_message_wakes_one_waiter_of_each_group_not_the_herd(client, topic_group, database_url):
@@ -118,10 +155,7 @@ def test_a_message_wakes_one_waiter_of_each_group_not_the_herd(client, topic_gro
     try:
         for conn, group in zip(listeners, ["billing", "billing", "billing", "audit"], strict=True):
             conn.execute(f"LISTEN redelivery_wait_{conn.info.backend_pid}")
-            client.conn.execute(
-                "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')",
-                (topic_id, ids[group], conn.info.backend_pid),
-            )
+            wait_on(conn, topic_id, ids[group])
 
         def woken() -> list[int]:
             time.sleep(0.3)
@@ -138,14 +172,15 @@ def test_a_message_wakes_one_waiter_of_each_group_not_the_herd(client, topic_gro
 
 
 def test_a_missed_wake_up_costs_at_most_the_recheck(client, topic_group, database_url, monkeypatch):
-    """The waiter's row gone (as if the publish read the table before it was written): no
-    notification comes, and the waiter receives the message at its next re-check anyway."""
+    """The publisher's notification lost (as with a connection that broke after the commit): the
+    waiter receives the message at its next re-check anyway."""
+    from redelivery.messaging import publishing
+
     monkeypatch.setattr(waiting, "RECHECK_SECONDS", 0.5)
-    monkeypatch.setattr(waiting, "PRESENCE_SECONDS", 60.0)
     waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
     waiter.start()
     until_present(client.conn)
-    client.conn.execute("DELETE FROM receive_waiters")
+    monkeypatch.setattr(publishing, "wake", lambda conn, wanted: None)
     [mid] = client.publish("orders", [{"n": 1}])
     waiter.join(20)
     assert waiter.error is None and [m.message_id for m in waiter.got] == [mid] and waiter.seconds < 10
@@ -158,7 +193,7 @@ def test_an_empty_wait_returns_nothing_after_the_wait_and_a_closed_client_leaves
     waiter.start()
     waiter.join(20)
     assert waiter.error is None and waiter.got == [] and waiter.seconds >= 1.5
-    assert client.conn.execute("SELECT count(*) FROM receive_waiters").fetchone()[0] == 0  # closed: gone
+    assert present(client.conn) == 0  # the wait returned: its lock went
     deadline = time.monotonic() + 10  # its session, and with it its LISTEN, ends with the client
     while client.conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (waiter.pid,)
@@ -168,7 +203,7 @@ def test_an_empty_wait_returns_nothing_after_the_wait_and_a_closed_client_leaves
 
 
 def test_a_consumer_whose_wait_returned_is_not_woken(client, topic_group, database_url, no_recheck):
-    """Once a wait returns, its row says it waits no more (the next message wakes one that waits),
+    """Once a wait returns, its lock is released (the next message wakes one that waits),
     and its session listens no more (a listening session in a long transaction would hold every
     notification of the database in PostgreSQL's queue)."""
     with Client(database_url) as other:
@@ -191,10 +226,7 @@ def test_a_tier_run_wakes_only_the_groups_it_promoted_for(client, topic_group, d
     try:
         for group, conn in listeners.items():
             conn.execute(f"LISTEN redelivery_wait_{conn.info.backend_pid}")
-            client.conn.execute(
-                "INSERT INTO receive_waiters VALUES (%s, %s, %s, now() + interval '1 minute')",
-                (topic_id, ids[group], conn.info.backend_pid),
-            )
+            wait_on(conn, topic_id, ids[group])
         run_tier(TierRunRequest(tier="seconds", window_end=at(20), run_key="w"), url=database_url)
         time.sleep(0.3)
         woken = {group: len(list(conn.notifies(timeout=0.2))) for group, conn in listeners.items()}
@@ -294,3 +326,58 @@ def test_the_consumer_dags_drain_waits_for_the_next_message(client, topic_group,
     waiter.join(20)
     assert waiter.error is None and delivered == [mid] and waiter.got["acked"] == 1
     assert 3 <= waiter.seconds < 10  # the wait after it found nothing, then the end
+
+
+def test_a_wait_holds_one_share_of_its_lock_however_often_it_began(client, topic_group):
+    """A wait cut short before its release (the round trip lost) and a later wait on the same
+    session: the later release frees the subscription, not one share of two."""
+    from redelivery.store import statements as S
+
+    [ids] = client.conn.execute(
+        "SELECT t.id, g.id FROM topics t, consumer_groups g WHERE t.name = 'orders' AND g.name = 'billing'"
+    ).fetchall()
+    ids = dict(zip(("topic_id", "group_id"), ids, strict=True))
+    client.conn.execute(S.WAITER_PRESENT, ids)
+    client.conn.execute(S.WAITER_PRESENT, ids)
+    assert present(client.conn) == 1
+    assert client.conn.execute(S.WAITER_DONE, ids).fetchone()[0] is True
+    assert present(client.conn) == 0
+
+
+def test_a_woken_receive_asks_nothing_more_of_its_topic(client, topic_group, database_url, no_recheck):
+    """An empty receive asks whether its topic was made again elsewhere (a statement); one that
+    waits asks at its re-checks only: not before its wait, nor when a notification (sent for this
+    topic) woke it."""
+    asked = []
+
+    def receive(c):
+        real = c.context.topic_renamed
+        c.context.topic_renamed = lambda name: asked.append(name) or real(name)
+        return c.receive("billing", "orders", 10, 30, wait_seconds=15)
+
+    waiter = Waiter(database_url, receive)
+    waiter.start()
+    until_present(client.conn)
+    client.publish("orders", [{"n": 0}, {"n": 1}])
+    waiter.join(20)
+    assert waiter.error is None and len(waiter.got) == 2 and waiter.seconds < 10
+    assert asked == []  # no re-check came: patched away
+
+
+def test_a_wait_on_a_topic_made_again_elsewhere_finds_it_at_a_recheck(
+    client, topic_group, database_url, monkeypatch
+):
+    """The topic deleted and made again by another process while a consumer waits on its old id: no
+    notification reaches it (the publish wakes the new topic's waiters), and its next re-check asks
+    for the topic again and receives the new topic's message."""
+    monkeypatch.setattr(waiting, "RECHECK_SECONDS", 0.3)
+    waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=15))
+    waiter.start()
+    until_present(client.conn)
+    with Client(database_url) as admin:
+        admin.delete_topic("orders")
+        admin.create_topic("orders")
+        admin.subscribe("billing", "orders")
+        [mid] = admin.publish("orders", [{"n": 1}])
+    waiter.join(20)
+    assert waiter.error is None and [m.message_id for m in waiter.got] == [mid] and waiter.seconds < 10

@@ -84,13 +84,23 @@ class Receiver(Role):
         ``UnknownGroupError``, ``UnknownTopicError``, ``NotSubscribedError``, ``ValueError``
         (max_messages < 1, a lease or a wait out of range), what ``check_at`` raises for a bad
         ``at``."""
-        wait = check_wait(wait_seconds, self.conn)
+        wait = check_wait(wait_seconds, self.conn)  # a wait asks at its first re-check
+        return self._receive(group, topic, max_messages, invisible_duration, at, wait, recheck=not wait)
+
+    def _receive(
+        self, group: str, topic: str, max_messages, invisible_duration, at, wait: float, recheck: bool
+    ) -> list[ReceivedMessage]:
+        """``receive`` of checked arguments. ``recheck``: when nothing was leased, ask whether the
+        topic was made again elsewhere or the subscription with the other ordering (two statements
+        an empty receive costs): a receive that waits asks at each re-check of its wait (at least
+        every ``waiting.RECHECK_SECONDS``), not before it waits nor when woken (a notification is
+        sent for the topic and subscription it waits on)."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy, table = self.context.policy(topic_id, group_id, topic, group)  # NotSubscribedError
 
-        rows = self._leased(params)
-        if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
-            return self.receive(group, topic, max_messages, invisible_duration, at, wait_seconds)
+        rows = self._leased(params, recheck)
+        if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere: its new id
+            return self._receive(group, topic, max_messages, invisible_duration, at, wait, recheck)
         out, bad = _decode_received(rows, group, topic, policy.retry_name)
         if bad:
             try:
@@ -101,8 +111,8 @@ class Receiver(Role):
                     len(bad), group, exc,
                 )  # fmt: skip
         if not out and wait:  # nothing (or nothing decodable): wait for the next
-            return wait_for(self.context, topic_id, group_id, wait, lambda: self.receive(
-                group, topic, max_messages, invisible_duration, at
+            return wait_for(self.context, topic_id, group_id, wait, lambda again: self._receive(
+                group, topic, max_messages, invisible_duration, at, 0, again
             ))  # fmt: skip
         return out
 
@@ -120,16 +130,22 @@ class Receiver(Role):
         and ``invisible_until`` besides), bodies not decoded (``body``: the text of a JSON or text
         body; ``body_binary``: the bytes of a binary one), ``properties`` a list of (name, value).
         Committed before this returns; same arguments and errors as ``receive``."""
-        wait = check_wait(wait_seconds, self.conn)
+        wait = check_wait(wait_seconds, self.conn)  # a wait asks at its first re-check
+        return self._lease_rows(group, topic, max_messages, invisible_duration, at, wait, recheck=not wait)
+
+    def _lease_rows(
+        self, group: str, topic: str, max_messages, invisible_duration, at, wait: float, recheck: bool
+    ) -> list[dict]:
+        """``lease_rows`` of checked arguments; ``recheck`` as ``_receive``'s."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy = self.context.effective_policy(topic_id, group_id, topic, group)
 
-        rows = self._leased(params)
-        if not rows and self.context.topic_renamed(topic):  # made again elsewhere: ask under its new id
-            return self.lease_rows(group, topic, max_messages, invisible_duration, at, wait_seconds)
+        rows = self._leased(params, recheck)
+        if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere: its new id
+            return self._lease_rows(group, topic, max_messages, invisible_duration, at, wait, recheck)
         if not rows and wait:
-            return wait_for(self.context, topic_id, group_id, wait, lambda: self.lease_rows(
-                group, topic, max_messages, invisible_duration, at
+            return wait_for(self.context, topic_id, group_id, wait, lambda again: self._lease_rows(
+                group, topic, max_messages, invisible_duration, at, 0, again
             ))  # fmt: skip
         leased = []
         for row in rows:
@@ -165,7 +181,7 @@ class Receiver(Role):
         }
         return group_id, topic_id, params
 
-    def _leased(self, params: dict) -> list[tuple]:
+    def _leased(self, params: dict, recheck: bool = True) -> list[tuple]:
         """The rows ``RECEIVE`` leased, as tuples of ``RECEIVE_COLUMNS``. One statement outside any
         transaction of ours: it commits before its answer arrives (psycopg returns once PostgreSQL
         reported the statement's transaction ended), so the delivery counts are persisted before a
@@ -173,7 +189,8 @@ class Receiver(Role):
         the rows travel and are decoded. Results in PostgreSQL's binary format: bodies arrive as
         their bytes, not as hex text. A deadlock victim (a topic being deleted) runs again. An
         ordered subscription's: ``messaging.ordered.lease_ordered``, committed before the rows
-        return too."""
+        return too. Nothing leased and ``recheck``: the subscription's ordering is asked again by
+        the next lease (it may have been made again with the other)."""
         key = (params["topic_id"], params["group_id"])
 
         def lease() -> list[tuple]:
@@ -186,7 +203,7 @@ class Receiver(Role):
             )
         else:
             rows = db.retry_lock_conflicts(lease)
-        if not rows:  # the subscription may have been made again with the other ordering
+        if not rows and recheck:  # the subscription may have been made again with the other ordering
             self.context.ordered.pop(key, None)
         return rows
 

@@ -4,6 +4,7 @@ ready-backlog cap)."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +39,7 @@ from redelivery.store.log import LOG_SCHEMA
 #: The errors PostgreSQL raises for a row a COPY refuses (an encoding, a bad JSON text or object, a
 #: check constraint): the message is malformed, nothing was written.
 ROW_REFUSALS = (psycopg.errors.DataError, psycopg.errors.CheckViolation)
+logger = logging.getLogger(__name__)
 
 
 class NeedPartition(Exception):
@@ -57,7 +59,7 @@ class UseCopy(Exception):
 
 MAX_BATCH_ID_LENGTH = 200
 #: A publish of at most this many messages, and bytes of bodies, is one statement
-#: (PUBLISH_SMALL_BATCH: two round trips, no Arrow) rather than a COPY (twelve round trips, and
+#: (PUBLISH_SMALL_BATCH: one or two round trips, no Arrow) rather than a COPY (twelve round trips, and
 #: Arrow's encoding): a one-message publish took 5.8 ms through the COPY, most of a waiting
 #: consumer's publish-to-handler latency (issue 42, docs/performance.md). Its columns go as array
 #: parameters (the bodies in binary), held in memory at once: larger batches are the COPY's.
@@ -210,6 +212,12 @@ class Publisher(Role):
         super().__init__(context)
         self._sleep = time.sleep  # the producer retry's sleep (tests replace it)
         self.publish_waits: list[float] = []
+        #: The log's partition the last publish at the database's time went into: the guess that
+        #: lets the next small publish take one round trip (``_publish_in_one_trip``).
+        self._partition: str | None = None
+        #: {topic id: whether a consumer waited on it at the last publish}: the one round trip
+        #: wakes them in its pipeline then (a statement that costs a publish with nobody waiting).
+        self._waited: dict[int, bool] = {}
 
     def publish(
         self,
@@ -335,6 +343,11 @@ class Publisher(Role):
         keys, bodies, content_types, properties = columns
         statement = {"topic_id": topic_id, "batch": batch_id, "at": at, "keys": keys, "bodies": bodies,
                      "content_types": content_types, "properties": properties}  # fmt: skip
+        if at is None and self._partition is not None and not self._backlog_caps(topic_id):
+            ids = self._publish_in_one_trip(topic_id, {**statement, "partition_name": self._partition})
+            if ids is not None:
+                return ids
+            self._partition = None  # a new partition holds the time now: learnt below
         conn = self.conn
         # BEGIN and COMMIT by hand: psycopg's transaction() syncs the pipeline at each of its edges
         try:
@@ -350,9 +363,9 @@ class Publisher(Role):
                     raise UseCopy("a ready-backlog cap would be passed") from None
                 if partition is None:  # the COPY path claims the batch id before it makes one
                     raise UseCopy(f"no partition of the log holds {published_at.isoformat()} yet")
-                published = conn.execute(S.PUBLISH_SMALL_BATCH, statement)
+                published = conn.execute(S.PUBLISH_SMALL_BATCH, {**statement, "partition_name": partition})
                 conn.execute("COMMIT")  # skipped after an error in the pipeline
-                written, ids, waited = published.fetchone()  # the second round trip
+                written, ids, waited, _ = published.fetchone()  # the second round trip
         except BaseException as error:
             if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
                 conn.execute("ROLLBACK")
@@ -361,8 +374,57 @@ class Publisher(Role):
             raise
         if not written:  # nothing was written: the batch id was published before
             raise UseCopy(f"batch {batch_id!r} was published before")
+        if at is None:
+            self._partition = partition
+        self._waited[topic_id] = waited
         if waited:  # committed: the waiting consumers may receive them now
             wake(conn, [(topic_id, None, len(ids))])
+        return ids
+
+    def _publish_in_one_trip(self, topic_id: int, statement: dict) -> list[int] | None:
+        """A small batch at the database's time in one round trip, when the publish before went into
+        ``statement["partition_name"]`` (a pipeline: the begin, the topic's publish lock, that
+        partition's retirement lock, PUBLISH_SMALL_BATCH, the commit, and, when a consumer waited on
+        the topic at the last publish, the wake of its waiting consumers in a transaction of its own
+        after the commit; otherwise the wake is a round trip after it, only if one waits now). The
+        ids; None, with nothing written, when that partition no longer holds the publish time.
+        Raises ``UnknownTopicError`` (nothing written), ``UseCopy`` (nothing written: the batch id
+        was published before, or PostgreSQL refused a message), and what the connection raises."""
+        conn = self.conn
+        count = len(statement["bodies"])
+        lock = {"namespace": log.RETIRE_LOCK, "partition_name": statement["partition_name"]}
+        wanted = {"topic_ids": [topic_id], "group_ids": [None], "counts": [count]}
+        woken = self._waited.get(topic_id, False)
+        result = None
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                topic = conn.execute(S.LOCK_TOPIC_FOR_PUBLISH, {"topic_id": topic_id})
+                conn.execute(S.LOCK_LOG_PARTITION_NAMED, lock)
+                published = conn.execute(S.PUBLISH_SMALL_BATCH, statement)
+                conn.execute("COMMIT")  # skipped, as the wake is, after an error in the pipeline
+                if woken:
+                    conn.execute(S.NOTIFY_WAITERS, wanted)
+                result = published.fetchone()  # the one round trip
+        except BaseException as error:
+            if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+            if result is not None and isinstance(error, psycopg.Error):  # the wake failed, after the commit
+                logger.warning("waiting consumers not woken (%s): they receive again within a second", error)
+            elif isinstance(error, ROW_REFUSALS):  # the COPY's error names the message
+                raise UseCopy(f"PostgreSQL refused a message: {error.diag.message_primary}") from None
+            else:
+                raise
+        written, ids, waited, placed = result
+        if topic.fetchone() is None:
+            raise UnknownTopicError(f"the topic (id {topic_id}) was deleted")
+        if not placed:
+            return None
+        if not written:  # the batch id was published before
+            raise UseCopy(f"batch {statement['batch']!r} was published before")
+        self._waited[topic_id] = waited
+        if waited and not woken:  # committed: the waiting consumers may receive them now
+            wake(conn, [(topic_id, None, count)])
         return ids
 
     def _backlog_caps(self, topic_id: int) -> dict[int, EffectivePolicy]:

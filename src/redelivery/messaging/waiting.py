@@ -4,19 +4,19 @@ is receivable for its group, or empty after the wait, as SQS's ``WaitTimeSeconds
 milliseconds.
 
 The consumer LISTENs on a channel of its connection's own (``redelivery_wait_<backend pid>``;
-autocommit: a LISTEN takes effect at once, and the receives run between waits) and keeps a row in
-``receive_waiters`` per topic and group while it waits; both end with the wait. A publish, a tier
-run and a redrive that made n messages receivable (and, in the database, the delete that ends n
-heads of an ordered group's keys: migration 0018's trigger) notify up to n of each group's
-backends, chosen at random, after their commit, and only when such a row has not expired
-(``NOTIFY_WAITERS``; a publish learns it from the statement that records its batch): a notifying
-commit takes a lock of the whole cluster, and nobody waiting must cost a publish nothing; and a
-message wakes one consumer, not a herd of every waiter that would all run a receive for it (16
-consumers: 16 receives a message). A wake-up can still be missed (a publish that read the table
-just before the row was written, a notification lost with a connection): the consumer receives
-again at least every ``RECHECK_SECONDS`` while it waits. What a wait leaves behind: nothing; a
-consumer that died waiting, its row until it expires (``PRESENCE_SECONDS`` past the wait; the next
-waiter deletes it a minute later); its LISTEN went with its session.
+autocommit: a LISTEN takes effect at once, and the receives run between waits) and holds its
+subscription's waiter lock while it waits (a session advisory lock, shared: ``WAITER_PRESENT``,
+migration 0023); both end with the wait. A publish, a tier run and a redrive that made n messages
+receivable (and, in the database, the delete that ends n heads of an ordered group's keys:
+migration 0018's trigger) notify up to n of each group's backends that hold the lock, chosen at
+random, after their commit, and only when one holds it (``NOTIFY_WAITERS``; a publish learns it
+from the statement that records its batch): a notifying commit takes a lock of the whole cluster,
+and nobody waiting must cost a publish nothing; and a message wakes one consumer, not a herd of
+every waiter that would all run a receive for it (16 consumers: 16 receives a message). A wake-up
+can still be missed (a notification lost with a connection): the consumer receives again at least
+every ``RECHECK_SECONDS`` while it waits. What a wait leaves behind: nothing, and no tuple while it
+waits (a row per wait was two dead versions a transaction holding the xmin horizon kept); a
+consumer that dies waiting, nothing either: its lock and its LISTEN go with its session.
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ MAX_WAIT_SECONDS = 20
 #: A waiting consumer receives again at least this often, seconds, whether or not it was woken: a
 #: missed wake-up costs at most this much.
 RECHECK_SECONDS = 1.0
-#: How long past its wait a consumer's row stays when the consumer dies waiting, seconds (its
-#: wait's end writes it off at once).
-PRESENCE_SECONDS = 30.0
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
@@ -62,44 +59,51 @@ def channel(backend_pid: int) -> str:
 
 
 def wait_for(
-    context, topic_id: int, group_id: int, wait_seconds: float, once: Callable[[], list[_T]]
+    context, topic_id: int, group_id: int, wait_seconds: float, once: Callable[[bool], list[_T]]
 ) -> list[_T]:
-    """After a receive that got nothing: ``once()`` (the receive again) until it returns something
-    or ``wait_seconds`` passed, each time this backend is notified and at least every
-    ``RECHECK_SECONDS``. The first ``once()`` runs after this backend LISTENs and its row says it
-    waits, so whatever a commit made receivable before is seen by it, and whatever after wakes it;
-    once the wait returns, the row says it waits no more (a notifier picks only waiting backends).
-    ``context``: the client's (``messaging.context.ClientContext``), whose connection waits."""
+    """After a receive that got nothing: ``once(recheck)`` (the receive again) until it returns
+    something or ``wait_seconds`` passed, each time this backend is notified and at least every
+    ``RECHECK_SECONDS``. The first ``once`` runs after this backend LISTENs and holds the waiter
+    lock, so whatever a commit made receivable before is seen by it, and whatever after wakes it;
+    once the wait returns, the lock is released (a notifier picks only waiting backends).
+    ``recheck`` is True for a receive after a re-check's timeout only: the receive then asks
+    whether its topic and subscription are still the ones it waits on (a woken one does not: what
+    woke it was sent for them). ``context``: the client's
+    (``messaging.context.ClientContext``), whose connection waits."""
     conn = context.conn
     deadline = time.monotonic() + wait_seconds
     name = sql.Identifier(channel(_server_pid(context)))
     subscription = {"topic_id": topic_id, "group_id": group_id}
-    with conn.pipeline():  # one round trip: listening, then said to wait
-        conn.execute(sql.SQL("LISTEN {}").format(name))
-        conn.execute(S.WAITER_PRESENT, {**subscription, "seconds": wait_seconds + PRESENCE_SECONDS})
     try:
+        with conn.pipeline():  # one round trip, committed before the receive: listening, then waiting
+            conn.execute(sql.SQL("LISTEN {}").format(name))
+            conn.execute(S.WAITER_PRESENT, subscription)
+        recheck = False  # at the re-checks only
         while True:
             _drain(conn)  # what came before this receive: it will see that already
-            got = once()
+            got = once(recheck)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
+            recheck = True
             for _ in conn.notifies(timeout=min(remaining, RECHECK_SECONDS), stop_after=1):
+                recheck = False
                 break
     finally:
-        try:  # one round trip: written off, and listening no more (a listening session that later
-            # sits in a long transaction would hold every notification of the database in the queue)
+        try:  # one round trip: waiting and listening no more (a listening session that later sits in
+            # a long transaction would hold every notification of the database in the queue). A lock
+            # never taken (the first round trip failed) is refused with a warning, nothing more.
             with conn.pipeline():
                 conn.execute(S.WAITER_DONE, subscription)
                 conn.execute(sql.SQL("UNLISTEN {}").format(name))
-        except psycopg.Error:  # the connection broke: the row expires, the LISTEN went with it
+        except psycopg.Error:  # the connection broke: the lock and the LISTEN went with its session
             pass
 
 
 def _server_pid(context) -> int:
     """The server's pid of the client's session, asked once per connection (a reconnected client
-    asks again): a waiter's channel is named by it, as its rows are (``pg_backend_pid()``), not by
-    the pid the connection reported, which a pooler makes up."""
+    asks again): a waiter's channel is named by it, as the notifier finds it (``pg_locks.pid``),
+    not by the pid the connection reported, which a pooler makes up."""
     conn, pid = context.server_pid
     if conn is not context.conn:
         pid = context.conn.execute(S.BACKEND_PID).fetchone()[0]
@@ -133,13 +137,3 @@ def wake(conn: psycopg.Connection, wanted: Iterable[tuple[int, int | None, int]]
                 conn.execute(S.NOTIFY_WAITERS, params).fetchall()
     except psycopg.Error as exc:
         log.warning("waiting consumers not woken (%s): they receive again within %s s", exc, RECHECK_SECONDS)
-
-
-def leave(context) -> None:
-    """This client waits no more (it closes): its rows go (a wait writes its row off as it returns:
-    this is for one cut short)."""
-    if context.server_pid[0] is not None and not context.conn.closed:
-        try:
-            context.conn.execute(S.WAITER_GONE)
-        except psycopg.Error:  # the rows expire by themselves
-            pass

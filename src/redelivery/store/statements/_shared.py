@@ -23,6 +23,16 @@ def _named(name: str, text: str) -> str:
 #: The time of a client call: the caller's ``at`` or the database clock.
 AT = "coalesce(%(at)s::timestamptz, now())"
 
+#: A subscription's waiter lock (``WAITER_PRESENT``, migration 0023): the two-int advisory key
+#: (minus the topic id, the group id). redelivery's other two-int locks have positive namespaces.
+_WAITER_KEY = "-%(topic_id)s::int, %(group_id)s::int"
+#: Whether a backend of this database waits on a subscription of topic ``topic_id`` (holds one of
+#: its waiter locks: ``pg_locks`` shows the key as classid 2^32 - topic id, objid the group id).
+_TOPIC_WAITED = """EXISTS (SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND l.classid = (-%(topic_id)s::int)::oid)"""
+
 #: The policy of each subscription, one row each, from the parameters ``catalog.policy_table``
 #: builds: waits (seconds) and routing levels of retries 1..K as array literals, the Artemis
 #: collision-avoidance factor, max reconsume times (-1 unlimited), the DLQ and the ready-backlog cap.

@@ -129,6 +129,12 @@ LOCK_LOG_PARTITION_FOR_PUBLISH = _named("LOCK_LOG_PARTITION_FOR_PUBLISH", f"""
     SELECT l.partition_name, pg_advisory_xact_lock_shared(%(namespace)s, hashtext(l.partition_name))
     FROM log_partitions l
     WHERE coalesce(l.starts_at, '-infinity') <= {AT} AND l.ends_at > {AT}""")
+#: A publisher's share of the retirement lock of the partition named ``partition_name`` (its guess
+#: of the partition that holds the publish time), for its transaction, without reading the log's
+#: partitions: the statement after it checks, in a snapshot after the wait, that the guess holds
+#: (PUBLISH_SMALL_BATCH), and writes nothing otherwise.
+LOCK_LOG_PARTITION_NAMED = _named("LOCK_LOG_PARTITION_NAMED", """
+    SELECT pg_advisory_xact_lock_shared(%(namespace)s, hashtext(%(partition_name)s))""")
 #: Detaching waits for every transaction that may read the partition, without blocking the log
 #: (two transactions: it cannot run inside one). A detach cut off halfway is finished by FINALIZE.
 DETACH_LOG_PARTITION = sql.SQL(

@@ -11,6 +11,8 @@ from redelivery.store.statements._shared import (
     _IS_INFLIGHT,
     _RECEIPT_FAILURE,
     _RECEIPT_MATCHES,
+    _TOPIC_WAITED,
+    _WAITER_KEY,
     AT,
     CAN_RETRY,
     NEXT_DELAY,
@@ -87,40 +89,46 @@ RECORD_PUBLISHED_BATCH = sql.SQL("""/* redelivery:RECORD_PUBLISHED_BATCH */
         fingerprint = content_fingerprint(p.messages, p.hash_sum)
     FROM published p
     WHERE b.batch_id = %(batch)s AND b.first_id IS NULL AND b.message_ids IS NULL
-    RETURNING p.messages, p.ids,
-              EXISTS (SELECT 1 FROM receive_waiters w
-                      WHERE w.topic_id = %(topic_id)s AND w.expires_at > now()) AS waited""")
+    RETURNING p.messages, p.ids, {_TOPIC_WAITED} AS waited""".replace("{_TOPIC_WAITED}", _TOPIC_WAITED))
 #: A small batch in one statement (``publishing.SMALL_BATCH_MESSAGES``), under the topic's publish
-#: lock and its partition's retirement lock, taken before it as for the COPY. Its ids are taken in
-#: the arrays' order, ascending (the sequence of the column's default); its batch id is claimed
-#: with its record whole (range, and the fingerprint RECORD_PUBLISHED_BATCH computes, from the same
-#: values), so the batch's row is written once, never updated (no dead tuple a held horizon pins);
-#: its messages are written only if the claim succeeded. Not claimed, nothing is written: the batch
-#: id was published before (the claim waited for that transaction), and the COPY path compares the
-#: repeat. Returns (messages written, their ids ascending, whether a consumer waits on the topic).
-#: The bodies go in binary (``%(bodies)b``): bytea as text would be escaped according to the
-#: session's ``standard_conforming_strings``.
+#: lock and the retirement lock of ``partition_name``, taken before it in its transaction. It writes
+#: only when the topic exists and ``partition_name`` is the partition of the log that holds the
+#: publish time as this statement sees it, after those locks (else nothing: the caller's guess of
+#: the partition was stale, or the topic is gone; ``placed`` says which). Its ids are taken in the
+#: arrays' order, ascending (the sequence of the column's default); its batch id is claimed with its
+#: record whole (range, and the fingerprint RECORD_PUBLISHED_BATCH computes, from the same values),
+#: so the batch's row is written once, never updated (no dead tuple a held horizon pins); its
+#: messages are written only if the claim succeeded. Not claimed, nothing is written: the batch id
+#: was published before (the claim waited for that transaction), and the COPY path compares the
+#: repeat. Returns (messages written, their ids ascending, whether a consumer waits on the topic,
+#: placed). The bodies go in binary (``%(bodies)b``): bytea as text would be escaped according to
+#: the session's ``standard_conforming_strings``.
 PUBLISH_SMALL_BATCH = _named("PUBLISH_SMALL_BATCH", f"""
-    WITH numbered AS MATERIALIZED (
+    WITH target AS MATERIALIZED (
+      SELECT EXISTS (SELECT 1 FROM topics t WHERE t.id = %(topic_id)s)
+             AND (SELECT l.partition_name FROM log_partitions l
+                  WHERE coalesce(l.starts_at, '-infinity') <= {AT} AND l.ends_at > {AT})
+                 = %(partition_name)s AS placed),
+    numbered AS MATERIALIZED (
       SELECT nextval('message_ids') AS id, r.key, r.body, r.content_type, r.properties
       FROM unnest(%(keys)s::text[], %(bodies)b::bytea[], %(content_types)s::text[],
                   %(properties)s::jsonb[]) WITH ORDINALITY AS r(key, body, content_type, properties, ord)
+      WHERE (SELECT placed FROM target)
       ORDER BY r.ord),
     claimed AS (
       INSERT INTO publish_batches (batch_id, topic_id, message_count, published_at, first_id, last_id,
                                    fingerprint)
       SELECT %(batch)s, %(topic_id)s, count(*), {AT}, min(n.id), max(n.id),
              content_fingerprint(count(*), sum(message_hash(n.key, n.body, n.content_type, n.properties)))
-      FROM numbered n
+      FROM numbered n HAVING count(*) > 0
       ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id),
     written AS (
       INSERT INTO messages (id, topic_id, key, body, content_type, properties, published_at)
       SELECT n.id, %(topic_id)s, n.key, n.body, n.content_type, n.properties, {AT}
       FROM numbered n WHERE EXISTS (SELECT 1 FROM claimed)
       RETURNING id)
-    SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{{}}'),
-           EXISTS (SELECT 1 FROM receive_waiters v
-                   WHERE v.topic_id = %(topic_id)s AND v.expires_at > now()) AS waited
+    SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{{}}'), {_TOPIC_WAITED} AS waited,
+           coalesce((SELECT placed FROM target), false)
     FROM written w""")
 #: A batch id published again: its content goes into this session's temporary table (emptied at
 #: commit), never into the log, and its fingerprint is compared with the published one's. ``ord``
@@ -306,34 +314,29 @@ RECEIVE = _named("RECEIVE", f"""
       FROM new n),
     {_RECEIVE_MOVED}
     {_receive_rows("new")}""")
-#: A consumer of this backend waits for a subscription's messages (``messaging.waiting``): its row
-#: in ``receive_waiters`` says so until ``seconds`` from now (the database's clock, not the
-#: client's), and the rows of waiters that stopped without a word (expired a minute ago; others'
-#: being written are skipped, never waited for) go. Publishers, tier runs and redrives notify the
-#: backends of rows that have not expired.
-WAITER_PRESENT = _named("WAITER_PRESENT", """
-    WITH swept AS (
-      DELETE FROM receive_waiters WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM receive_waiters
-        WHERE expires_at < now() - interval '1 minute' AND backend_pid <> pg_backend_pid()
-        FOR UPDATE SKIP LOCKED)))
-    INSERT INTO receive_waiters AS w (topic_id, group_id, backend_pid, expires_at)
-    VALUES (%(topic_id)s, %(group_id)s, pg_backend_pid(), now() + make_interval(secs => %(seconds)s))
-    ON CONFLICT (topic_id, group_id, backend_pid) DO UPDATE SET expires_at = excluded.expires_at""")
+#: A consumer of this backend waits for a subscription's messages (``messaging.waiting``): it holds
+#: the subscription's waiter lock (advisory, the session's, shared; migration 0023) until its wait
+#: returns, or its session ends. Publishers, tier runs and redrives notify the backends that hold
+#: it. Nothing takes it exclusively: it never waits. Taken once per session (not again when held:
+#: a wait cut short before its release cannot pile up shares that one release would not undo).
+#: Written nowhere: no tuple, no WAL.
+WAITER_PRESENT = _named("WAITER_PRESENT", f"""
+    SELECT pg_advisory_lock_shared({_WAITER_KEY})
+    WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
+                      WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
+                        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                        AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid)""")
 #: The consumer of this backend waits no more for the subscription (its wait returned): a notifier
-#: picks only the backends that wait.
-WAITER_DONE = _named("WAITER_DONE", """
-    UPDATE receive_waiters SET expires_at = now()
-    WHERE topic_id = %(topic_id)s AND group_id = %(group_id)s AND backend_pid = pg_backend_pid()""")
+#: picks only the backends that wait. False (and a warning) when the lock was not held.
+WAITER_DONE = _named("WAITER_DONE", f"""
+    SELECT pg_advisory_unlock_shared({_WAITER_KEY})""")
 #: The server's pid of this session (a waiter's channel: a pooler reports a pid of its own).
 BACKEND_PID = _named("BACKEND_PID", "SELECT pg_backend_pid()")
-#: This backend's consumers wait no more (a client closing).
-WAITER_GONE = _named("WAITER_GONE", """
-    DELETE FROM receive_waiters WHERE backend_pid = pg_backend_pid()""")
 #: Wake the consumers waiting for the messages a commit made receivable: for each (topic id, group
-#: id or NULL for every group of the topic, n messages), up to n of the group's waiting backends,
-#: chosen at random, one notification on each one's channel (the function ``notify_waiters``,
-#: migration 0019); none when nobody waits (a notifying commit takes a lock of the whole cluster).
+#: id or NULL for every group of the topic, n messages), up to n of the group's waiting backends
+#: (those that hold its waiter lock), chosen at random, one notification on each one's channel (the
+#: function ``notify_waiters``, migrations 0019 and 0023); none when nobody waits (a notifying
+#: commit takes a lock of the whole cluster).
 NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
     SELECT notify_waiters(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])""")
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an

@@ -16,6 +16,8 @@ Rows of a consumer that died expire and are deleted by the next waiter's stateme
 
 Revision ID: 0017
 Revises: 0016
+
+Migration 0023 replaced the rows with advisory locks and dropped the table.
 """
 
 from alembic import op
@@ -24,8 +26,7 @@ revision = "0017"
 down_revision = "0016"
 
 
-def upgrade() -> None:
-    op.execute("""
+CREATE_TABLE = """
     CREATE UNLOGGED TABLE redelivery.receive_waiters (
         topic_id integer NOT NULL,
         group_id integer NOT NULL,
@@ -33,7 +34,11 @@ def upgrade() -> None:
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (topic_id, group_id, backend_pid)
     );
-    """)
+    """
+
+
+def upgrade() -> None:
+    op.execute(CREATE_TABLE)
 
 
 def downgrade() -> None:
