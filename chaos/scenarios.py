@@ -248,16 +248,9 @@ class KillPoints(BatchKillPoints, BreakerKillPoints, PublishKillPoints, WaitingK
         }[what]
         self.proxy.arm(*trigger)
         if what == "publish":
-            one_trip = ("--one-trip",) if self.rng.random() < 0.5 else ()  # its COMMIT, then its wake
-            worker = self.spawn(
-                "publish",
-                "--batch",
-                f"lost-{uuid.uuid4().hex[:8]}",
-                "--count",
-                "20",
-                *one_trip,
-                through_proxy=True,
-            )
+            publish = ["publish", "--batch", f"lost-{uuid.uuid4().hex[:8]}", "--count", "20"]
+            one_trip = ["--one-trip"] if self.rng.random() < 0.5 else []  # its COMMIT, then its wake
+            worker = self.spawn(*publish, *one_trip, through_proxy=True)
         else:
             worker = self.spawn(
                 "consume",

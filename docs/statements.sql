@@ -1290,10 +1290,7 @@ written AS (
   SELECT n.id, %(topic_id)s, n.key, n.body, n.content_type, n.properties, coalesce(%(at)s::timestamptz, now())
   FROM numbered n WHERE EXISTS (SELECT 1 FROM claimed)
   RETURNING id)
-SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{}'), EXISTS (SELECT 1 FROM pg_locks l
-        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND l.classid = (-%(topic_id)s::int)::oid) AS waited,
+SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{}'), NOT pg_try_advisory_xact_lock(-%(topic_id)s::int, 0) AS waited,
        coalesce((SELECT placed FROM target), false)
 FROM written w;
 
@@ -2012,10 +2009,10 @@ SELECT id, name FROM topics;
 SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s));
 
 /* redelivery:WAITER_DONE */
-SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int);
+SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int), pg_advisory_unlock_shared(-%(topic_id)s::int, 0);
 
 /* redelivery:WAITER_PRESENT */
-SELECT pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int)
+SELECT pg_advisory_lock_shared(-%(topic_id)s::int, 0), pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int)
 WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
                   WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

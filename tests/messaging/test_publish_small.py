@@ -218,3 +218,17 @@ def test_a_stale_partition_guess_writes_nothing_and_the_publish_lands_where_its_
     assert partition_of(client.conn, [mid]) == partition_of(client.conn, first)
     assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 2
     assert client.conn.execute("SELECT count(*) FROM publish_batches").fetchone()[0] == 2
+
+
+def test_a_wake_that_fails_after_the_commit_fails_nothing(client, topic_group, monkeypatch, caplog):
+    """The one round trip's wake runs after its commit: its error is logged (the waiting consumers
+    receive again within a second), and the publish returns its ids, written once."""
+    from redelivery.store import statements as S
+
+    client.publish("orders", [{"n": 0}])
+    client.publisher._waited[client.context.topic_id("orders")] = True  # a consumer waited before
+    monkeypatch.setattr(S, "NOTIFY_WAITERS", "SELECT * FROM no_such_table")  # not a row refusal
+    [mid] = client.publish("orders", [{"n": 1}], batch_id="woken", retry=False)
+    assert "waiting consumers not woken" in caplog.text and "no_such_table" in caplog.text
+    assert stored(client.conn, [mid])[0][1] == b'{"n":1}'
+    assert client.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 2

@@ -43,16 +43,27 @@ class Waiter(threading.Thread):
 
 
 def present(conn: psycopg.Connection) -> int:
-    """How many backends hold a waiter lock (migration 0023: classid 2^32 - topic id)."""
+    """How many backends hold a subscription's waiter lock (migration 0023: classid 2^32 - topic
+    id, objid the group id; 0 is the topic's lock, which each of them holds too)."""
     return conn.execute(
-        "SELECT count(*) FROM pg_locks"
-        " WHERE locktype = 'advisory' AND objsubid = 2 AND classid::text::bigint >= 2147483648"
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+        " AND classid::text::bigint >= 2147483648 AND objid <> 0"
     ).fetchone()[0]
 
 
 def wait_on(conn: psycopg.Connection, topic_id: int, group_id: int) -> None:
     """``conn``'s backend says it waits on the subscription, as ``WAITER_PRESENT`` does."""
-    conn.execute("SELECT pg_advisory_lock_shared(%s, %s)", (-topic_id, group_id))
+    conn.execute(
+        "SELECT pg_advisory_lock_shared(%s, 0), pg_advisory_lock_shared(%s, %s)",
+        (-topic_id,) * 2 + (group_id,),
+    )
+
+
+def wait_no_more(conn: psycopg.Connection, topic_id: int, group_id: int) -> None:
+    conn.execute(
+        "SELECT pg_advisory_unlock_shared(%s, %s), pg_advisory_unlock_shared(%s, 0)",
+        (-topic_id, group_id, -topic_id),
+    )
 
 
 def until_present(conn: psycopg.Connection, n: int = 1) -> None:
@@ -139,7 +150,7 @@ def test_nobody_waiting_means_no_notification(client, topic_group, database_url)
         client.publish("orders", [{"n": 2}])
         [note] = listener.notifies(timeout=5, stop_after=1)
         assert note.channel == f"redelivery_wait_{pid}"
-        listener.execute("SELECT pg_advisory_unlock_shared(%s, %s)", (-topic_id, group_id))
+        wait_no_more(listener, topic_id, group_id)
         client.publish("orders", [{"n": 3}])
         assert list(listener.notifies(timeout=0.5)) == []  # its wait returned: nobody
 
@@ -328,6 +339,12 @@ def test_the_consumer_dags_drain_waits_for_the_next_message(client, topic_group,
     assert 3 <= waiter.seconds < 10  # the wait after it found nothing, then the end
 
 
+def locks_held(conn: psycopg.Connection) -> list:
+    return conn.execute(
+        "SELECT classid, objid FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+    ).fetchall()
+
+
 def test_a_wait_holds_one_share_of_its_lock_however_often_it_began(client, topic_group):
     """A wait cut short before its release (the round trip lost) and a later wait on the same
     session: the later release frees the subscription, not one share of two."""
@@ -340,8 +357,8 @@ def test_a_wait_holds_one_share_of_its_lock_however_often_it_began(client, topic
     client.conn.execute(S.WAITER_PRESENT, ids)
     client.conn.execute(S.WAITER_PRESENT, ids)
     assert present(client.conn) == 1
-    assert client.conn.execute(S.WAITER_DONE, ids).fetchone()[0] is True
-    assert present(client.conn) == 0
+    assert client.conn.execute(S.WAITER_DONE, ids).fetchone() == (True, True)
+    assert present(client.conn) == 0 and not locks_held(client.conn)
 
 
 def test_a_woken_receive_asks_nothing_more_of_its_topic(client, topic_group, database_url, no_recheck):

@@ -204,6 +204,13 @@ def _describe_refusal(columns: tuple) -> Callable[[int, str | None, psycopg.Erro
     return describe
 
 
+def _committed(cursor: psycopg.Cursor | None) -> bool:
+    """Whether the ``COMMIT`` that ``cursor`` sent in a pipeline was answered as a commit (a result
+    is set on a cursor only when it succeeded; a COMMIT of a failed transaction answers ROLLBACK)."""
+    result = cursor.pgresult if cursor is not None else None
+    return result is not None and result.command_status == b"COMMIT"
+
+
 class Publisher(Role):
     """The publisher of a client (``Client.publisher``; ``Client.publish`` is its ``publish``).
     ``publish_waits``: the waits of the last publish's retries, seconds."""
@@ -395,27 +402,26 @@ class Publisher(Role):
         lock = {"namespace": log.RETIRE_LOCK, "partition_name": statement["partition_name"]}
         wanted = {"topic_ids": [topic_id], "group_ids": [None], "counts": [count]}
         woken = self._waited.get(topic_id, False)
-        result = None
+        committed = None
         try:
             with conn.pipeline():
                 conn.execute("BEGIN")
                 topic = conn.execute(S.LOCK_TOPIC_FOR_PUBLISH, {"topic_id": topic_id})
                 conn.execute(S.LOCK_LOG_PARTITION_NAMED, lock)
                 published = conn.execute(S.PUBLISH_SMALL_BATCH, statement)
-                conn.execute("COMMIT")  # skipped, as the wake is, after an error in the pipeline
+                committed = conn.execute("COMMIT")  # skipped, as the wake is, after an error before it
                 if woken:
                     conn.execute(S.NOTIFY_WAITERS, wanted)
-                result = published.fetchone()  # the one round trip
         except BaseException as error:
             if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
                 conn.execute("ROLLBACK")
-            if result is not None and isinstance(error, psycopg.Error):  # the wake failed, after the commit
+            if _committed(committed) and isinstance(error, psycopg.Error):  # the wake's, after the commit
                 logger.warning("waiting consumers not woken (%s): they receive again within a second", error)
             elif isinstance(error, ROW_REFUSALS):  # the COPY's error names the message
                 raise UseCopy(f"PostgreSQL refused a message: {error.diag.message_primary}") from None
             else:
                 raise
-        written, ids, waited, placed = result
+        written, ids, waited, placed = published.fetchone()
         if topic.fetchone() is None:
             raise UnknownTopicError(f"the topic (id {topic_id}) was deleted")
         if not placed:

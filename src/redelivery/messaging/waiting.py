@@ -5,18 +5,20 @@ milliseconds.
 
 The consumer LISTENs on a channel of its connection's own (``redelivery_wait_<backend pid>``;
 autocommit: a LISTEN takes effect at once, and the receives run between waits) and holds its
-subscription's waiter lock while it waits (a session advisory lock, shared: ``WAITER_PRESENT``,
-migration 0023); both end with the wait. A publish, a tier run and a redrive that made n messages
-receivable (and, in the database, the delete that ends n heads of an ordered group's keys:
-migration 0018's trigger) notify up to n of each group's backends that hold the lock, chosen at
-random, after their commit, and only when one holds it (``NOTIFY_WAITERS``; a publish learns it
-from the statement that records its batch): a notifying commit takes a lock of the whole cluster,
-and nobody waiting must cost a publish nothing; and a message wakes one consumer, not a herd of
-every waiter that would all run a receive for it (16 consumers: 16 receives a message). A wake-up
-can still be missed (a notification lost with a connection): the consumer receives again at least
-every ``RECHECK_SECONDS`` while it waits. What a wait leaves behind: nothing, and no tuple while it
-waits (a row per wait was two dead versions a transaction holding the xmin horizon kept); a
-consumer that dies waiting, nothing either: its lock and its LISTEN go with its session.
+topic's and its subscription's waiter locks while it waits (session advisory locks, shared:
+``WAITER_PRESENT``, migration 0023); all end with the wait. A publish, a tier run and a redrive
+that made n messages receivable (and, in the database, the delete that ends n heads of an ordered
+group's keys: migration 0018's trigger) notify up to n of each group's backends that hold the
+subscription's lock, chosen at random, after their commit, and only when one waits (a publish
+learns it from the statement that records its batch, which tries the topic's lock
+exclusively): a notifying commit takes a lock of the whole cluster, and nobody waiting must cost
+a publish nothing; and a message wakes one consumer, not a herd of every waiter that would all run
+a receive for it (16 consumers: 16 receives a message). A wake-up can still be missed (a publish
+that looked an instant before the consumer took its locks, a notification lost with a
+connection): the consumer receives again at least every ``RECHECK_SECONDS`` while it waits.
+What a wait leaves behind: nothing, and no tuple while it waits (a row per wait was two dead
+versions a transaction holding the xmin horizon kept); a consumer that dies waiting, nothing
+either: its locks and its LISTEN go with its session.
 """
 
 from __future__ import annotations

@@ -24,14 +24,16 @@ def _named(name: str, text: str) -> str:
 AT = "coalesce(%(at)s::timestamptz, now())"
 
 #: A subscription's waiter lock (``WAITER_PRESENT``, migration 0023): the two-int advisory key
-#: (minus the topic id, the group id). redelivery's other two-int locks have positive namespaces.
+#: (minus the topic id, the group id); its topic's waiter lock: (minus the topic id, 0). A waiting
+#: consumer holds both, shared. redelivery's other two-int locks have positive namespaces.
 _WAITER_KEY = "-%(topic_id)s::int, %(group_id)s::int"
-#: Whether a backend of this database waits on a subscription of topic ``topic_id`` (holds one of
-#: its waiter locks: ``pg_locks`` shows the key as classid 2^32 - topic id, objid the group id).
-_TOPIC_WAITED = """EXISTS (SELECT 1 FROM pg_locks l
-            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-              AND l.classid = (-%(topic_id)s::int)::oid)"""
+_TOPIC_WAITER_KEY = "-%(topic_id)s::int, 0"
+#: Whether a consumer waits on a subscription of topic ``topic_id``: the topic's waiter lock,
+#: tried exclusively, is refused while one holds it shared (or asks for it). One lookup in the lock
+#: table, not a read of ``pg_locks``: nobody waiting costs a publish nothing more. Granted, it is
+#: held until the publish commits: a consumer that begins to wait meanwhile waits that long for its
+#: share, then its receive sees the publish.
+_TOPIC_WAITED = f"NOT pg_try_advisory_xact_lock({_TOPIC_WAITER_KEY})"
 
 #: The policy of each subscription, one row each, from the parameters ``catalog.policy_table``
 #: builds: waits (seconds) and routing levels of retries 1..K as array literals, the Artemis

@@ -12,6 +12,7 @@ from redelivery.store.statements._shared import (
     _RECEIPT_FAILURE,
     _RECEIPT_MATCHES,
     _TOPIC_WAITED,
+    _TOPIC_WAITER_KEY,
     _WAITER_KEY,
     AT,
     CAN_RETRY,
@@ -315,21 +316,22 @@ RECEIVE = _named("RECEIVE", f"""
     {_RECEIVE_MOVED}
     {_receive_rows("new")}""")
 #: A consumer of this backend waits for a subscription's messages (``messaging.waiting``): it holds
-#: the subscription's waiter lock (advisory, the session's, shared; migration 0023) until its wait
-#: returns, or its session ends. Publishers, tier runs and redrives notify the backends that hold
-#: it. Nothing takes it exclusively: it never waits. Taken once per session (not again when held:
-#: a wait cut short before its release cannot pile up shares that one release would not undo).
-#: Written nowhere: no tuple, no WAL.
+#: the topic's and the subscription's waiter locks (advisory, the session's, shared; migration
+#: 0023) until its wait returns, or its session ends. A publisher tries the topic's exclusively to
+#: learn whether anybody waits (it waits for that publish's commit, a few milliseconds, when the
+#: try was granted); publishers, tier runs and redrives notify the backends that hold the
+#: subscription's. Taken once per session (not again when held: a wait cut short before its release
+#: cannot pile up shares that one release would not undo). Written nowhere: no tuple, no WAL.
 WAITER_PRESENT = _named("WAITER_PRESENT", f"""
-    SELECT pg_advisory_lock_shared({_WAITER_KEY})
+    SELECT pg_advisory_lock_shared({_TOPIC_WAITER_KEY}), pg_advisory_lock_shared({_WAITER_KEY})
     WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
                       WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
                         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                         AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid)""")
 #: The consumer of this backend waits no more for the subscription (its wait returned): a notifier
-#: picks only the backends that wait. False (and a warning) when the lock was not held.
+#: picks only the backends that wait. False (and a warning) for a lock that was not held.
 WAITER_DONE = _named("WAITER_DONE", f"""
-    SELECT pg_advisory_unlock_shared({_WAITER_KEY})""")
+    SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})""")
 #: The server's pid of this session (a waiter's channel: a pooler reports a pid of its own).
 BACKEND_PID = _named("BACKEND_PID", "SELECT pg_backend_pid()")
 #: Wake the consumers waiting for the messages a commit made receivable: for each (topic id, group

@@ -16,8 +16,6 @@ Rows of a consumer that died expire and are deleted by the next waiter's stateme
 
 Revision ID: 0017
 Revises: 0016
-
-Migration 0023 replaced the rows with advisory locks and dropped the table.
 """
 
 from alembic import op
@@ -26,7 +24,8 @@ revision = "0017"
 down_revision = "0016"
 
 
-CREATE_TABLE = """
+def upgrade() -> None:
+    op.execute("""
     CREATE UNLOGGED TABLE redelivery.receive_waiters (
         topic_id integer NOT NULL,
         group_id integer NOT NULL,
@@ -34,11 +33,7 @@ CREATE_TABLE = """
         expires_at timestamptz NOT NULL,
         PRIMARY KEY (topic_id, group_id, backend_pid)
     );
-    """
-
-
-def upgrade() -> None:
-    op.execute(CREATE_TABLE)
+    """)
 
 
 def downgrade() -> None:

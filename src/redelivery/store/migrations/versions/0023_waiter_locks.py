@@ -1,23 +1,25 @@
-"""A waiting consumer says so with an advisory lock, not a row (issue 42).
+"""A waiting consumer says so with advisory locks, not a row (issue 42).
 
 A consumer that waits for a message (``receive(..., wait_seconds=...)``) wrote its row in
 ``receive_waiters`` as it began to wait and wrote it off as the wait returned: two versions of a
 row per wait, which a transaction holding the xmin horizon keeps (3,530 of a held run's 13,717
-dead tuples, ``bench/bench_claim.py``). It now holds a session advisory lock, shared, keyed by
-its subscription for as long as it waits (``messaging.waiting``): a lock is in PostgreSQL's shared
-memory, never a tuple, and it goes with the session, so a consumer that dies waiting leaves
-nothing, not a row that expires.
+dead tuples, ``bench/bench_claim.py``). It now holds two session advisory locks, shared, for as
+long as it waits (``messaging.waiting``): its subscription's, keyed (minus the topic id, the group
+id), and its topic's, keyed (minus the topic id, 0). A lock is in PostgreSQL's shared memory,
+never a tuple, and it goes with the session: a consumer that dies waiting leaves nothing.
 
-The key is the two-int form (``pg_advisory_lock_shared(-topic_id, group_id)``): ``pg_locks`` shows
-it as ``classid`` the negated topic id (an oid: 2^32 - topic id), ``objid`` the group id,
-``objsubid`` 2. redelivery's other two-int locks have positive namespaces (7,424,001 and up) and
-its breaker locks are the one-bigint form (``objsubid`` 1): no other lock of redelivery has that
-key, and nothing ever takes it exclusively.
+The keys are the two-int form: ``pg_locks`` shows ``classid`` the negated topic id (an oid:
+2^32 - topic id), ``objid`` the group id (0: the topic's), ``objsubid`` 2. redelivery's other
+two-int locks have positive namespaces (7,424,001 and up) and its breaker locks are the
+one-bigint form (``objsubid`` 1). A publish learns whether anybody waits on its topic by trying the
+topic's lock exclusively (one lookup in the lock table); ``notify_waiters`` picks the backends that
+hold a subscription's lock (``pg_locks``, granted) instead of the rows that had not expired;
+``wake_ordered_waiters`` first looks for an ended head among the rows its delete ended (a statement
+with none, every ack of an unordered group, reads no lock).
 
-``notify_waiters`` picks the backends that hold such a lock (``pg_locks``, granted) instead of the
-rows that had not expired; ``wake_ordered_waiters`` first looks for an ended head among the rows
-its delete ended (a statement with none, every ack of an unordered group, sends nothing and reads
-no lock). ``receive_waiters`` is dropped: nothing else reads it.
+``receive_waiters`` stays for one release, unread: the clients of the version before, during a
+rolling upgrade, still write and read it (their waiters are then woken by their re-check, within a
+second, as are the new ones by an old publisher). A later migration drops it.
 
 Revision ID: 0023
 Revises: 0022
@@ -29,11 +31,12 @@ revision = "0023"
 down_revision = "0022"
 
 #: The backends of a database that wait on subscription (``{topic}``, ``{group}``): the granted
-#: shares of its waiter lock (``{group}`` NULL: of any group of the topic).
+#: shares of its waiter lock (``{group}`` NULL: of any group of the topic; never the topic's lock).
 WAITER_LOCKS = """pg_locks l
           WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-            AND l.classid = (-({topic}))::oid AND ({group} IS NULL OR l.objid = ({group})::oid)"""
+            AND l.classid = (-({topic}))::oid AND l.objid <> 0
+            AND ({group} IS NULL OR l.objid = ({group})::oid)"""
 
 NOTIFY_WAITERS = f"""
 CREATE OR REPLACE FUNCTION redelivery.notify_waiters(topic_ids int[], group_ids int[], counts int[])
@@ -68,13 +71,11 @@ END $$;
 def upgrade() -> None:
     op.execute(NOTIFY_WAITERS)
     op.execute(WAKE_ORDERED_WAITERS)
-    op.execute("DROP TABLE redelivery.receive_waiters")
 
 
 def downgrade() -> None:
     from importlib import import_module
 
-    op.execute(import_module("redelivery.store.migrations.versions.0017_receive_waiters").CREATE_TABLE)
     before = import_module("redelivery.store.migrations.versions.0019_notify_waiters")
     op.execute(before.NOTIFY_WAITERS.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     op.execute(before.WAKE_ORDERED_WAITERS)
