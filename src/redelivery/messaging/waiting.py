@@ -66,8 +66,8 @@ def wait_for(
     """After a receive that got nothing: ``once(recheck)`` (the receive again) until it returns
     something or ``wait_seconds`` passed, each time this backend is notified and at least every
     ``RECHECK_SECONDS``. The first ``once`` runs after this backend LISTENs and holds the waiter
-    lock, so whatever a commit made receivable before is seen by it, and whatever after wakes it;
-    once the wait returns, the lock is released (a notifier picks only waiting backends).
+    locks, so whatever a commit made receivable before is seen by it, and whatever after wakes it;
+    once the wait returns, the locks are released (a notifier picks only waiting backends).
     ``recheck`` is True for a receive after a re-check's timeout only: the receive then asks
     whether its topic and subscription are still the ones it waits on (a woken one does not: what
     woke it was sent for them). ``context``: the client's

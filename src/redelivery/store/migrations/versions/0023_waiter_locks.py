@@ -14,8 +14,8 @@ two-int locks have positive namespaces (7,424,001 and up) and its breaker locks 
 one-bigint form (``objsubid`` 1). A publish learns whether anybody waits on its topic by trying the
 topic's lock exclusively (one lookup in the lock table); ``notify_waiters`` picks the backends that
 hold a subscription's lock (``pg_locks``, granted) instead of the rows that had not expired;
-``wake_ordered_waiters`` first looks for an ended head among the rows its delete ended (a statement
-with none, every ack of an unordered group, reads no lock).
+``wake_ordered_waiters`` looks for an ended head among the rows its delete ended (a statement with
+none, every ack of an unordered group, tries no lock), then tries the topic's lock as a publish does.
 
 ``receive_waiters`` stays for one release, unread: the clients of the version before, during a
 rolling upgrade, still write and read it (their waiters are then woken by their re-check, within a
@@ -57,11 +57,13 @@ CREATE OR REPLACE FUNCTION redelivery.wake_ordered_waiters() RETURNS trigger
 LANGUAGE plpgsql SET search_path = redelivery AS $$
 BEGIN
   -- heads are the ended rows with a key (unordered rows have none) that were not BLOCKED; with
-  -- none, nothing to send, and the locks are not read
+  -- none, nothing to send; of a topic nobody waits on (its waiter lock, tried exclusively, is
+  -- granted: held until this transaction ends), nothing either, and pg_locks is not read
   PERFORM notify_waiters(array_agg(h.topic_id), array_agg(h.group_id), array_agg(h.n))
   FROM (SELECT f.topic_id, f.group_id, count(*)::int AS n FROM finished f
         WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED'
         GROUP BY f.topic_id, f.group_id) h
+  WHERE NOT pg_try_advisory_xact_lock(-h.topic_id, 0)
   HAVING count(*) > 0;
   RETURN NULL;
 END $$;
