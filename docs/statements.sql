@@ -1290,7 +1290,7 @@ written AS (
   SELECT n.id, %(topic_id)s, n.key, n.body, n.content_type, n.properties, coalesce(%(at)s::timestamptz, now())
   FROM numbered n WHERE EXISTS (SELECT 1 FROM claimed)
   RETURNING id)
-SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{}'), NOT pg_try_advisory_xact_lock(-%(topic_id)s::int, 0) AS waited,
+SELECT count(*), coalesce(array_agg(w.id ORDER BY w.id), '{}'), CASE WHEN pg_try_advisory_lock(-%(topic_id)s::int, 0) THEN NOT pg_advisory_unlock(-%(topic_id)s::int, 0) ELSE true END AS waited,
        coalesce((SELECT placed FROM target), false)
 FROM written w;
 
@@ -2012,7 +2012,7 @@ SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s));
 SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int), pg_advisory_unlock_shared(-%(topic_id)s::int, 0);
 
 /* redelivery:WAITER_PRESENT */
-SELECT pg_advisory_lock_shared(-%(topic_id)s::int, 0), pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int)
+SELECT pg_try_advisory_lock_shared(-%(topic_id)s::int, 0), pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int)
 WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
                   WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

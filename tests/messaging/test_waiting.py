@@ -398,3 +398,18 @@ def test_a_wait_on_a_topic_made_again_elsewhere_finds_it_at_a_recheck(
         [mid] = admin.publish("orders", [{"n": 1}])
     waiter.join(20)
     assert waiter.error is None and [m.message_id for m in waiter.got] == [mid] and waiter.seconds < 10
+
+
+def test_a_publish_in_a_long_transaction_keeps_no_consumer_from_waiting(client, topic_group, database_url):
+    """A publish inside the caller's open transaction learns whether anybody waits on the topic
+    without holding the topic's waiter lock to its commit: a consumer that begins to wait meanwhile
+    waits its own wait_seconds, then returns (it did wait for that commit: a wait past its bound)."""
+    client.conn.execute("BEGIN")
+    client.publish("orders", [{"n": 1}], retry=False)  # the COPY's way, in a savepoint of the caller's
+    try:
+        waiter = Waiter(database_url, lambda c: c.receive("billing", "orders", 10, 30, wait_seconds=1.5))
+        waiter.start()
+        waiter.join(20)
+        assert waiter.error is None and waiter.got == [] and waiter.seconds < 6
+    finally:
+        client.conn.execute("ROLLBACK")

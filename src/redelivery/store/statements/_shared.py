@@ -29,11 +29,14 @@ AT = "coalesce(%(at)s::timestamptz, now())"
 _WAITER_KEY = "-%(topic_id)s::int, %(group_id)s::int"
 _TOPIC_WAITER_KEY = "-%(topic_id)s::int, 0"
 #: Whether a consumer waits on a subscription of topic ``topic_id``: the topic's waiter lock,
-#: tried exclusively, is refused while one holds it shared (or asks for it). One lookup in the lock
-#: table, not a read of ``pg_locks``: nobody waiting costs a publish nothing more. Granted, it is
-#: held until the publish commits: a consumer that begins to wait meanwhile waits that long for its
-#: share, then its receive sees the publish.
-_TOPIC_WAITED = f"NOT pg_try_advisory_xact_lock({_TOPIC_WAITER_KEY})"
+#: tried exclusively, is refused while one holds it shared. One lookup in the lock table, not a
+#: read of ``pg_locks``: nobody waiting costs a publish nothing more. Granted, it is released at
+#: once (CASE evaluates in order), never held until the commit: a publish inside the caller's long
+#: transaction would have kept every consumer that began to wait on the topic waiting for its share.
+_TOPIC_WAITED = (
+    f"CASE WHEN pg_try_advisory_lock({_TOPIC_WAITER_KEY})"
+    f" THEN NOT pg_advisory_unlock({_TOPIC_WAITER_KEY}) ELSE true END"
+)
 
 #: The policy of each subscription, one row each, from the parameters ``catalog.policy_table``
 #: builds: waits (seconds) and routing levels of retries 1..K as array literals, the Artemis

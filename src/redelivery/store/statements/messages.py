@@ -317,13 +317,14 @@ RECEIVE = _named("RECEIVE", f"""
     {_receive_rows("new")}""")
 #: A consumer of this backend waits for a subscription's messages (``messaging.waiting``): it holds
 #: the topic's and the subscription's waiter locks (advisory, the session's, shared; migration
-#: 0023) until its wait returns, or its session ends. A publisher tries the topic's exclusively to
-#: learn whether anybody waits (it waits for that publish's commit, a few milliseconds, when the
-#: try was granted); publishers, tier runs and redrives notify the backends that hold the
-#: subscription's. Taken once per session (not again when held: a wait cut short before its release
+#: 0023) until its wait returns, or its session ends. A publisher tries the topic's exclusively, for
+#: an instant, to learn whether anybody waits (the topic's is tried here too: never waited for; not
+#: granted in that instant, the consumer waits without it, and a publish may then not wake it: its
+#: re-check finds the message); publishers, tier runs and redrives notify the backends that hold
+#: the subscription's. Taken once per session (not again when held: a wait cut short before its release
 #: cannot pile up shares that one release would not undo). Written nowhere: no tuple, no WAL.
 WAITER_PRESENT = _named("WAITER_PRESENT", f"""
-    SELECT pg_advisory_lock_shared({_TOPIC_WAITER_KEY}), pg_advisory_lock_shared({_WAITER_KEY})
+    SELECT pg_try_advisory_lock_shared({_TOPIC_WAITER_KEY}), pg_advisory_lock_shared({_WAITER_KEY})
     WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
                       WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
                         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

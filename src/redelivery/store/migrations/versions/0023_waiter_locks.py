@@ -11,11 +11,13 @@ never a tuple, and it goes with the session: a consumer that dies waiting leaves
 The keys are the two-int form: ``pg_locks`` shows ``classid`` the negated topic id (an oid:
 2^32 - topic id), ``objid`` the group id (0: the topic's), ``objsubid`` 2. redelivery's other
 two-int locks have positive namespaces (7,424,001 and up) and its breaker locks are the
-one-bigint form (``objsubid`` 1). A publish learns whether anybody waits on its topic by trying the
-topic's lock exclusively (one lookup in the lock table); ``notify_waiters`` picks the backends that
-hold a subscription's lock (``pg_locks``, granted) instead of the rows that had not expired;
-``wake_ordered_waiters`` looks for an ended head among the rows its delete ended (a statement with
-none, every ack of an unordered group, tries no lock), then tries the topic's lock as a publish does.
+one-bigint form (``objsubid`` 1). A publish learns whether anybody waits on its topic by trying
+the topic's lock exclusively and releasing it at once (one lookup in the lock table; held until
+its commit, it would keep a consumer that begins to wait waiting for a publish in a long
+transaction); ``notify_waiters`` picks the backends that hold a subscription's lock (``pg_locks``,
+granted) instead of the rows that had not expired; ``wake_ordered_waiters`` looks for an ended
+head among the rows its delete ended (a statement with none, every ack of an unordered group,
+tries no lock), then tries the topic's lock as a publish does.
 
 ``receive_waiters`` stays for one release, unread: the clients of the version before, during a
 rolling upgrade, still write and read it (their waiters are then woken by their re-check, within a
@@ -57,13 +59,14 @@ CREATE OR REPLACE FUNCTION redelivery.wake_ordered_waiters() RETURNS trigger
 LANGUAGE plpgsql SET search_path = redelivery AS $$
 BEGIN
   -- heads are the ended rows with a key (unordered rows have none) that were not BLOCKED; with
-  -- none, nothing to send; of a topic nobody waits on (its waiter lock, tried exclusively, is
-  -- granted: held until this transaction ends), nothing either, and pg_locks is not read
+  -- none, nothing to send; of a topic nobody waits on (its waiter lock, tried exclusively for an
+  -- instant, is granted), nothing either, and pg_locks is not read
   PERFORM notify_waiters(array_agg(h.topic_id), array_agg(h.group_id), array_agg(h.n))
   FROM (SELECT f.topic_id, f.group_id, count(*)::int AS n FROM finished f
         WHERE f.key IS NOT NULL AND f.state <> 'BLOCKED'
         GROUP BY f.topic_id, f.group_id) h
-  WHERE NOT pg_try_advisory_xact_lock(-h.topic_id, 0)
+  WHERE CASE WHEN pg_try_advisory_lock(-h.topic_id, 0) THEN NOT pg_advisory_unlock(-h.topic_id, 0)
+             ELSE true END
   HAVING count(*) > 0;
   RETURN NULL;
 END $$;
