@@ -211,6 +211,17 @@ def _committed(cursor: psycopg.Cursor | None) -> bool:
     return result is not None and result.command_status == b"COMMIT"
 
 
+def _rolled_back(conn: psycopg.Connection, error: BaseException) -> UseCopy | None:
+    """After ``error`` in a small publish's pipeline: its transaction rolled back (unless the
+    connection broke or is idle), and the ``UseCopy`` to raise when PostgreSQL refused a row
+    (``ROW_REFUSALS``: the COPY's error names the message), else None (the caller re-raises)."""
+    if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        conn.execute("ROLLBACK")
+    if isinstance(error, ROW_REFUSALS):
+        return UseCopy(f"PostgreSQL refused a message: {error.diag.message_primary}")
+    return None
+
+
 class Publisher(Role):
     """The publisher of a client (``Client.publisher``; ``Client.publish`` is its ``publish``).
     ``publish_waits``: the waits of the last publish's retries, seconds."""
@@ -374,10 +385,8 @@ class Publisher(Role):
                 conn.execute("COMMIT")  # skipped after an error in the pipeline
                 written, ids, waited, _ = published.fetchone()  # the second round trip
         except BaseException as error:
-            if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
-            if isinstance(error, ROW_REFUSALS):  # the COPY's error names the message
-                raise UseCopy(f"PostgreSQL refused a message: {error.diag.message_primary}") from None
+            if (use_copy := _rolled_back(conn, error)) is not None:
+                raise use_copy from None
             raise
         if not written:  # nothing was written: the batch id was published before
             raise UseCopy(f"batch {batch_id!r} was published before")
@@ -413,12 +422,11 @@ class Publisher(Role):
                 if woken:
                     conn.execute(S.NOTIFY_WAITERS, wanted)
         except BaseException as error:
-            if not conn.broken and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
+            use_copy = _rolled_back(conn, error)
             if _committed(committed) and isinstance(error, psycopg.Error):  # the wake's, after the commit
                 logger.warning("waiting consumers not woken (%s): they receive again within a second", error)
-            elif isinstance(error, ROW_REFUSALS):  # the COPY's error names the message
-                raise UseCopy(f"PostgreSQL refused a message: {error.diag.message_primary}") from None
+            elif use_copy is not None:
+                raise use_copy from None
             else:
                 raise
         written, ids, waited, placed = published.fetchone()
