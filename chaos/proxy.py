@@ -19,7 +19,7 @@ SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104
 class LostAnswerProxy:
     """``start()``, then point clients at ``port``; ``arm(b"COMMIT")`` loses the next answer to a
     message containing ``COMMIT``; ``arm(b"redelivery:ACK", b"COMMIT")`` the answer to the first
-    ``COMMIT`` after a message containing ``redelivery:ACK`` (the commit of an ack's transaction);
+    ``COMMIT`` after a message containing ``redelivery:ACK`` (the commit of a transaction with an ack in it);
     ``fired`` is set once it did."""
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1"):

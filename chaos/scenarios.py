@@ -239,12 +239,12 @@ class KillPoints(BatchKillPoints, BreakerKillPoints, PublishKillPoints, WaitingK
 
     def lost_commit(self, what: str) -> None:
         self.top_up()
-        # an ack commits in a transaction of its own (its receipts' topics checked in it); a receive
-        # is one statement outside a transaction, whose answer is its commit's
+        # an ack and a receive are each one statement outside a transaction, whose answer is its
+        # commit's (an ack refuses a receipt of another topic inside its statement)
         trigger = {
             "publish": [b"COMMIT"],
             "receive": [b"redelivery:RECEIVE"],
-            "ack": [b"redelivery:ACK", b"COMMIT"],
+            "ack": [b"redelivery:ACK"],
         }[what]
         self.proxy.arm(*trigger)
         if what == "publish":

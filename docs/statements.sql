@@ -15,8 +15,28 @@ stale AS (
   UPDATE consumer_groups g
   SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.answered
   FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.answered < cardinality(%(ids)s::bigint[])
-  RETURNING 1)
-SELECT answered, ARRAY(SELECT topic_id FROM acked) FROM n;
+  RETURNING 1),
+refused AS (
+  SELECT refuse_foreign_receipt(f.message_id, f.name) FROM (
+SELECT i.message_id, t.name
+FROM unnest(%(ids)s::bigint[], %(receipt_topics)s::int[]) AS i(message_id, topic_id)
+JOIN topics t ON t.id = i.topic_id
+WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
+                          AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
+           WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
+           THEN false
+           WHEN EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
+                          AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) THEN false
+           WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
+                                         WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
+           THEN true
+           ELSE EXISTS (SELECT 1 FROM topics o
+                        WHERE o.id <> i.topic_id
+                          AND EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = o.id
+                                        AND m.id = i.message_id OFFSET 0)) END
+LIMIT 1) f
+  WHERE (SELECT answered FROM n) < cardinality(%(ids)s::bigint[]))
+SELECT answered, ARRAY(SELECT topic_id FROM acked), (SELECT count(*) FROM refused) FROM n;
 
 /* redelivery:ADD_GROUP_TOTALS */
 WITH added AS (
@@ -751,8 +771,28 @@ stale AS (
   UPDATE consumer_groups g
   SET stale_receipts = g.stale_receipts + cardinality(%(ids)s::bigint[]) - n.answered
   FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.answered < cardinality(%(ids)s::bigint[])
-  RETURNING 1)
-SELECT answered FROM n;
+  RETURNING 1),
+refused AS (
+  SELECT refuse_foreign_receipt(f.message_id, f.name) FROM (
+SELECT i.message_id, t.name
+FROM unnest(%(ids)s::bigint[], %(receipt_topics)s::int[]) AS i(message_id, topic_id)
+JOIN topics t ON t.id = i.topic_id
+WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
+                          AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
+           WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
+           THEN false
+           WHEN EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
+                          AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) THEN false
+           WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
+                                         WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
+           THEN true
+           ELSE EXISTS (SELECT 1 FROM topics o
+                        WHERE o.id <> i.topic_id
+                          AND EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = o.id
+                                        AND m.id = i.message_id OFFSET 0)) END
+LIMIT 1) f
+  WHERE (SELECT answered FROM n) < cardinality(%(ids)s::bigint[]))
+SELECT answered, (SELECT count(*) FROM refused) FROM n;
 
 /* redelivery:FAIL_DEAD_LETTER */
 WITH policies AS MATERIALIZED (
@@ -1339,7 +1379,7 @@ FROM published p;
 
 /* redelivery:RECEIPT_OF_ANOTHER_TOPIC */
 SELECT i.message_id, t.name
-FROM unnest(%(ids)s::bigint[], %(topic_ids)s::int[]) AS i(message_id, topic_id)
+FROM unnest(%(ids)s::bigint[], %(receipt_topics)s::int[]) AS i(message_id, topic_id)
 JOIN topics t ON t.id = i.topic_id
 WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
                           AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
@@ -1350,8 +1390,10 @@ WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
            WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
                                          WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
            THEN true
-           ELSE EXISTS (SELECT 1 FROM topics o JOIN messages m ON m.topic_id = o.id
-                        WHERE o.id <> i.topic_id AND m.id = i.message_id) END
+           ELSE EXISTS (SELECT 1 FROM topics o
+                        WHERE o.id <> i.topic_id
+                          AND EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = o.id
+                                        AND m.id = i.message_id OFFSET 0)) END
 LIMIT 1;
 
 /* redelivery:RECEIVE */

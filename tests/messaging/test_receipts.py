@@ -367,3 +367,18 @@ def test_a_receipt_answers_its_delivery_count_and_topic_exactly(client, database
         assert client.nack("billing", stale, at=at(36)) == 0
     assert message_state(client.conn, mid)["state"] == "INFLIGHT"
     assert client.ack("billing", receipts[2]) == 1
+
+
+def test_an_ack_outside_a_transaction_is_one_statement_committed_on_its_own(client, topic_group, monkeypatch):
+    """No transaction of the client's around an ack (BEGIN, ACK, COMMIT were three round trips):
+    the statement commits alone, and another session sees it at once."""
+    client.publish("orders", [{"n": 1}, {"n": 2}])
+    got = client.receive("billing", "orders", 10, 30)
+    monkeypatch.setattr(client.conn, "transaction", lambda *a, **k: pytest.fail("a transaction"))
+    assert client.ack("billing", got) == 2
+    assert client.ack("billing", got) == 0  # stale, counted by the same statement
+    monkeypatch.undo()
+    with psycopg.connect(client.url) as other:
+        other.execute("SET search_path = redelivery")
+        assert other.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
+        assert other.execute("SELECT stale_receipts FROM consumer_groups").fetchone()[0] == 2

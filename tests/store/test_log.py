@@ -528,4 +528,6 @@ def test_a_late_receipt_of_a_message_retention_dropped_is_stale_not_foreign(clie
             client.extend_lease("billing", [receipt, valid], 60, at=at(2 * DAY + 63))  # valid not extended
         with pytest.raises(ForeignReceiptError, match="not a message of topic 'orders'"):
             client.settle("billing", [Outcome(receipt, "ack")])
+        with pytest.raises(ForeignReceiptError, match=f"message {receipt.message_id} is not a message"):
+            client.settle("billing", [Outcome(valid, "ack"), Outcome(receipt, "ack")])  # one statement
     assert snapshot(client.conn) == before

@@ -31,7 +31,7 @@ SAMPLES = {
     "reason": "REJECTED", "reasons": None, "reset": True, "room": 5, "run": 1, "run_key": "r-1",
     "sample": None, "matched": None, "held_by_backlog_cap": None,
     "staging": "b-1", "status": "success", "summary": None, "tier": "seconds",
-    "topic_id": 1, "topic_ids": [1, 1], "group_id": 1, "triggered_by": None,
+    "topic_id": 1, "topic_ids": [1, 1], "receipt_topics": [1, 1], "group_id": 1, "triggered_by": None,
     "window_end": "2026-03-01T12:00:10+00:00",
     "window_start": None, "fingerprint": "3:00000000000000ff", "seconds": 1.5, "rows": 3, "part": 0,
     "stage_run": "api", "level_count": 16, "keys": [None], "bodies": [b"{}"],

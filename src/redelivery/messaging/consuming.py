@@ -5,11 +5,13 @@ are ``messaging.leasing``'s."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging import breaking
@@ -22,10 +24,12 @@ from redelivery.messaging.receipts import (
     check_receipt,
     error_lookup,
     failures_of,
+    foreign_receipt,
     int_array,
     plan_outcome,
     receipt_lookup,
     receipts_of,
+    refusing_foreign_receipts,
     retry_mode,
 )
 from redelivery.rules.breaker import counts
@@ -33,6 +37,8 @@ from redelivery.rules.failures import LEASE_EXPIRED_CLASS, describe
 from redelivery.store import catalog, db
 from redelivery.store import statements as S
 
+T = TypeVar("T")
+IDLE = TransactionStatus.IDLE
 #: A failure as a call gives it: a text or an exception, one for all messages or one per message.
 ErrorArg = str | BaseException | Sequence[str | BaseException | None] | None
 
@@ -100,14 +106,11 @@ class Consumer(Role):
             "count_stale": True,
         }
 
-        def extend() -> int:
-            with self.conn.transaction():
-                extended = self.conn.execute(S.EXTEND_LEASE, params, prepare=False).fetchone()[0]
-                if extended < len(items):  # a receipt matched nothing: is it of the topic it names?
-                    self._check_receipt_topics(group_id, items)  # if not, raises: rolled back
-            return extended
+        def extend() -> int:  # one statement: a receipt of another topic undoes it (RD001)
+            return self.conn.execute(S.EXTEND_LEASE, params, prepare=False).fetchone()[0]
 
-        return db.retry_lock_conflicts(extend)
+        with refusing_foreign_receipts():
+            return db.retry_lock_conflicts(lambda: self._alone_or_in(extend))
 
     def nack(
         self,
@@ -217,8 +220,8 @@ class Consumer(Role):
                     if self.conn.execute(S.SETTLE_PART_CLAIM, keys).fetchone() is None:
                         done = self.conn.execute(S.SETTLE_PART, keys).fetchone()
                         return dict(zip(("acked", "retried", "dead_lettered", "stale"), done, strict=True))
-                acked, acked_topics = (
-                    self.conn.execute(S.ACK, ack_params, prepare=False).fetchone() if acks else (0, [])
+                acked, acked_topics, _ = (  # a receipt of another topic raises RD001: all rolled back
+                    self.conn.execute(S.ACK, ack_params, prepare=False).fetchone() if acks else (0, [], 0)
                 )
                 retried, dead = self._apply_failures(plans)
                 stale = len(acks) - acked + failed - retried - dead
@@ -233,7 +236,8 @@ class Consumer(Role):
                 return counts
 
         try:
-            counts = db.retry_lock_conflicts(apply)
+            with refusing_foreign_receipts():
+                counts = db.retry_lock_conflicts(apply)
         except psycopg.errors.CheckViolation as error:
             if '"dlq_messages"' not in (error.diag.message_primary or ""):
                 raise
@@ -243,26 +247,36 @@ class Consumer(Role):
             # table is made
             self._check_receipt_topics(group_id, check)
             catalog.ensure_dlq_tables(self.conn, {params["p_dlq"][0] for params in plans})
-            counts = db.retry_lock_conflicts(apply)
+            with refusing_foreign_receipts():
+                counts = db.retry_lock_conflicts(apply)
         self._evaluate(group_id, watched, counted)
         return counts
 
     def _ack_only(self, group_id: int, acks: list, ack_params: dict, watched: dict) -> dict:
-        """``_answer`` of acks alone: one statement (with the breakers' counts, when watched)."""
+        """``_answer`` of acks alone: one statement, committed on its own (one round trip) outside
+        the caller's transaction when no breaker watches (else in a transaction with the breakers'
+        counts). A receipt of another topic undoes the statement (RD001: ``ACK``)."""
         counted: dict[int, tuple[int, str | None]] = {}
 
         def ack_only() -> int:
-            with self.conn.transaction():
-                acked, acked_topics = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()
-                if acked < len(acks):  # a receipt matched no delivery: is it of the topic it names?
-                    self._check_receipt_topics(group_id, acks)  # if not, raises: all rolled back
-                counted.clear()
-                counted.update(self._count(group_id, watched, Counter(acked_topics)))
+            acked, acked_topics, _ = self.conn.execute(S.ACK, ack_params, prepare=False).fetchone()
+            counted.clear()
+            counted.update(self._count(group_id, watched, Counter(acked_topics)))
             return acked
 
-        acked = db.retry_lock_conflicts(ack_only)
+        with refusing_foreign_receipts():
+            acked = db.retry_lock_conflicts(lambda: self._alone_or_in(ack_only, together=bool(watched)))
         self._evaluate(group_id, watched, counted)
         return {"acked": acked, "retried": 0, "dead_lettered": 0, "stale": len(acks) - acked}
+
+    def _alone_or_in(self, call: Callable[[], T], together: bool = False) -> T:
+        """``call`` (statements of an answer) on its own, when it is one statement (not
+        ``together``) and the connection is in autocommit outside any transaction: the statement
+        commits alone, one round trip; else in a transaction (or a savepoint of the caller's)."""
+        if not together and self.conn.autocommit and self.conn.info.transaction_status == IDLE:
+            return call()
+        with self.conn.transaction():
+            return call()
 
     def _watched(self, group_id: int, group: str, acks: list, plans: list) -> dict[int, tuple]:
         """The topics of an answer whose subscription has a breaker: topic id -> (its
@@ -311,11 +325,13 @@ class Consumer(Role):
                     breaking.log.warning("breaker of group id %s not evaluated: %s", group_id, error)
 
     def _receipt_params(self, items: list) -> dict:
-        """``ids`` (one per receipt: the stale ones are counted from it), ``topic_ids`` and
-        ``receipts`` (``receipt_lookup``) of an ack or a lease extension."""
+        """``ids`` (one per receipt: the stale ones are counted from it), ``receipt_topics`` (the
+        topic id each names), ``topic_ids`` (each once) and ``receipts`` (``receipt_lookup``) of an
+        ack or a lease extension."""
         topic_ids = [self.context.topic_id(r.topic) for r in items]
         return {
             "ids": int_array(r.message_id for r in items),
+            "receipt_topics": int_array(topic_ids),
             "topic_ids": int_array(set(topic_ids)),
             "receipts": receipt_lookup(
                 (r.message_id, r.delivery_count, t) for r, t in zip(items, topic_ids, strict=True)
@@ -466,14 +482,11 @@ class Consumer(Role):
         params = {
             "group_id": group_id,
             "ids": [r.message_id for r in receipts],
-            "topic_ids": [self.context.topic_id(r.topic) for r in receipts],
+            "receipt_topics": [self.context.topic_id(r.topic) for r in receipts],
         }
         row = self.conn.execute(S.RECEIPT_OF_ANOTHER_TOPIC, params).fetchone()
         if row is not None:
-            raise ForeignReceiptError(
-                f"message {row[0]} is not a message of topic {row[1]!r} (another topic's, or never "
-                "handed to the group): a receipt naming another topic cannot answer for it"
-            )
+            raise ForeignReceiptError(foreign_receipt(*row))
 
     def stale_receipts(self, group: str) -> int:
         """How many receipts of ``group`` changed nothing (late or repeated answers)."""

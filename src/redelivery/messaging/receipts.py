@@ -5,18 +5,46 @@ functions, nothing is read or written here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
 
 import orjson
+import psycopg
 
 from redelivery.errors import ForeignReceiptError, InvalidLevelError
 from redelivery.messaging.codec import ReceivedMessage
 from redelivery.rules.failures import Failure, describe
 from redelivery.rules.levels import check_delay
+
+#: The SQLSTATE of an answering statement that refused a receipt of another topic (migration 0024).
+FOREIGN_RECEIPT_STATE = "RD001"
+
+
+def foreign_receipt(message_id: int | str, topic: str) -> str:
+    """The text of ``ForeignReceiptError`` for a receipt naming ``topic`` for message ``message_id``,
+    which is not a message of that topic."""
+    return (
+        f"message {message_id} is not a message of topic {topic!r} (another topic's, or never "
+        "handed to the group): a receipt naming another topic cannot answer for it"
+    )
+
+
+@contextmanager
+def refusing_foreign_receipts() -> Iterator[None]:
+    """Turn an answering statement's refusal of a receipt of another topic (SQLSTATE
+    ``FOREIGN_RECEIPT_STATE``, its DETAIL the message id and the topic, tab-separated; the
+    statement was undone) into ``ForeignReceiptError``."""
+    try:
+        yield
+    except psycopg.Error as error:
+        if error.sqlstate != FOREIGN_RECEIPT_STATE:
+            raise
+        message_id, topic = (error.diag.message_detail or "?\t?").split("\t", 1)
+        raise ForeignReceiptError(foreign_receipt(message_id, topic)) from None
 
 
 @dataclass(frozen=True)
