@@ -17,24 +17,7 @@ stale AS (
   FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.answered < cardinality(%(ids)s::bigint[])
   RETURNING 1),
 refused AS (
-  SELECT refuse_foreign_receipt(f.message_id, f.name) FROM (
-SELECT i.message_id, t.name
-FROM unnest(%(ids)s::bigint[], %(receipt_topics)s::int[]) AS i(message_id, topic_id)
-JOIN topics t ON t.id = i.topic_id
-WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
-                          AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
-           WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
-           THEN false
-           WHEN EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
-                          AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) THEN false
-           WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
-                                         WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
-           THEN true
-           ELSE EXISTS (SELECT 1 FROM topics o
-                        WHERE o.id <> i.topic_id
-                          AND EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = o.id
-                                        AND m.id = i.message_id OFFSET 0)) END
-LIMIT 1) f
+  SELECT refuse_foreign_receipts(%(ids)s::bigint[], %(receipt_topics)s::int[], %(group_id)s)
   WHERE (SELECT answered FROM n) < cardinality(%(ids)s::bigint[]))
 SELECT answered, ARRAY(SELECT topic_id FROM acked), (SELECT count(*) FROM refused) FROM n;
 
@@ -773,24 +756,7 @@ stale AS (
   FROM n WHERE g.id = %(group_id)s AND %(count_stale)s AND n.answered < cardinality(%(ids)s::bigint[])
   RETURNING 1),
 refused AS (
-  SELECT refuse_foreign_receipt(f.message_id, f.name) FROM (
-SELECT i.message_id, t.name
-FROM unnest(%(ids)s::bigint[], %(receipt_topics)s::int[]) AS i(message_id, topic_id)
-JOIN topics t ON t.id = i.topic_id
-WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
-                          AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
-           WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
-           THEN false
-           WHEN EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
-                          AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) THEN false
-           WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
-                                         WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
-           THEN true
-           ELSE EXISTS (SELECT 1 FROM topics o
-                        WHERE o.id <> i.topic_id
-                          AND EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = o.id
-                                        AND m.id = i.message_id OFFSET 0)) END
-LIMIT 1) f
+  SELECT refuse_foreign_receipts(%(ids)s::bigint[], %(receipt_topics)s::int[], %(group_id)s)
   WHERE (SELECT answered FROM n) < cardinality(%(ids)s::bigint[]))
 SELECT answered, (SELECT count(*) FROM refused) FROM n;
 
@@ -1377,25 +1343,6 @@ SELECT (SELECT count(*) FROM deliveries d JOIN s ON d.topic_id = s.topic_id AND 
        p.n, p.last_id
 FROM published p;
 
-/* redelivery:RECEIPT_OF_ANOTHER_TOPIC */
-SELECT i.message_id, t.name
-FROM unnest(%(ids)s::bigint[], %(receipt_topics)s::int[]) AS i(message_id, topic_id)
-JOIN topics t ON t.id = i.topic_id
-WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
-                          AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
-           WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
-           THEN false
-           WHEN EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
-                          AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) THEN false
-           WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
-                                         WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
-           THEN true
-           ELSE EXISTS (SELECT 1 FROM topics o
-                        WHERE o.id <> i.topic_id
-                          AND EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = o.id
-                                        AND m.id = i.message_id OFFSET 0)) END
-LIMIT 1;
-
 /* redelivery:RECEIVE */
 WITH gate AS MATERIALIZED (
   SELECT coalesce((
@@ -1752,6 +1699,9 @@ ON CONFLICT (run_key) DO UPDATE SET
 WHERE redrive_runs.filter - 'dry_run' = EXCLUDED.filter - 'dry_run'
   AND (redrive_runs.dry_run OR NOT EXCLUDED.dry_run)
 RETURNING id, moved, status, dry_run, filter;
+
+/* redelivery:REFUSE_FOREIGN_RECEIPTS */
+SELECT refuse_foreign_receipts(%(ids)s::bigint[], %(receipt_topics)s::int[], %(group_id)s);
 
 /* redelivery:REGISTER_DLQ_NAMES */
 INSERT INTO dead_letter_queues (name)

@@ -24,7 +24,6 @@ from redelivery.messaging.receipts import (
     check_receipt,
     error_lookup,
     failures_of,
-    foreign_receipt,
     int_array,
     plan_outcome,
     receipt_lookup,
@@ -476,7 +475,8 @@ class Consumer(Role):
         would otherwise be applied in part and counted stale in part. A message that is nowhere
         (retention dropped it, its group done with it) at or below the group's offset on the named
         topic was handed to the group: its receipt is the topic's, and stale; one in another
-        topic's log, or past the offset, is refused (``RECEIPT_OF_ANOTHER_TOPIC``)."""
+        topic's log, or past the offset, is refused (``REFUSE_FOREIGN_RECEIPTS``: in a savepoint
+        inside the caller's transaction, which the refusal leaves usable)."""
         if not receipts:
             return
         params = {
@@ -484,9 +484,8 @@ class Consumer(Role):
             "ids": [r.message_id for r in receipts],
             "receipt_topics": [self.context.topic_id(r.topic) for r in receipts],
         }
-        row = self.conn.execute(S.RECEIPT_OF_ANOTHER_TOPIC, params).fetchone()
-        if row is not None:
-            raise ForeignReceiptError(foreign_receipt(*row))
+        with refusing_foreign_receipts():
+            self._alone_or_in(lambda: self.conn.execute(S.REFUSE_FOREIGN_RECEIPTS, params))
 
     def stale_receipts(self, group: str) -> int:
         """How many receipts of ``group`` changed nothing (late or repeated answers)."""

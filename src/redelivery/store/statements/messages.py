@@ -342,49 +342,20 @@ BACKEND_PID = _named("BACKEND_PID", "SELECT pg_backend_pid()")
 #: commit takes a lock of the whole cluster).
 NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
     SELECT notify_waiters(%(topic_ids)s::int[], %(group_ids)s::int[], %(counts)s::int[])""")
-#: The receipts, (message id, the topic each names: ``ids`` and ``receipt_topics``, aligned), of
-#: group ``group_id`` whose message is not a message of the topic the receipt names: (message id,
-#: the named topic). A receipt with a delivery row of that topic is the topic's; only the others
-#: (stale ones) are looked up in the topic's log and dead letters. A message that is nowhere
-#: (retention dropped it from the log once the group was done with it: acked, or its lease expired
-#: and it moved on) at or below the group's offset on the named topic was handed to the group (an
-#: offset passes only handed messages): the topic's too, its receipt stale. Only a message in
-#: another topic's log (ids are unique across topics: ``message_ids``), or past the offset (or on a
-#: topic the group does not subscribe), is another topic's: each other topic's log probed by its
-#: primary key (OFFSET 0 keeps it a probe: as a join, a log never analyzed was read whole). A
-#: message's topic never changes and an offset only grows, so this read needs no lock.
-_FOREIGN_RECEIPTS = """
-    SELECT i.message_id, t.name
-    FROM unnest(%(ids)s::bigint[], %(receipt_topics)s::int[]) AS i(message_id, topic_id)
-    JOIN topics t ON t.id = i.topic_id
-    WHERE CASE WHEN EXISTS (SELECT 1 FROM deliveries d WHERE d.topic_id = i.topic_id
-                              AND d.group_id = %(group_id)s AND d.message_id = i.message_id) THEN false
-               WHEN EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = i.topic_id AND m.id = i.message_id)
-               THEN false
-               WHEN EXISTS (SELECT 1 FROM dlq_messages q WHERE q.message_id = i.message_id
-                              AND q.group_id = %(group_id)s AND q.topic_id = i.topic_id) THEN false
-               WHEN i.message_id > coalesce((SELECT s.consume_offset FROM subscriptions s
-                                             WHERE s.topic_id = i.topic_id AND s.group_id = %(group_id)s), 0)
-               THEN true
-               ELSE EXISTS (SELECT 1 FROM topics o
-                            WHERE o.id <> i.topic_id
-                              AND EXISTS (SELECT 1 FROM messages m WHERE m.topic_id = o.id
-                                            AND m.id = i.message_id OFFSET 0)) END
-    LIMIT 1"""
-#: A receipt of another topic's message refused (SQLSTATE RD001, migration 0024: the statement is
-#: undone) when some receipt matched nothing (``n.answered`` of ``ids`` did).
-_REFUSED = f"""refused AS (
-      SELECT refuse_foreign_receipt(f.message_id, f.name) FROM ({_FOREIGN_RECEIPTS}) f
+#: A receipt of another topic's message refused (SQLSTATE RD001: the statement is undone) when some
+#: receipt matched nothing (``n.answered`` of ``ids`` did): ``refuse_foreign_receipts`` (migration
+#: 0024) checks the receipts, (message id, the topic each names: ``ids`` and ``receipt_topics``,
+#: aligned), in the statement's snapshot (the rows it changed are still there).
+_REFUSED = """refused AS (
+      SELECT refuse_foreign_receipts(%(ids)s::bigint[], %(receipt_topics)s::int[], %(group_id)s)
       WHERE (SELECT answered FROM n) < cardinality(%(ids)s::bigint[]))"""
 #: End the deliveries the receipts answer (message id, delivery count, the topic each names): an
 #: ack deletes the delivery row, and the message, below its group's offset with no row, is
 #: COMMITTED. Receipts that match nothing (late, repeated) are counted as stale on the group, in
 #: the same statement, when ``count_stale`` (``settle`` counts them itself, last, so that its group
-#: row is locked after every delivery row it changes). When some receipt matched nothing, the
-#: receipts are checked against their topics in the same statement (``_FOREIGN_RECEIPTS``, in the
-#: statement's snapshot: the rows it deleted are still there), and a receipt of another topic's
-#: message raises SQLSTATE RD001 (``refuse_foreign_receipt``, migration 0024): the statement is
-#: undone, and an ack outside a transaction is one statement, committed on its own. Returns how
+#: row is locked after every delivery row it changes). When some receipt matched nothing, a receipt
+#: of another topic's message undoes the statement (``_REFUSED``): an ack outside a transaction is
+#: one statement, committed on its own. Returns how
 #: many were acknowledged, and the topic id of each (a breaker counts the acks that applied, never
 #: a stale one).
 ACK = _named("ACK", f"""
@@ -417,9 +388,10 @@ EXTEND_LEASE = _named("EXTEND_LEASE", f"""
     {_COUNT_STALE},
     {_REFUSED}
     SELECT answered, (SELECT count(*) FROM refused) FROM n""")
-#: The first receipt (``_FOREIGN_RECEIPTS``) of group ``group_id`` whose message is not a message
-#: of the topic the receipt names: (message id, the named topic).
-RECEIPT_OF_ANOTHER_TOPIC = _named("RECEIPT_OF_ANOTHER_TOPIC", _FOREIGN_RECEIPTS)
+#: Refuse (SQLSTATE RD001) the receipts of group ``group_id`` whose message is not a message of the
+#: topic the receipt names (``refuse_foreign_receipts``, migration 0024); changes nothing.
+REFUSE_FOREIGN_RECEIPTS = _named("REFUSE_FOREIGN_RECEIPTS", """
+    SELECT refuse_foreign_receipts(%(ids)s::bigint[], %(receipt_topics)s::int[], %(group_id)s)""")
 GROUP_STALE_RECEIPTS = _named("GROUP_STALE_RECEIPTS", """
     SELECT stale_receipts FROM consumer_groups WHERE id = %(group_id)s""")
 #: Settle markers: a job run's part answered once (``Client.settle(marker=...)``).
