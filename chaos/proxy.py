@@ -1,8 +1,9 @@
 """A TCP proxy in front of PostgreSQL that loses a commit's answer: once armed with a trigger, it
 forwards the first client message that contains the trigger, lets the server answer it in full
-(up to ReadyForQuery, or a COMMIT's CommandComplete in a pipeline, whose ReadyForQuery waits for
-the client's Sync: the transaction is committed), and then closes both sides without passing
-the answer on. The client sees its connection drop with its commit done.
+(up to a ReadyForQuery outside any transaction, or a COMMIT's CommandComplete in a pipeline, whose
+ReadyForQuery waits for the client's Sync: the transaction is committed; a ReadyForQuery inside a
+transaction passes, with what came before it), and then closes both sides without passing the
+answer on. The client sees its connection drop with its commit done.
 
 It parses the PostgreSQL protocol's framing only: untyped start-up messages (SSLRequest,
 GSSENCRequest, StartupMessage), then typed messages (one type byte and a length)."""
@@ -84,6 +85,7 @@ class LostAnswerProxy:
             _close(client, upstream)
 
     def _server_to_client(self, upstream: socket.socket, client: socket.socket, dropping: threading.Event):
+        held: list[bytes] = []  # the answers after the trigger, until a ReadyForQuery says which
         try:
             started = False
             while True:
@@ -98,9 +100,14 @@ class LostAnswerProxy:
                     header = _read(upstream, 5)
                 body = _read(upstream, struct.unpack("!i", header[1:])[0] - 4)
                 if dropping.is_set():
-                    # the server is done with it (or, in a pipeline, whose ReadyForQuery waits for
-                    # its Sync, the COMMIT's CommandComplete came): the commit happened
-                    if header[:1] == b"Z" or (header[:1] == b"C" and body.startswith(b"COMMIT\x00")):
+                    held.append(header + body)
+                    if header[:1] == b"Z" and body[:1] != b"I":  # still inside a transaction: not
+                        client.sendall(b"".join(held))  # its commit yet, answered as it is
+                        held.clear()
+                    # the server is done with it, outside any transaction (or, in a pipeline, whose
+                    # ReadyForQuery waits for its Sync, the COMMIT's CommandComplete came): the
+                    # commit happened
+                    elif header[:1] == b"Z" or (header[:1] == b"C" and body.startswith(b"COMMIT\x00")):
                         self.fired.set()
                         _close(client, upstream)
                         return
