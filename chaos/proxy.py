@@ -3,7 +3,8 @@ forwards the first client message that contains the trigger, lets the server ans
 (up to a ReadyForQuery outside any transaction, or a COMMIT's CommandComplete in a pipeline, whose
 ReadyForQuery waits for the client's Sync: the transaction is committed; a ReadyForQuery inside a
 transaction passes, with what came before it), and then closes both sides without passing the
-answer on. The client sees its connection drop with its commit done.
+answer on. The client sees its connection drop with its commit done. A trigger whose transaction
+failed or rolled back has no commit to lose: its answers pass, and the proxy is disarmed unfired.
 
 It parses the PostgreSQL protocol's framing only: untyped start-up messages (SSLRequest,
 GSSENCRequest, StartupMessage), then typed messages (one type byte and a length)."""
@@ -86,6 +87,7 @@ class LostAnswerProxy:
 
     def _server_to_client(self, upstream: socket.socket, client: socket.socket, dropping: threading.Event):
         held: list[bytes] = []  # the answers after the trigger, until a ReadyForQuery says which
+        failed = False  # an error or a rollback since the trigger: what follows commits nothing
         try:
             started = False
             while True:
@@ -101,13 +103,21 @@ class LostAnswerProxy:
                 body = _read(upstream, struct.unpack("!i", header[1:])[0] - 4)
                 if dropping.is_set():
                     held.append(header + body)
-                    if header[:1] == b"Z" and body[:1] != b"I":  # still inside a transaction: not
-                        client.sendall(b"".join(held))  # its commit yet, answered as it is
+                    kind = header[:1]
+                    failed = failed or kind == b"E" or (kind == b"C" and body.startswith(b"ROLLBACK\x00"))
+                    if kind in (b"G", b"W"):  # a COPY waits for the client's data: answered now
+                        client.sendall(b"".join(held))
                         held.clear()
+                    elif kind == b"Z" and (body[:1] != b"I" or failed):  # inside a transaction, or
+                        client.sendall(b"".join(held))  # nothing committed: answered as it is
+                        held.clear()
+                        if failed:  # no commit to lose: disarmed, not fired
+                            dropping.clear()
+                            failed = False
                     # the server is done with it, outside any transaction (or, in a pipeline, whose
                     # ReadyForQuery waits for its Sync, the COMMIT's CommandComplete came): the
                     # commit happened
-                    elif header[:1] == b"Z" or (header[:1] == b"C" and body.startswith(b"COMMIT\x00")):
+                    elif kind == b"Z" or (kind == b"C" and body.startswith(b"COMMIT\x00")):
                         self.fired.set()
                         _close(client, upstream)
                         return

@@ -82,7 +82,8 @@ def publish(args) -> None:
 
         conn = client.client.conn
         now = conn.execute("SELECT now()").fetchone()[0]
-        client.client.publisher._partition = conn.execute(S.LOG_PARTITION_AT, {"at": now}).fetchone()[0]
+        known = conn.execute(S.LOG_PARTITION_AT, {"at": now}).fetchone()  # none yet: two round trips
+        client.client.publisher._partition = known[0] if known else None
     try:
         ids = client.publish(TOPIC, messages, batch_id=args.batch, at=at)
     except BatchExpiredError:  # published before, and already dropped by retention (recorded)

@@ -2,6 +2,7 @@
 delivery count never goes back; an undecodable body never strands its batch; lock conflicts
 never fail a call."""
 
+import dataclasses
 import threading
 
 import psycopg
@@ -9,6 +10,7 @@ import pytest
 
 from helpers import (
     at,
+    configured,
     deadlocks,
     message_state,
     run_cli,
@@ -382,3 +384,36 @@ def test_an_ack_outside_a_transaction_is_one_statement_committed_on_its_own(clie
         other.execute("SET search_path = redelivery")
         assert other.execute("SELECT count(*) FROM deliveries").fetchone()[0] == 0
         assert other.execute("SELECT stale_receipts FROM consumer_groups").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize("where", ["alone", "breaker watching", "caller's transaction"])
+def test_an_ack_naming_another_topic_is_refused_by_its_statement_and_changes_nothing(
+    client, topic_group, where
+):
+    """The ACK statement refuses a receipt that names another topic than its message's itself
+    (SQLSTATE RD001, migration 0024): the valid receipt beside it stays in flight and nothing is
+    counted stale; alone (one statement), with a breaker watching the group (a transaction with its
+    counts), and in a savepoint of the caller's transaction, which stays usable."""
+    if where == "breaker watching":
+        breaker = {"min_attempts": 4, "failure_ratio": 0.5, "open_time": "1s", "max_open_time": "2s"}
+        configured(client, {"breaker": breaker})
+        assert client.breakers("billing")  # watched: the ack goes in a transaction with its counts
+    client.create_topic("refunds")
+    client.subscribe("billing", "refunds")
+    client.publish("orders", [{"n": 1}])
+    client.publish("refunds", [{"n": 2}])
+    [mine] = client.receive("billing", "orders", 1, 30)
+    [refund] = client.receive("billing", "refunds", 1, 30)
+    wrong = dataclasses.replace(refund, topic="orders")  # a refunds message, its receipt naming orders
+    before = snapshot(client.conn)
+    if where == "caller's transaction":
+        client.conn.execute("BEGIN")
+    with pytest.raises(
+        ForeignReceiptError, match=f"message {refund.message_id} is not a message of topic 'orders'"
+    ):
+        client.ack("billing", [mine, wrong])
+    if where == "caller's transaction":
+        assert client.conn.execute("SELECT 1").fetchone() == (1,)  # usable: only its savepoint went
+        client.conn.execute("ROLLBACK")
+    assert snapshot(client.conn) == before and client.stale_receipts("billing") == 0
+    assert client.ack("billing", [mine, refund]) == 2

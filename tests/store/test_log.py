@@ -529,5 +529,5 @@ def test_a_late_receipt_of_a_message_retention_dropped_is_stale_not_foreign(clie
         with pytest.raises(ForeignReceiptError, match="not a message of topic 'orders'"):
             client.settle("billing", [Outcome(receipt, "ack")])
         with pytest.raises(ForeignReceiptError, match=f"message {receipt.message_id} is not a message"):
-            client.settle("billing", [Outcome(valid, "ack"), Outcome(receipt, "ack")])  # one statement
+            client.settle("billing", [Outcome(valid, "ack"), Outcome(receipt, "ack")])
     assert snapshot(client.conn) == before

@@ -252,9 +252,10 @@ class Consumer(Role):
         return counts
 
     def _ack_only(self, group_id: int, acks: list, ack_params: dict, watched: dict) -> dict:
-        """``_answer`` of acks alone: one statement, committed on its own (one round trip) outside
-        the caller's transaction when no breaker watches (else in a transaction with the breakers'
-        counts). A receipt of another topic undoes the statement (RD001: ``ACK``)."""
+        """``_answer`` of acks alone: one statement, committed on its own (one round trip) when the
+        connection is outside any transaction and no breaker watches; else in a transaction (a
+        savepoint of the caller's), with the breakers' counts. A receipt of another topic undoes
+        the statement (RD001: ``ACK``)."""
         counted: dict[int, tuple[int, str | None]] = {}
 
         def ack_only() -> int:

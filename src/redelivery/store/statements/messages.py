@@ -345,7 +345,9 @@ NOTIFY_WAITERS = _named("NOTIFY_WAITERS", """
 #: A receipt of another topic's message refused (SQLSTATE RD001: the statement is undone) when some
 #: receipt matched nothing (``n.answered`` of ``ids`` did): ``refuse_foreign_receipts`` (migration
 #: 0024) checks the receipts, (message id, the topic each names: ``ids`` and ``receipt_topics``,
-#: aligned), in the statement's snapshot (the rows it changed are still there).
+#: aligned). The function is VOLATILE: its queries take their own snapshots, after the statement's
+#: changes, as the separate check before it did (a receipt whose row the statement deleted is found
+#: in its topic's log; one a concurrent ack answered first, too: stale, not refused).
 _REFUSED = """refused AS (
       SELECT refuse_foreign_receipts(%(ids)s::bigint[], %(receipt_topics)s::int[], %(group_id)s)
       WHERE (SELECT answered FROM n) < cardinality(%(ids)s::bigint[]))"""

@@ -8,7 +8,9 @@ every ack. ``refuse_foreign_receipts`` makes that check and raises the refusal (
 and EXTEND_LEASE statements, which call it only when a receipt matched nothing: the statement, and
 nothing else, is undone, so an ack is one statement committed on its own, and a refused one still
 changes nothing. A function, not a subquery of the statement: those statements are planned on
-every call (their arrays), and the check is planned only in a session that needs it.
+every call (their arrays), and the check is planned only in a session that needs it. VOLATILE:
+its query takes a snapshot of its own, after the calling statement's changes, as the separate
+check statement did (a receipt whose row the ACK just deleted is found in its topic's log).
 
 The check (the rule ``RECEIPT_OF_ANOTHER_TOPIC`` had): a receipt with a delivery row of the topic
 it names is the topic's; only the others (stale ones) are looked up in the topic's log and dead
