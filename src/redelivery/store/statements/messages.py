@@ -357,9 +357,8 @@ _REFUSED = """refused AS (
 #: the same statement, when ``count_stale`` (``settle`` counts them itself, last, so that its group
 #: row is locked after every delivery row it changes). When some receipt matched nothing, a receipt
 #: of another topic's message undoes the statement (``_REFUSED``): an ack outside a transaction is
-#: one statement, committed on its own. Returns how
-#: many were acknowledged, and the topic id of each (a breaker counts the acks that applied, never
-#: a stale one).
+#: one statement, committed on its own. Returns how many were acknowledged, and the topic id of each
+#: (a breaker counts the acks that applied, never a stale one).
 ACK = _named("ACK", f"""
     WITH acked AS (
       DELETE FROM deliveries d
