@@ -2003,12 +2003,22 @@ SELECT pg_advisory_unlock(%(namespace)s, hashtext(%(partition_name)s));
 /* redelivery:WAITER_DONE */
 SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int), pg_advisory_unlock_shared(-%(topic_id)s::int, 0);
 
+/* redelivery:WAITER_LEFT_BEHIND */
+SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int), pg_advisory_unlock_shared(-%(topic_id)s::int, 0)
+WHERE EXISTS (SELECT 1 FROM pg_locks l
+              WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid);
+
 /* redelivery:WAITER_PRESENT */
+SELECT pg_try_advisory_lock_shared(-%(topic_id)s::int, 0), pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int);
+
+/* redelivery:WAITER_PRESENT_AGAIN */
 SELECT pg_try_advisory_lock_shared(-%(topic_id)s::int, 0), pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int)
 WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
-                  WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
-                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                    AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid);
+              WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid);
 
 /* redelivery:WAITING_BEYOND_LEVELS */
 SELECT delay_level, count(*) FROM deliveries

@@ -355,7 +355,7 @@ def test_a_wait_holds_one_share_of_its_lock_however_often_it_began(client, topic
     ).fetchall()
     ids = dict(zip(("topic_id", "group_id"), ids, strict=True))
     client.conn.execute(S.WAITER_PRESENT, ids)
-    client.conn.execute(S.WAITER_PRESENT, ids)
+    client.conn.execute(S.WAITER_PRESENT_AGAIN, ids)  # what the next wait sends after a cut-short one
     assert present(client.conn) == 1
     assert client.conn.execute(S.WAITER_DONE, ids).fetchone() == (True, True)
     assert present(client.conn) == 0 and not locks_held(client.conn)
@@ -413,3 +413,74 @@ def test_a_publish_in_a_long_transaction_keeps_no_consumer_from_waiting(client, 
         assert waiter.error is None and waiter.got == [] and waiter.seconds < 6
     finally:
         client.conn.execute("ROLLBACK")
+
+
+def statements_of(monkeypatch, conn: psycopg.Connection) -> list[str]:
+    """The names of the statements ``conn`` sends from now on (``/* redelivery:NAME */``; LISTEN and
+    UNLISTEN by their verb)."""
+    sent: list[str] = []
+    real = psycopg.Cursor.execute
+
+    def execute(self, query, *args, **kwargs):
+        if self.connection is conn:
+            text = query if isinstance(query, str) else query.as_string(conn)
+            sent.append(text.split(":", 1)[1].split(" ", 1)[0] if "redelivery:" in text else text.split()[0])
+        return real(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    return sent
+
+
+def test_a_consumer_whose_last_wait_found_nothing_says_it_waits_before_it_receives(
+    client, topic_group, database_url, monkeypatch
+):
+    """A receive that may wait, of a subscription whose last such receive found nothing at once,
+    LISTENs and says it waits first, then receives once (not a receive, the LISTEN, and the
+    receive again); one that then finds a message at once makes the next receive the plain one."""
+    with Client(database_url) as consumer:
+        assert consumer.receive("billing", "orders", 10, 30, wait_seconds=0.2) == []
+        [mid] = client.publish("orders", [{"n": 1}])
+        sent = statements_of(monkeypatch, consumer.conn)
+        assert [m.message_id for m in consumer.receive("billing", "orders", 10, 30, wait_seconds=5)] == [mid]
+        # (the ordering asked again: the empty wait's last receive came after a re-check)
+        assert sent == [
+            "LISTEN",
+            "WAITER_PRESENT",
+            "SUBSCRIPTION_ORDERING",
+            "RECEIVE",
+            "WAITER_DONE",
+            "UNLISTEN",
+        ]
+        [mid] = client.publish("orders", [{"n": 2}])
+        sent.clear()
+        assert [m.message_id for m in consumer.receive("billing", "orders", 10, 30, wait_seconds=5)] == [mid]
+        assert sent == ["RECEIVE"]  # found one at once the last time: no LISTEN
+        assert present(client.conn) == 0
+
+
+def test_a_wait_whose_release_was_cut_short_leaves_no_waiter_behind(client, topic_group, database_url):
+    """A wait whose release round trip is cut short (an interrupt) leaves its backend holding the
+    waiter lock while it waits no more: a notifier could pick it in a waiting consumer's stead.
+    The client's next wait, on another subscription, releases it first; on the same one, it says
+    it waits again without a second share, and its release frees the subscription."""
+    from redelivery.store import statements as S
+
+    client.create_topic("refunds")
+    client.subscribe("billing", "refunds")
+    with Client(database_url) as consumer:
+        real = consumer.conn.execute
+
+        def cut_short(query, *args, **kwargs):
+            if query is S.WAITER_DONE:
+                raise KeyboardInterrupt
+            return real(query, *args, **kwargs)
+
+        for then in ("refunds", "orders"):
+            consumer.conn.execute = cut_short
+            with pytest.raises(KeyboardInterrupt):
+                consumer.receive("billing", "orders", 10, 30, wait_seconds=0.2)
+            assert present(client.conn) == 1  # left behind: it waits no more
+            del consumer.conn.execute
+            assert consumer.receive("billing", then, 10, 30, wait_seconds=0.2) == []
+            assert present(client.conn) == 0
+            assert not locks_held(consumer.conn)

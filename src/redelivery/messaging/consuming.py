@@ -225,7 +225,8 @@ class Consumer(Role):
                 retried, dead = self._apply_failures(plans)
                 stale = len(acks) - acked + failed - retried - dead
                 if stale and check:  # a receipt matched no delivery: is it of the topic it names?
-                    self._check_receipt_topics(group_id, check)  # if not, raises: all rolled back
+                    # if not, raises: all rolled back (no savepoint: nothing of the answer stays)
+                    self.conn.execute(S.REFUSE_FOREIGN_RECEIPTS, self._topics_named(group_id, check))
                 catalog.add_group_totals(self.conn, dead_lettered={group_id: dead}, stale={group_id: stale})
                 counts = {"acked": acked, "retried": retried, "dead_lettered": dead, "stale": stale}
                 if marker is not None:
@@ -480,13 +481,18 @@ class Consumer(Role):
         inside the caller's transaction, which the refusal leaves usable)."""
         if not receipts:
             return
-        params = {
+        params = self._topics_named(group_id, receipts)
+        with refusing_foreign_receipts():
+            self._alone_or_in(lambda: self.conn.execute(S.REFUSE_FOREIGN_RECEIPTS, params))
+
+    def _topics_named(self, group_id: int, receipts: Sequence) -> dict:
+        """The parameters of ``REFUSE_FOREIGN_RECEIPTS``: each receipt's message id and the id of
+        the topic it names (aligned)."""
+        return {
             "group_id": group_id,
             "ids": [r.message_id for r in receipts],
             "receipt_topics": [self.context.topic_id(r.topic) for r in receipts],
         }
-        with refusing_foreign_receipts():
-            self._alone_or_in(lambda: self.conn.execute(S.REFUSE_FOREIGN_RECEIPTS, params))
 
     def stale_receipts(self, group: str) -> int:
         """How many receipts of ``group`` changed nothing (late or repeated answers)."""

@@ -35,6 +35,12 @@ class ClientContext:
         #: (a connection, the server's pid of its session): the channel of a wait on it
         #: (``messaging.waiting``)
         self.server_pid: tuple[psycopg.Connection | None, int] = (None, 0)
+        #: (a connection, the subscriptions whose waiter locks its session may hold outside a wait:
+        #: a round trip of a wait was cut short) (``messaging.waiting``)
+        self.unsure_waits: tuple[psycopg.Connection | None, set[tuple[int, int]]] = (None, set())
+        #: (topic id, group id) whose last receive that could wait found nothing at once: its next
+        #: one says it waits before it receives (``messaging.waiting.wait_for``)
+        self.found_empty: set[tuple[int, int]] = set()
         self.config = config  # and ``levels``, its level table
 
     @property

@@ -15,7 +15,7 @@ from redelivery.messaging.codec import BINARY, decode, received_properties
 from redelivery.messaging.context import Role
 from redelivery.messaging.ordered import lease_ordered
 from redelivery.messaging.receipts import check_at, error_lookup, int_array, receipt_lookup
-from redelivery.messaging.waiting import check_wait, wait_for
+from redelivery.messaging.waiting import check_wait, wait_for, waits_first
 from redelivery.rules.failures import UNDECODABLE_CLASS, Failure
 from redelivery.rules.leased_row import RECEIVE_COLUMNS, ReceivedMessage, row_values
 from redelivery.rules.policies import MAX_INT
@@ -97,6 +97,11 @@ class Receiver(Role):
         sent for the topic and subscription it waits on)."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy, table = self.context.policy(topic_id, group_id, topic, group)  # NotSubscribedError
+        wait_now = lambda again: self._receive(  # noqa: E731
+            group, topic, max_messages, invisible_duration, at, 0, again
+        )
+        if wait and waits_first(self.context, topic_id, group_id):  # found nothing at once the last time
+            return wait_for(self.context, topic_id, group_id, wait, wait_now)
 
         rows = self._leased(params, recheck)
         if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere: its new id
@@ -111,9 +116,7 @@ class Receiver(Role):
                     len(bad), group, exc,
                 )  # fmt: skip
         if not out and wait:  # nothing (or nothing decodable): wait for the next
-            return wait_for(self.context, topic_id, group_id, wait, lambda again: self._receive(
-                group, topic, max_messages, invisible_duration, at, 0, again
-            ))  # fmt: skip
+            return wait_for(self.context, topic_id, group_id, wait, wait_now)
         return out
 
     def lease_rows(
@@ -139,14 +142,17 @@ class Receiver(Role):
         """``lease_rows`` of checked arguments; ``recheck`` as ``_receive``'s."""
         group_id, topic_id, params = self._lease_params(group, topic, max_messages, invisible_duration, at)
         policy = self.context.effective_policy(topic_id, group_id, topic, group)
+        wait_now = lambda again: self._lease_rows(  # noqa: E731
+            group, topic, max_messages, invisible_duration, at, 0, again
+        )
+        if wait and waits_first(self.context, topic_id, group_id):  # found nothing at once the last time
+            return wait_for(self.context, topic_id, group_id, wait, wait_now)
 
         rows = self._leased(params, recheck)
         if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere: its new id
             return self._lease_rows(group, topic, max_messages, invisible_duration, at, wait, recheck)
         if not rows and wait:
-            return wait_for(self.context, topic_id, group_id, wait, lambda again: self._lease_rows(
-                group, topic, max_messages, invisible_duration, at, 0, again
-            ))  # fmt: skip
+            return wait_for(self.context, topic_id, group_id, wait, wait_now)
         leased = []
         for row in rows:
             values = row_values(row, group, topic)

@@ -18,7 +18,14 @@ that looked an instant before the consumer took its locks, a notification lost w
 connection): the consumer receives again at least every ``RECHECK_SECONDS`` while it waits.
 What a wait leaves behind: nothing, and no tuple while it waits (a row per wait was two dead
 versions a transaction holding the xmin horizon kept); a consumer that dies waiting, nothing
-either: its locks and its LISTEN go with its session.
+either: its locks and its LISTEN go with its session; a wait whose release was cut short (an
+interrupt), the locks its session still holds, released before the client's next wait.
+
+What a wait costs: the client knows whether its session holds the locks (every release answered),
+so saying it waits reads no ``pg_locks`` (a read of the whole cluster's lock table) but after a
+round trip cut short; and a receive of a subscription whose last receive that could wait found
+nothing at once says it waits first, then receives once (not a receive, then the LISTEN, then the
+same receive again).
 """
 
 from __future__ import annotations
@@ -63,8 +70,9 @@ def channel(backend_pid: int) -> str:
 def wait_for(
     context, topic_id: int, group_id: int, wait_seconds: float, once: Callable[[bool], list[_T]]
 ) -> list[_T]:
-    """After a receive that got nothing: ``once(recheck)`` (the receive again) until it returns
-    something or ``wait_seconds`` passed, each time this backend is notified and at least every
+    """After a receive that got nothing (or instead of it, when the subscription's last wait began
+    so: ``waits_first``): ``once(recheck)`` (the receive again) until it returns something or
+    ``wait_seconds`` passed, each time this backend is notified and at least every
     ``RECHECK_SECONDS``. The first ``once`` runs after this backend LISTENs and holds the waiter
     locks, so whatever a commit made receivable before is seen by it, and whatever after wakes it;
     once the wait returns, the locks are released (a notifier picks only waiting backends).
@@ -75,15 +83,24 @@ def wait_for(
     conn = context.conn
     deadline = time.monotonic() + wait_seconds
     name = sql.Identifier(channel(_server_pid(context)))
+    key = (topic_id, group_id)
     subscription = {"topic_id": topic_id, "group_id": group_id}
+    unsure = _unsure_waits(context)
+    _release_left_behind(conn, unsure, key)
+    again = key in unsure  # a round trip of its last wait was cut short: the locks may be held
+    unsure.add(key)  # until the release's round trip has answered
     try:
         with conn.pipeline():  # one round trip, committed before the receive: listening, then waiting
             conn.execute(sql.SQL("LISTEN {}").format(name))
-            conn.execute(S.WAITER_PRESENT, subscription)
+            conn.execute(S.WAITER_PRESENT_AGAIN if again else S.WAITER_PRESENT, subscription)
         recheck = False  # at the re-checks only
+        first = True
         while True:
             _drain(conn)  # what came before this receive: it will see that already
             got = once(recheck)
+            if first:  # the next receive that may wait says so first when this one found nothing
+                (context.found_empty.discard if got else context.found_empty.add)(key)
+                first = False
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
@@ -93,13 +110,42 @@ def wait_for(
                 break
     finally:
         try:  # one round trip: waiting and listening no more (a listening session that later sits in
-            # a long transaction would hold every notification of the database in the queue). A lock
-            # never taken (the first round trip failed) is refused with a warning, nothing more.
+            # a long transaction would hold every notification of the database in the queue)
             with conn.pipeline():
                 conn.execute(S.WAITER_DONE, subscription)
                 conn.execute(sql.SQL("UNLISTEN {}").format(name))
+            unsure.discard(key)
         except psycopg.Error:  # the connection broke: the lock and the LISTEN went with its session
             pass
+
+
+def waits_first(context, topic_id: int, group_id: int) -> bool:
+    """Whether a receive of the subscription that may wait says it waits before it receives: its
+    last such receive found nothing at once (the receive before the LISTEN would find nothing
+    again: a statement saved a message while consumers outnumber messages; a receive that then
+    finds messages at once costs a LISTEN and its release, and the next receives first again)."""
+    return (topic_id, group_id) in context.found_empty
+
+
+def _unsure_waits(context) -> set[tuple[int, int]]:
+    """The subscriptions whose waiter locks the session of the client's connection may hold
+    outside a wait (a round trip of a wait cut short: an interrupt, a time-out of the caller's);
+    none on a new connection (the locks went with the session)."""
+    conn, unsure = context.unsure_waits
+    if conn is not context.conn:
+        unsure = set()
+        context.unsure_waits = (context.conn, unsure)
+    return unsure
+
+
+def _release_left_behind(conn: psycopg.Connection, unsure: set[tuple[int, int]], waiting: tuple) -> None:
+    """Release the waiter locks that an earlier wait's release, cut short, may have left held
+    (read in ``pg_locks``: the rare case): a backend that holds them but waits no more would be
+    notified in a waiting consumer's stead. Its LISTEN, on the channel of every wait of this
+    session, ends with the wait about to begin."""
+    for topic_id, group_id in sorted(unsure - {waiting}):
+        conn.execute(S.WAITER_LEFT_BEHIND, {"topic_id": topic_id, "group_id": group_id})
+        unsure.discard((topic_id, group_id))
 
 
 def _server_pid(context) -> int:

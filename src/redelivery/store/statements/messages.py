@@ -321,18 +321,32 @@ RECEIVE = _named("RECEIVE", f"""
 #: an instant, to learn whether anybody waits (the topic's is tried here too: never waited for; not
 #: granted in that instant, the consumer waits without it, and a publish may then not wake it: its
 #: re-check finds the message); publishers, tier runs and redrives notify the backends that hold
-#: the subscription's. Taken once per session (not again when held: a wait cut short before its release
-#: cannot pile up shares that one release would not undo). Written nowhere: no tuple, no WAL.
+#: the subscription's. Written nowhere: no tuple, no WAL. Taken when the client knows its session
+#: holds neither: every wait released them (else ``WAITER_PRESENT_AGAIN``).
 WAITER_PRESENT = _named("WAITER_PRESENT", f"""
+    SELECT pg_try_advisory_lock_shared({_TOPIC_WAITER_KEY}), pg_advisory_lock_shared({_WAITER_KEY})""")
+#: This backend holds the subscription's waiter lock (``pg_locks``: a read of the whole lock table,
+#: which the common case does without).
+_HOLDS_WAITER_LOCK = """EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid)"""
+#: ``WAITER_PRESENT`` after a round trip of a wait that was cut short (the session may hold the
+#: locks, or not): taken only when not held, so that shares do not pile up that one release would
+#: not undo.
+WAITER_PRESENT_AGAIN = _named("WAITER_PRESENT_AGAIN", f"""
     SELECT pg_try_advisory_lock_shared({_TOPIC_WAITER_KEY}), pg_advisory_lock_shared({_WAITER_KEY})
-    WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
-                      WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
-                        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                        AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid)""")
+    WHERE NOT {_HOLDS_WAITER_LOCK}""")
 #: The consumer of this backend waits no more for the subscription (its wait returned): a notifier
 #: picks only the backends that wait. False (and a warning) for a lock that was not held.
 WAITER_DONE = _named("WAITER_DONE", f"""
     SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})""")
+#: ``WAITER_DONE`` of a wait whose release was cut short, when the session still holds the lock
+#: (else nothing: no warning), before the client's next wait: a backend that holds it but waits no
+#: more would be notified in a waiting consumer's stead.
+WAITER_LEFT_BEHIND = _named("WAITER_LEFT_BEHIND", f"""
+    SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})
+    WHERE {_HOLDS_WAITER_LOCK}""")
 #: The server's pid of this session (a waiter's channel: a pooler reports a pid of its own).
 BACKEND_PID = _named("BACKEND_PID", "SELECT pg_backend_pid()")
 #: Wake the consumers waiting for the messages a commit made receivable: for each (topic id, group
