@@ -116,6 +116,21 @@ def test_an_undecodable_body_is_dead_lettered_and_never_strands_its_batch(
     assert dead["attempts"][-1]["outcome"] == "undecodable"
 
 
+def test_a_batch_of_undecodable_bodies_only_does_not_end_a_receive_while_messages_wait(client, topic_group):
+    """Every message a receive leased was undecodable (dead-lettered): it receives again rather than
+    return nothing, which a drain would take for "nothing left" (and a wait would sit out until its
+    re-check)."""
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}, {"n": 3}])
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(repeat('[', 3000) || repeat(']', 3000), 'UTF8')"
+        " WHERE id = ANY(%s)",
+        (ids[:2],),
+    )
+    got = client.receive("billing", "orders", 2, 30)
+    assert [m.message_id for m in got] == [ids[2]]
+    assert [delivery(client, i)[0] for i in ids[:2]] == ["DLQ", "DLQ"]
+
+
 def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_the_rest(
     client, topic_group, monkeypatch, caplog
 ):

@@ -484,3 +484,32 @@ def test_a_wait_whose_release_was_cut_short_leaves_no_waiter_behind(client, topi
             assert consumer.receive("billing", then, 10, 30, wait_seconds=0.2) == []
             assert present(client.conn) == 0
             assert not locks_held(consumer.conn)
+
+
+def test_a_client_whose_connection_was_swapped_and_back_takes_no_second_share(
+    client, topic_group, database_url
+):
+    """What a client knows of a session's waiter locks belongs to that connection: a release cut
+    short on one connection, a wait on another set in its place, then the first set back: the
+    next receive there releases what was left, and no share piles up."""
+    from redelivery.store import db
+    from redelivery.store import statements as S
+
+    with Client(database_url) as consumer, db.connect(database_url, autocommit=True) as other:
+        first, real = consumer.conn, consumer.conn.execute
+
+        def cut_short(query, *args, **kwargs):
+            if query is S.WAITER_DONE:
+                raise KeyboardInterrupt
+            return real(query, *args, **kwargs)
+
+        first.execute = cut_short
+        with pytest.raises(KeyboardInterrupt):
+            consumer.receive("billing", "orders", 10, 30, wait_seconds=0.2)
+        del first.execute
+        consumer.conn = other
+        assert consumer.receive("billing", "orders", 10, 30, wait_seconds=0.2) == []
+        assert not locks_held(other)
+        consumer.conn = first
+        assert consumer.receive("billing", "orders", 10, 30, wait_seconds=0.2) == []
+        assert present(client.conn) == 0 and not locks_held(first)

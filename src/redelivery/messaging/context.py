@@ -5,6 +5,8 @@ it reads the shared context, and holds no state of its own beyond it."""
 
 from __future__ import annotations
 
+import weakref
+
 import psycopg
 
 from redelivery.config import RedeliveryConfig
@@ -35,9 +37,9 @@ class ClientContext:
         #: (a connection, the server's pid of its session): the channel of a wait on it
         #: (``messaging.waiting``)
         self.server_pid: tuple[psycopg.Connection | None, int] = (None, 0)
-        #: (a connection, the subscriptions whose waiter locks its session may hold outside a wait:
-        #: a round trip of a wait was cut short) (``messaging.waiting``)
-        self.unsure_waits: tuple[psycopg.Connection | None, set[tuple[int, int]]] = (None, set())
+        #: {a connection: what this client knows of its session's waiter locks}
+        #: (``messaging.waiting.WaitLocks``; the entry goes with the connection)
+        self.wait_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         #: (topic id, group id) whose last receive that could wait found nothing at once: its next
         #: one says it waits before it receives (``messaging.waiting.wait_for``)
         self.found_empty: set[tuple[int, int]] = set()

@@ -15,7 +15,7 @@ from redelivery.messaging.codec import BINARY, decode, received_properties
 from redelivery.messaging.context import Role
 from redelivery.messaging.ordered import lease_ordered
 from redelivery.messaging.receipts import check_at, error_lookup, int_array, receipt_lookup
-from redelivery.messaging.waiting import check_wait, wait_for, waits_first
+from redelivery.messaging.waiting import check_wait, release_left_behind, wait_for, waits_first
 from redelivery.rules.failures import UNDECODABLE_CLASS, Failure
 from redelivery.rules.leased_row import RECEIVE_COLUMNS, ReceivedMessage, row_values
 from redelivery.rules.policies import MAX_INT
@@ -100,24 +100,33 @@ class Receiver(Role):
         wait_now = lambda again: self._receive(  # noqa: E731
             group, topic, max_messages, invisible_duration, at, 0, again
         )
+        release_left_behind(self.context)
         if wait and waits_first(self.context, topic_id, group_id):  # found nothing at once the last time
             return wait_for(self.context, topic_id, group_id, wait, wait_now)
 
-        rows = self._leased(params, recheck)
-        if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere: its new id
-            return self._receive(group, topic, max_messages, invisible_duration, at, wait, recheck)
-        out, bad = _decode_received(rows, group, topic, policy.retry_name)
-        if bad:
-            try:
-                self._dead_letter_undecodable(bad, group_id, table, at)
-            except psycopg.Error as exc:  # the lease is committed: hand out what decoded
-                log.warning(
-                    "%d undecodable messages of group %r stay in flight until their lease ends (%s)",
-                    len(bad), group, exc,
-                )  # fmt: skip
-        if not out and wait:  # nothing (or nothing decodable): wait for the next
+        while True:
+            rows = self._leased(params, recheck)
+            if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere
+                return self._receive(group, topic, max_messages, invisible_duration, at, wait, recheck)
+            out, bad = _decode_received(rows, group, topic, policy.retry_name)
+            if bad:
+                self._undecodable(bad, group, group_id, table, at)
+            if out or not bad:  # a batch of undecodable messages only: the next ones may not be
+                break
+        if not out and wait:  # nothing: wait for the next
             return wait_for(self.context, topic_id, group_id, wait, wait_now)
         return out
+
+    def _undecodable(self, bad: list[tuple], group: str, group_id: int, table: dict, at) -> None:
+        """Dead-letter the undecodable deliveries ``bad`` of a receive; when that fails, they stay
+        in flight until their lease ends (the lease is committed: the receive hands out the rest)."""
+        try:
+            self._dead_letter_undecodable(bad, group_id, table, at)
+        except psycopg.Error as exc:
+            log.warning(
+                "%d undecodable messages of group %r stay in flight until their lease ends (%s)",
+                len(bad), group, exc,
+            )  # fmt: skip
 
     def lease_rows(
         self,
@@ -145,6 +154,7 @@ class Receiver(Role):
         wait_now = lambda again: self._lease_rows(  # noqa: E731
             group, topic, max_messages, invisible_duration, at, 0, again
         )
+        release_left_behind(self.context)
         if wait and waits_first(self.context, topic_id, group_id):  # found nothing at once the last time
             return wait_for(self.context, topic_id, group_id, wait, wait_now)
 

@@ -19,13 +19,15 @@ connection): the consumer receives again at least every ``RECHECK_SECONDS`` whil
 What a wait leaves behind: nothing, and no tuple while it waits (a row per wait was two dead
 versions a transaction holding the xmin horizon kept); a consumer that dies waiting, nothing
 either: its locks and its LISTEN go with its session; a wait whose release was cut short (an
-interrupt), the locks its session still holds, released before the client's next wait.
+interrupt, a cancel), the locks its session may still hold, released by the client's next receive
+on that connection (outside a transaction), and its LISTEN by its next wait.
 
-What a wait costs: the client knows whether its session holds the locks (every release answered),
-so saying it waits reads no ``pg_locks`` (a read of the whole cluster's lock table) but after a
-round trip cut short; and a receive of a subscription whose last receive that could wait found
-nothing at once says it waits first, then receives once (not a receive, then the LISTEN, then the
-same receive again).
+What a wait costs: the client knows, for each of its connections, which subscriptions' locks it
+released there (``WaitLocks``), so saying it waits again reads no ``pg_locks`` (a read of the
+whole cluster's lock table, every partition of it held while it runs); the first wait on a
+connection, and one after a round trip cut short, read it. A receive of a subscription whose last
+receive that could wait found nothing at once says it waits first, then receives once (not a
+receive, then the LISTEN, then the same receive again).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psycopg
@@ -85,14 +88,17 @@ def wait_for(
     name = sql.Identifier(channel(_server_pid(context)))
     key = (topic_id, group_id)
     subscription = {"topic_id": topic_id, "group_id": group_id}
-    unsure = _unsure_waits(context)
-    _release_left_behind(conn, unsure, key)
-    again = key in unsure  # a round trip of its last wait was cut short: the locks may be held
-    unsure.add(key)  # until the release's round trip has answered
+    locks = context.wait_locks.setdefault(conn, WaitLocks())
+    # known released here (not held): taken at once; else (never waited on this session, or a round
+    # trip cut short) taken only when not held already
+    statement = S.WAITER_PRESENT if key in locks.released else S.WAITER_PRESENT_AGAIN
+    locks.released.discard(key)
+    locks.unsure.add(key)  # until the release's round trip has answered
+    locks.waiting = key
     try:
         with conn.pipeline():  # one round trip, committed before the receive: listening, then waiting
             conn.execute(sql.SQL("LISTEN {}").format(name))
-            conn.execute(S.WAITER_PRESENT_AGAIN if again else S.WAITER_PRESENT, subscription)
+            conn.execute(statement, subscription)
         recheck = False  # at the re-checks only
         first = True
         while True:
@@ -114,9 +120,12 @@ def wait_for(
             with conn.pipeline():
                 conn.execute(S.WAITER_DONE, subscription)
                 conn.execute(sql.SQL("UNLISTEN {}").format(name))
-            unsure.discard(key)
-        except psycopg.Error:  # the connection broke: the lock and the LISTEN went with its session
+            locks.unsure.discard(key)
+            locks.released.add(key)
+        except psycopg.Error:  # unsure: held still (a cancel), or gone with a broken connection's session
             pass
+        finally:
+            locks.waiting = None
 
 
 def waits_first(context, topic_id: int, group_id: int) -> bool:
@@ -127,25 +136,37 @@ def waits_first(context, topic_id: int, group_id: int) -> bool:
     return (topic_id, group_id) in context.found_empty
 
 
-def _unsure_waits(context) -> set[tuple[int, int]]:
-    """The subscriptions whose waiter locks the session of the client's connection may hold
-    outside a wait (a round trip of a wait cut short: an interrupt, a time-out of the caller's);
-    none on a new connection (the locks went with the session)."""
-    conn, unsure = context.unsure_waits
-    if conn is not context.conn:
-        unsure = set()
-        context.unsure_waits = (context.conn, unsure)
-    return unsure
+@dataclass
+class WaitLocks:
+    """What a client knows of the waiter locks of one connection's session: ``released``, the
+    subscriptions whose locks it released there after a wait (the release answered: not held);
+    ``unsure``, those whose registration or release round trip did not answer (cut short: held, or
+    not). A subscription in neither was never waited on by this client there (another may have)."""
+
+    released: set[tuple[int, int]] = field(default_factory=set)
+    unsure: set[tuple[int, int]] = field(default_factory=set)
+    #: the subscription a wait on this connection is waiting on now (its receives leave it alone)
+    waiting: tuple[int, int] | None = None
 
 
-def _release_left_behind(conn: psycopg.Connection, unsure: set[tuple[int, int]], waiting: tuple) -> None:
-    """Release the waiter locks that an earlier wait's release, cut short, may have left held
-    (read in ``pg_locks``: the rare case): a backend that holds them but waits no more would be
-    notified in a waiting consumer's stead. Its LISTEN, on the channel of every wait of this
-    session, ends with the wait about to begin."""
-    for topic_id, group_id in sorted(unsure - {waiting}):
-        conn.execute(S.WAITER_LEFT_BEHIND, {"topic_id": topic_id, "group_id": group_id})
-        unsure.discard((topic_id, group_id))
+def release_left_behind(context) -> None:
+    """Before a receive: release the waiter locks that an earlier wait's release, cut short, may
+    have left held on the client's connection (``WAITER_LEFT_BEHIND`` reads ``pg_locks``: the rare
+    case): a backend that holds them but waits no more would be notified in a waiting consumer's
+    stead. Not inside a transaction (a failure would abort the caller's); a failure is logged, and
+    the next receive tries again. The LISTEN left with them ends with the next wait."""
+    conn = context.conn
+    locks = context.wait_locks.get(conn)
+    if not locks or not locks.unsure or conn.info.transaction_status != TransactionStatus.IDLE:
+        return
+    for topic_id, group_id in sorted(locks.unsure - {locks.waiting}):
+        try:
+            conn.execute(S.WAITER_LEFT_BEHIND, {"topic_id": topic_id, "group_id": group_id})
+        except psycopg.Error as exc:
+            log.warning("a wait's locks left held are not released yet (%s): the next receive tries", exc)
+            return
+        locks.unsure.discard((topic_id, group_id))
+        locks.released.add((topic_id, group_id))
 
 
 def _server_pid(context) -> int:
