@@ -131,6 +131,29 @@ def test_a_batch_of_undecodable_bodies_only_does_not_end_a_receive_while_message
     assert [delivery(client, i)[0] for i in ids[:2]] == ["DLQ", "DLQ"]
 
 
+def test_a_batch_of_undecodable_bodies_that_cannot_be_dead_lettered_ends_the_receive(
+    client, topic_group, monkeypatch
+):
+    """All a receive leased was undecodable and dead-lettering them fails: they stay in flight and
+    the receive returns nothing, rather than lease batch after batch it cannot hand out."""
+    from redelivery.messaging.leasing import Receiver
+
+    ids = client.publish("orders", [{"n": 1}, {"n": 2}, {"n": 3}])
+    client.conn.execute(
+        "UPDATE messages SET body = convert_to(repeat('[', 3000) || repeat(']', 3000), 'UTF8')"
+        " WHERE id = ANY(%s)",
+        (ids[:2],),
+    )
+
+    def fails(*_) -> None:
+        raise psycopg.OperationalError("the connection was lost")
+
+    monkeypatch.setattr(Receiver, "_dead_letter_undecodable", fails)
+    assert client.receive("billing", "orders", 2, 30) == []
+    assert [delivery(client, i)[:2] for i in ids[:2]] == [("INFLIGHT", 1)] * 2
+    assert delivery(client, ids[2])[:2] == ("READY", 0)  # not leased: past the offset
+
+
 def test_a_receive_that_cannot_dead_letter_an_undecodable_body_still_hands_out_the_rest(
     client, topic_group, monkeypatch, caplog
 ):

@@ -109,17 +109,19 @@ class Receiver(Role):
             if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere
                 return self._receive(group, topic, max_messages, invisible_duration, at, wait, recheck)
             out, bad = _decode_received(rows, group, topic, policy.retry_name)
-            if bad:
-                self._undecodable(bad, group, group_id, table, at)
-            if out or not bad:  # a batch of undecodable messages only: the next ones may not be
+            dead = bool(bad) and self._undecodable(bad, group, group_id, table, at)
+            # a batch of undecodable messages only, dead letters now: the next ones may not be (when
+            # they could not be dead-lettered, the receive ends: they stay in flight)
+            if out or not dead:
                 break
         if not out and wait:  # nothing: wait for the next
             return wait_for(self.context, topic_id, group_id, wait, wait_now)
         return out
 
-    def _undecodable(self, bad: list[tuple], group: str, group_id: int, table: dict, at) -> None:
-        """Dead-letter the undecodable deliveries ``bad`` of a receive; when that fails, they stay
-        in flight until their lease ends (the lease is committed: the receive hands out the rest)."""
+    def _undecodable(self, bad: list[tuple], group: str, group_id: int, table: dict, at) -> bool:
+        """Dead-letter the undecodable deliveries ``bad`` of a receive (True); when that fails, they
+        stay in flight until their lease ends (the lease is committed: the receive hands out the
+        rest), and False."""
         try:
             self._dead_letter_undecodable(bad, group_id, table, at)
         except psycopg.Error as exc:
@@ -127,6 +129,8 @@ class Receiver(Role):
                 "%d undecodable messages of group %r stay in flight until their lease ends (%s)",
                 len(bad), group, exc,
             )  # fmt: skip
+            return False
+        return True
 
     def lease_rows(
         self,

@@ -24,10 +24,10 @@ on that connection (outside a transaction), and its LISTEN by its next wait.
 
 What a wait costs: the client knows, for each of its connections, which subscriptions' locks it
 released there (``WaitLocks``), so saying it waits again reads no ``pg_locks`` (a read of the
-whole cluster's lock table, every partition of it held while it runs); the first wait on a
-connection, and one after a round trip cut short, read it. A receive of a subscription whose last
-receive that could wait found nothing at once says it waits first, then receives once (not a
-receive, then the LISTEN, then the same receive again).
+whole cluster's lock table, every partition of it held while it runs); the first wait of each
+subscription on a connection, and one after a round trip cut short, read it. A receive of a
+subscription whose last receive that could wait found nothing at once says it waits first, then
+receives once (not a receive, then the LISTEN, then the same receive again).
 """
 
 from __future__ import annotations
@@ -153,13 +153,18 @@ def release_left_behind(context) -> None:
     """Before a receive: release the waiter locks that an earlier wait's release, cut short, may
     have left held on the client's connection (``WAITER_LEFT_BEHIND`` reads ``pg_locks``: the rare
     case): a backend that holds them but waits no more would be notified in a waiting consumer's
-    stead. Not inside a transaction (a failure would abort the caller's); a failure is logged, and
-    the next receive tries again. The LISTEN left with them ends with the next wait."""
+    stead. Not inside a transaction (a failure would abort the caller's), nor by the receives of a
+    wait in progress (they would release its locks, or, of another subscription of its topic, its
+    topic's share: the topic's lock is only tried, so a lock left behind may hold none); a failure
+    is logged, and the next receive outside a transaction tries again. The LISTEN left with them
+    ends with the next wait."""
     conn = context.conn
     locks = context.wait_locks.get(conn)
-    if not locks or not locks.unsure or conn.info.transaction_status != TransactionStatus.IDLE:
+    if not locks or not locks.unsure or locks.waiting is not None:
         return
-    for topic_id, group_id in sorted(locks.unsure - {locks.waiting}):
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        return
+    for topic_id, group_id in sorted(locks.unsure):
         try:
             conn.execute(S.WAITER_LEFT_BEHIND, {"topic_id": topic_id, "group_id": group_id})
         except psycopg.Error as exc:

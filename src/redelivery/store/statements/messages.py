@@ -341,9 +341,10 @@ WAITER_PRESENT_AGAIN = _named("WAITER_PRESENT_AGAIN", f"""
 #: picks only the backends that wait. False (and a warning) for a lock that was not held.
 WAITER_DONE = _named("WAITER_DONE", f"""
     SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})""")
-#: ``WAITER_DONE`` of a wait whose release was cut short, when the session still holds the lock
-#: (else nothing: no warning), before the client's next wait: a backend that holds it but waits no
-#: more would be notified in a waiting consumer's stead.
+#: ``WAITER_DONE`` of a wait whose release was cut short, when the session still holds the
+#: subscription's lock (else nothing), at the client's next receive on that connection: a backend
+#: that holds it but waits no more would be notified in a waiting consumer's stead. The topic's lock
+#: was only tried: not held, its unlock is a warning, nothing more.
 WAITER_LEFT_BEHIND = _named("WAITER_LEFT_BEHIND", f"""
     SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})
     WHERE {_HOLDS_WAITER_LOCK}""")
