@@ -94,8 +94,8 @@ def wait_for(
     statement = S.WAITER_PRESENT if key in locks.released else S.WAITER_PRESENT_AGAIN
     locks.released.discard(key)
     locks.unsure.add(key)  # until the release's round trip has answered
-    locks.waiting = key
     try:
+        locks.waiting = key
         with conn.pipeline():  # one round trip, committed before the receive: listening, then waiting
             conn.execute(sql.SQL("LISTEN {}").format(name))
             conn.execute(statement, subscription)

@@ -322,7 +322,8 @@ RECEIVE = _named("RECEIVE", f"""
 #: granted in that instant, the consumer waits without it, and a publish may then not wake it: its
 #: re-check finds the message); publishers, tier runs and redrives notify the backends that hold
 #: the subscription's. Written nowhere: no tuple, no WAL. Taken when the client knows its session
-#: holds neither: every wait released them (else ``WAITER_PRESENT_AGAIN``).
+#: holds neither: its last wait of the subscription on this connection released them (else
+#: ``WAITER_PRESENT_AGAIN``).
 WAITER_PRESENT = _named("WAITER_PRESENT", f"""
     SELECT pg_try_advisory_lock_shared({_TOPIC_WAITER_KEY}), pg_advisory_lock_shared({_WAITER_KEY})""")
 #: This backend holds the subscription's waiter lock (``pg_locks``: a read of the whole lock table,
@@ -331,9 +332,9 @@ _HOLDS_WAITER_LOCK = """EXISTS (SELECT 1 FROM pg_locks l
                   WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                     AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid)"""
-#: ``WAITER_PRESENT`` after a round trip of a wait that was cut short (the session may hold the
-#: locks, or not): taken only when not held, so that shares do not pile up that one release would
-#: not undo.
+#: ``WAITER_PRESENT`` when the client does not know whether its session holds the locks (the
+#: first wait of the subscription on this connection, or one after a round trip cut short): taken
+#: only when not held, so that shares do not pile up that one release would not undo.
 WAITER_PRESENT_AGAIN = _named("WAITER_PRESENT_AGAIN", f"""
     SELECT pg_try_advisory_lock_shared({_TOPIC_WAITER_KEY}), pg_advisory_lock_shared({_WAITER_KEY})
     WHERE NOT {_HOLDS_WAITER_LOCK}""")
