@@ -2006,9 +2006,9 @@ SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int), pg_advi
 /* redelivery:WAITER_LEFT_BEHIND */
 SELECT pg_advisory_unlock_shared(-%(topic_id)s::int, %(group_id)s::int), pg_advisory_unlock_shared(-%(topic_id)s::int, 0)
 WHERE EXISTS (SELECT 1 FROM pg_locks l
-              WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
-                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid);
+                  WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objsubid = 2
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND l.classid = (-%(topic_id)s::int)::oid AND l.objid = %(group_id)s::int::oid);
 
 /* redelivery:WAITER_PRESENT */
 SELECT pg_try_advisory_lock_shared(-%(topic_id)s::int, 0), pg_advisory_lock_shared(-%(topic_id)s::int, %(group_id)s::int);

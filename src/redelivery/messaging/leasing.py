@@ -100,9 +100,8 @@ class Receiver(Role):
         wait_now = lambda again: self._receive(  # noqa: E731
             group, topic, max_messages, invisible_duration, at, 0, again
         )
-        release_left_behind(self.context)
-        if wait and waits_first(self.context, topic_id, group_id):  # found nothing at once the last time
-            return wait_for(self.context, topic_id, group_id, wait, wait_now)
+        if (first := self._wait_first(topic_id, group_id, wait, wait_now)) is not None:
+            return first
 
         while True:
             rows = self._leased(params, recheck)
@@ -117,6 +116,15 @@ class Receiver(Role):
         if not out and wait:  # nothing: wait for the next
             return wait_for(self.context, topic_id, group_id, wait, wait_now)
         return out
+
+    def _wait_first(self, topic_id: int, group_id: int, wait: float, wait_now) -> list | None:
+        """Before a lease: what a cut-short wait left held released; then, when the lease may wait
+        and the subscription's last one found nothing at once, its wait (which receives once it
+        said it waits: ``waiting.waits_first``); None when the lease receives first."""
+        release_left_behind(self.context)
+        if wait and waits_first(self.context, topic_id, group_id):
+            return wait_for(self.context, topic_id, group_id, wait, wait_now)
+        return None
 
     def _undecodable(self, bad: list[tuple], group: str, group_id: int, table: dict, at) -> bool:
         """Dead-letter the undecodable deliveries ``bad`` of a receive (True); when that fails, they
@@ -158,9 +166,8 @@ class Receiver(Role):
         wait_now = lambda again: self._lease_rows(  # noqa: E731
             group, topic, max_messages, invisible_duration, at, 0, again
         )
-        release_left_behind(self.context)
-        if wait and waits_first(self.context, topic_id, group_id):  # found nothing at once the last time
-            return wait_for(self.context, topic_id, group_id, wait, wait_now)
+        if (first := self._wait_first(topic_id, group_id, wait, wait_now)) is not None:
+            return first
 
         rows = self._leased(params, recheck)
         if not rows and recheck and self.context.topic_renamed(topic):  # made again elsewhere: its new id

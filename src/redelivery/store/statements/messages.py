@@ -340,15 +340,15 @@ WAITER_PRESENT_AGAIN = _named("WAITER_PRESENT_AGAIN", f"""
     WHERE NOT {_HOLDS_WAITER_LOCK}""")
 #: The consumer of this backend waits no more for the subscription (its wait returned): a notifier
 #: picks only the backends that wait. False (and a warning) for a lock that was not held.
-WAITER_DONE = _named("WAITER_DONE", f"""
-    SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})""")
+_WAITER_UNLOCK = (
+    f"SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})"
+)
+WAITER_DONE = _named("WAITER_DONE", _WAITER_UNLOCK)
 #: ``WAITER_DONE`` of a wait whose release was cut short, when the session still holds the
 #: subscription's lock (else nothing), at the client's next receive on that connection: a backend
 #: that holds it but waits no more would be notified in a waiting consumer's stead. The topic's lock
 #: was only tried: not held, its unlock is a warning, nothing more.
-WAITER_LEFT_BEHIND = _named("WAITER_LEFT_BEHIND", f"""
-    SELECT pg_advisory_unlock_shared({_WAITER_KEY}), pg_advisory_unlock_shared({_TOPIC_WAITER_KEY})
-    WHERE {_HOLDS_WAITER_LOCK}""")
+WAITER_LEFT_BEHIND = _named("WAITER_LEFT_BEHIND", f"{_WAITER_UNLOCK}\nWHERE {_HOLDS_WAITER_LOCK}")
 #: The server's pid of this session (a waiter's channel: a pooler reports a pid of its own).
 BACKEND_PID = _named("BACKEND_PID", "SELECT pg_backend_pid()")
 #: Wake the consumers waiting for the messages a commit made receivable: for each (topic id, group
