@@ -531,3 +531,37 @@ def test_a_late_receipt_of_a_message_retention_dropped_is_stale_not_foreign(clie
         with pytest.raises(ForeignReceiptError, match=f"message {receipt.message_id} is not a message"):
             client.settle("billing", [Outcome(valid, "ack"), Outcome(receipt, "ack")])
     assert snapshot(client.conn) == before
+
+
+@pytest.mark.timeout(120)
+def test_emptying_the_store_waits_for_a_partition_being_made_and_leaves_no_table_behind(client, clean_db):
+    """A maintenance run of a test's Airflow makes a partition while a test empties the same store
+    (the CI failure of stop 55: a table left in ``redelivery_log`` that ``log_partitions`` no longer
+    listed, and every later publish of that hour refused with ``DuplicateTable``)."""
+    with db.connect(clean_db, autocommit=True) as maker:
+        maker.execute("BEGIN")
+        maker.execute(S.ADVISORY_XACT_LOCK, {"namespace": log.PARTITION_LOCK, "key": 0})  # ensure_partition's
+        emptied = threading.Event()
+
+        def empty() -> None:
+            with db.connect(clean_db, autocommit=True) as conn:
+                db.empty_state_store(conn)
+            emptied.set()
+
+        worker = threading.Thread(target=empty)
+        worker.start()
+        waiting = "wait_event_type = 'Lock' AND wait_event = 'advisory'"
+        wait_for_session(clean_db, waiting, "the emptying", timeout=30)
+        assert not emptied.is_set()
+        name = log.partition_name(at(0))
+        maker.execute(S.CREATE_LOG_PARTITION.format(partition=log._table(name)))
+        maker.execute(
+            S.REGISTER_LOG_PARTITION, {"partition_name": name, "starts_at": at(0), "ends_at": at(HOUR)}
+        )
+        maker.execute("COMMIT")
+        worker.join(60)
+    assert emptied.is_set()
+    tables = client.conn.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (log.LOG_SCHEMA,)
+    ).fetchone()[0]
+    assert (tables, partitions(client.conn)) == (0, [])
