@@ -212,3 +212,26 @@ def test_a_task_that_lost_its_supervisor_knows_it(tmp_path):
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert out.read_text() == "False True"
+
+
+def test_a_pause_question_that_fails_counts_as_not_paused_and_is_said_once_a_kind():
+    """The execution API not answering (a loaded API server) leaves the batch running until its
+    span's end: the task's log says why (stop 55's CI run left no trace of it)."""
+    from redelivery.airflow.operators import dag_paused
+
+    answers = [TimeoutError("read timed out"), TimeoutError("again"), ConnectionError("refused"), None]
+
+    class Asking(TaskInstance):
+        def get_dag(self, dag_id):
+            answer = answers.pop(0)
+            if answer is not None:
+                raise answer
+            return type("Dag", (), {"is_paused": True})()
+
+    said = []
+    paused = dag_paused(Asking(), lambda text, *args: said.append(text % args))
+    assert [paused() for _ in range(4)] == [False, False, False, True]
+    assert said == [
+        "cannot ask whether the DAG is paused (TimeoutError: read timed out): the batch goes on",
+        "cannot ask whether the DAG is paused (ConnectionError: refused): the batch goes on",
+    ]

@@ -131,6 +131,7 @@ def test_the_maintenance_deletes_its_own_finished_runs_and_their_logs_only(airfl
     assert other.status_code == 200, other.text
     finished(airflow, "dlq_redrive", 1)
     old = finished(airflow, TIER, 2)
+    first_maintenance = finished(airflow, "redelivery_maintenance", 1)[-1]  # scheduled at the start
     time.sleep(21)  # the retention of this config
     ended_before = datetime.now(UTC) - timedelta(seconds=20)
     expired = [
@@ -157,6 +158,14 @@ def test_the_maintenance_deletes_its_own_finished_runs_and_their_logs_only(airfl
     assert not [r for r in expired if (logs / f"dag_id={TIER}" / f"run_id={r['dag_run_id']}").exists()]
     assert len(runs_of(airflow, "dlq_redrive")) == 1  # another DAG's run: never touched
     assert list((logs / "dag_id=dlq_redrive").glob("run_id=*"))
+    # a DAG's newest scheduled run stays, past the retention too: Airflow schedules the next from it
+    # (deleted, the hourly maintenance was given a run at once)
+    assert first_maintenance["run_type"] == "scheduled"
+    assert datetime.fromisoformat(first_maintenance["end_date"]) < ended_before
+    left = {r["dag_run_id"] for r in runs_of(airflow, "redelivery_maintenance")}
+    assert first_maintenance["dag_run_id"] in left
+    folder = logs / "dag_id=redelivery_maintenance" / f"run_id={first_maintenance['dag_run_id']}"
+    assert folder.exists()
 
 
 def test_an_api_it_cannot_use_names_the_connection_and_deletes_nothing(airflow):

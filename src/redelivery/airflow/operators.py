@@ -129,7 +129,7 @@ class TierWindowOperator(BaseOperator):
             "tier %s: %d windows of %s s ending %s to %s",
             self.tier, len(ends), tier.window_seconds, ends[0].isoformat(), ends[-1].isoformat(),
         )  # fmt: skip
-        paused, gone = dag_paused(ti), orphaned()
+        paused, gone = dag_paused(ti, self.log.warning), orphaned()
         report = apply_windows(
             ends, tier.window_seconds, apply, wait=self._stop.wait, log=self.log.info,
             paused=lambda: gone() or paused(),
@@ -153,18 +153,24 @@ def orphaned():
     return lambda: os.getppid() != parent
 
 
-def dag_paused(ti):
+def dag_paused(ti, log=None):
     """Whether the task's DAG is paused now, asked through the task SDK (the execution API, no
     credentials; Airflow 3.2 and later, else never paused): a paused tier stops within a window,
     as it did when a DAG run was a window. An answer that does not come counts as not paused: a
-    hiccup of the API server must not stop the retries."""
+    hiccup of the API server must not stop the retries. ``log`` (a logger's ``warning``) hears of
+    the first question that failed, and of each failure of another kind."""
     if not hasattr(ti, "get_dag"):
         return lambda: False
+    failures: set[str] = set()
 
     def paused() -> bool:
         try:
             return bool(ti.get_dag(ti.dag_id).is_paused)
-        except Exception:  # the next window asks again
+        except Exception as exc:  # the next window asks again
+            kind = type(exc).__name__
+            if log is not None and kind not in failures:
+                failures.add(kind)
+                log("cannot ask whether the DAG is paused (%s: %s): the batch goes on", kind, exc)
             return False
 
     return paused
@@ -246,10 +252,10 @@ class StandingRedriveOperator(BaseOperator):
             )
             return done.as_dict()
         until = context["dag_run"].run_after + timedelta(seconds=STANDING_RUN_SPAN_SECONDS)
-        gone = orphaned()
+        gone, paused = orphaned(), dag_paused(context["ti"], self.log.warning)
         ticks = run_ticks(
             until, url=url, clock=lambda: datetime.now(UTC), wait=self._stop.wait,
-            stop=lambda: self._stop.is_set() or gone(), log=self.log.info, paused=dag_paused(context["ti"]),
+            stop=lambda: self._stop.is_set() or gone(), log=self.log.info, paused=paused,
         )  # fmt: skip
         self.log.info("standing redrives: %d ticks", ticks)
         if self._stop.is_set():

@@ -3,7 +3,8 @@
 through Airflow's own interfaces, never by writing to its tables:
 
 - the finished runs (success or failed) of the tier DAGs and of ``redelivery_maintenance`` that
-  ended before the cut-off, through Airflow's REST API (``DELETE
+  ended before the cut-off, but each DAG's newest scheduled run (Airflow schedules the next from
+  it, as ``airflow db clean`` knows: ``newest_automated_run``), through Airflow's REST API (``DELETE
   /api/v2/dags/{dag_id}/dagRuns/{dag_run_id}``, with the official client ``apache-airflow-client``):
   Airflow deletes their task instances, task-instance history, XComs and rendered fields with them
   (foreign keys ``ON DELETE CASCADE``). Never a run that is not finished, never another DAG's;
@@ -115,9 +116,29 @@ def _login(base: str, login: str, password: str, conn_id: str) -> str:
     return answer.json()["access_token"]
 
 
-def expired_runs(api, dag_id: str, cutoff: datetime) -> list[str]:
+def expired_runs(api, dag_id: str, cutoff: datetime, keep: str | None = None) -> list[str]:
     """The run ids of ``dag_id``'s finished runs (success, failed) that ended before ``cutoff``,
-    oldest first (``api``: an ``airflow_client.client.DagRunApi``)."""
+    oldest first (``api``: an ``airflow_client.client.DagRunApi``), but the run ``keep``."""
+    return [run_id for run_id in _finished_before(api, dag_id, cutoff) if run_id != keep]
+
+
+def newest_automated_run(api, dag_id: str) -> str | None:
+    """The run id of ``dag_id``'s scheduled or backfill run with the latest logical date, or None.
+    Airflow's DAG processor computes a DAG's next run from it at every parse: deleted, a DAG with
+    ``catchup=False`` is given a run at once (an hourly DAG with a retention under an hour ran
+    again minutes after its own deletion), so Airflow's own ``airflow db clean`` keeps it too
+    (``keep_last`` of table ``dag_run``, ``airflow.utils.db_cleanup``)."""
+    page = api.get_dag_runs(
+        dag_id,
+        run_type=["scheduled", "backfill"],
+        order_by=["-logical_date"],
+        limit=1,
+        _request_timeout=API_TIMEOUT,
+    )
+    return page.dag_runs[0].dag_run_id if page.dag_runs else None
+
+
+def _finished_before(api, dag_id: str, cutoff: datetime) -> list[str]:
     found: list[str] = []
     while True:
         page = api.get_dag_runs(
@@ -145,20 +166,21 @@ def apply_airflow_retention(
     """Delete what ``own_dag_ids`` left that ended more than ``retention.airflow_runs`` before
     ``now`` (default: this machine's clock): their finished runs through the API at ``access``,
     then their task-log folders under ``log_folder`` (only for Airflow's default layout,
-    ``log_template``). Returns ``{"cutoff", "runs_deleted": {dag_id: n}, "log_folders_deleted",
-    "log_bytes_freed"}``, or ``{"kept": True}`` when the setting is None. Raises ``ConfigError``
-    (one line, naming the connection) when the API refuses the calls."""
+    ``log_template``); each DAG's newest scheduled run and its logs stay (``newest_automated_run``).
+    Returns ``{"cutoff", "runs_deleted": {dag_id: n}, "log_folders_deleted", "log_bytes_freed"}``,
+    or ``{"kept": True}`` when the setting is None. Raises ``ConfigError`` (one line, naming the
+    connection) when the API refuses the calls."""
     seconds = config.retention.seconds("airflow_runs")
     if seconds is None:
         return {"kept": True}
     cutoff = (now or datetime.now(UTC)) - timedelta(seconds=seconds)
-    deleted = _delete_runs(access, own_dag_ids(config), cutoff)
+    deleted, kept = _delete_runs(access, own_dag_ids(config), cutoff)
     log(f"Airflow runs ended before {cutoff.isoformat()} deleted through {access.source}: {deleted}")
     if not DEFAULT_LOG_LAYOUT.match(log_template.strip()):
         log(f"task logs left alone: log_filename_template {log_template!r} is not Airflow's default layout")
         folders, freed = 0, 0
     else:
-        folders, freed = delete_log_folders(log_folder, own_dag_ids(config), cutoff)
+        folders, freed = delete_log_folders(log_folder, own_dag_ids(config), cutoff, kept)
         log(f"task-log folders older than {cutoff.isoformat()} deleted under {log_folder}: {folders}")
     return {
         "cutoff": cutoff.isoformat(),
@@ -168,20 +190,26 @@ def apply_airflow_retention(
     }
 
 
-def _delete_runs(access: ApiAccess, dag_ids: list[str], cutoff: datetime) -> dict[str, int]:
+def _delete_runs(
+    access: ApiAccess, dag_ids: list[str], cutoff: datetime
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Runs deleted, by DAG; and the run kept of each DAG (``newest_automated_run``)."""
     import airflow_client.client as airflow_api
     from airflow_client.client.exceptions import ApiException, NotFoundException
     from urllib3.exceptions import HTTPError
 
     configuration = airflow_api.Configuration(host=access.base_url, access_token=access.token)
     deleted: dict[str, int] = {}
+    kept: dict[str, str] = {}
     with airflow_api.ApiClient(configuration) as client:
         runs = airflow_api.DagRunApi(client)
         try:
             airflow_api.VersionApi(client).get_version(_request_timeout=API_TIMEOUT)  # is it Airflow's API?
             for dag_id in dag_ids:
                 try:
-                    expired = expired_runs(runs, dag_id, cutoff)
+                    if keep := newest_automated_run(runs, dag_id):
+                        kept[dag_id] = keep
+                    expired = expired_runs(runs, dag_id, cutoff, keep)
                 except NotFoundException:  # a tier the DAG processor has not seen yet: nothing to delete
                     continue
                 for run_id in expired:
@@ -196,7 +224,7 @@ def _delete_runs(access: ApiAccess, dag_ids: list[str], cutoff: datetime) -> dic
             raise ConfigError(_refusal(f"cannot be reached ({type(exc).__name__})", access)) from exc
         except ValueError as exc:  # an answer that is not the API's (a page of the UI)
             raise ConfigError(_refusal("does not answer as Airflow's API", access)) from exc
-    return deleted
+    return deleted, kept
 
 
 def _refusal(what: str, access: ApiAccess) -> str:
@@ -207,12 +235,17 @@ def _refusal(what: str, access: ApiAccess) -> str:
     )
 
 
-def delete_log_folders(log_folder: Path, dag_ids: list[str], cutoff: datetime) -> tuple[int, int]:
+def delete_log_folders(
+    log_folder: Path, dag_ids: list[str], cutoff: datetime, kept: dict[str, str] | None = None
+) -> tuple[int, int]:
     """Delete ``<log_folder>/dag_id=<dag>/run_id=*`` folders of ``dag_ids`` whose every file was
-    last written before ``cutoff``; returns (folders deleted, bytes freed)."""
-    limit, folders, freed = cutoff.timestamp(), 0, 0
+    last written before ``cutoff``, but the folder of each DAG's run in ``kept`` (``{dag_id:
+    run_id}``: the run left in Airflow); returns (folders deleted, bytes freed)."""
+    limit, folders, freed, kept = cutoff.timestamp(), 0, 0, kept or {}
     for dag_id in dag_ids:
         for run in sorted((log_folder / f"dag_id={dag_id}").glob("run_id=*")):
+            if dag_id in kept and run.name == f"run_id={kept[dag_id]}":
+                continue
             files = [p for p in run.rglob("*") if p.is_file()]
             if any(p.stat().st_mtime >= limit for p in files):
                 continue
