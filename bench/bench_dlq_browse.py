@@ -54,12 +54,12 @@ def database() -> str:
 
 def fill(url: str, n: int) -> dict:
     """Build the state store: ``n`` messages, each dead-lettered; returns {step: seconds}."""
-    from redelivery.store import catalog, db, log
+    from redelivery.store import catalog, db, log, maintenance
 
     steps = {}
     with db.connect(url, autocommit=True) as conn:
         db.migrate(url)
-        db.empty_state_store(conn)
+        maintenance.empty_state_store(conn)
         first = conn.execute("SELECT now() - interval '31 days'").fetchone()[0]
         for hour in range(int(n / 3_600_000) + 2):  # the log's partitions of the messages' times
             log.ensure_partition(conn, first + timedelta(hours=hour), 3600)
@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the data (default: truncate at the end)")
     args = parser.parse_args()
 
-    from redelivery.store import db
+    from redelivery.store import db, maintenance
 
     url = database()
     steps = fill(url, args.dead_letters)
@@ -234,7 +234,7 @@ def main() -> None:
         for label, ms, rows in results:
             print(f"{label:<{width}}  {ms:>11.2f}  {ms / base:>9.1f}x  {rows}")
         if not args.keep:
-            db.empty_state_store(conn)
+            maintenance.empty_state_store(conn)
 
 
 if __name__ == "__main__":

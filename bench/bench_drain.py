@@ -259,10 +259,10 @@ class Redelivery:
 
     def fill(self, url: str, n: int) -> None:
         from redelivery.client import Client
-        from redelivery.store import db
+        from redelivery.store import db, maintenance
 
         with db.connect(url, autocommit=True) as conn:
-            db.empty_state_store(conn)
+            maintenance.empty_state_store(conn)
         with Client(url) as client:
             client.create_topic(TOPIC)
             client.create_group(GROUP)
@@ -276,10 +276,10 @@ class Redelivery:
         assert seen == [(0, 0)], f"deliveries is not analyzed empty: {seen}"
 
     def drop(self, url: str) -> None:
-        from redelivery.store import db
+        from redelivery.store import db, maintenance
 
         with db.connect(url, autocommit=True) as conn:
-            db.empty_state_store(conn)
+            maintenance.empty_state_store(conn)
 
 
 # ---- the drain --------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def database() -> str:
 
 def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> dict:
     """Build the state store; returns {step: seconds}."""
-    from redelivery.store import catalog, db, log
+    from redelivery.store import catalog, db, log, maintenance
 
     messages = deliveries // groups
     permille = round(live * 1000)
@@ -57,7 +57,7 @@ def fill(url: str, deliveries: int, topics: int, groups: int, live: float) -> di
     steps = {}
     with db.connect(url, autocommit=True) as conn:
         db.migrate(url)
-        db.empty_state_store(conn)
+        maintenance.empty_state_store(conn)
         first = conn.execute("SELECT now() - interval '1 day'").fetchone()[0]
         for hour in range(int(messages / 3_600_000) + 2):  # the log's partitions of the messages' times
             log.ensure_partition(conn, first + timedelta(hours=hour), 3600)
@@ -196,7 +196,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from redelivery.metrics import render
-    from redelivery.store import db
+    from redelivery.store import db, maintenance
 
     url = database()
     steps = fill(url, args.deliveries, args.topics, args.groups, args.live)
@@ -230,7 +230,7 @@ def main() -> None:
         samples = sum(1 for line in text.splitlines() if not line.startswith("#"))
         print(f"exposition: {len(text):,} bytes, {samples:,} samples")
         if not args.keep:
-            db.empty_state_store(conn)
+            maintenance.empty_state_store(conn)
 
 
 if __name__ == "__main__":

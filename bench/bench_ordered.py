@@ -133,10 +133,10 @@ def prepare(url: str, topic: str, groups: dict[str, bool], messages: list[tuple[
     published (then the log vacuumed and analyzed, a checkpoint): the publish's seconds."""
     from redelivery.client import Client
     from redelivery.messaging.codec import Message
-    from redelivery.store import db
+    from redelivery.store import db, maintenance
 
     with db.connect(url, autocommit=True) as conn:
-        db.empty_state_store(conn)
+        maintenance.empty_state_store(conn)
     with Client(url) as client:
         client.create_topic(topic)
         for group, ordered in groups.items():

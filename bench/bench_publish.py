@@ -45,10 +45,10 @@ def flights(limit: int | None) -> list[tuple[str, str]]:
 
 
 def reset(url: str) -> None:
-    from redelivery.store import db, log
+    from redelivery.store import db, log, maintenance
 
     with db.connect(url, autocommit=True) as conn:
-        db.empty_state_store(conn)
+        maintenance.empty_state_store(conn)
         log.ensure_partitions_ahead(conn, 3600)
         conn.execute("DROP TABLE IF EXISTS bench_raw")
         conn.execute(ROWS_SQL)

@@ -44,11 +44,11 @@ def database() -> str:
 def build(url: str, n: int, state: str = "WAITING_RETRY") -> None:
     """A fresh topic with one group and ``n`` messages: WAITING_RETRY (a delivery row each, due at
     level 1) or READY (past the group's consume offset: no delivery row, as published)."""
-    from redelivery.store import db
+    from redelivery.store import db, maintenance
     from redelivery.store.log import ensure_partition
 
     with db.connect(url, autocommit=True) as conn:
-        db.empty_state_store(conn)
+        maintenance.empty_state_store(conn)
         ensure_partition(conn, WINDOW_END - timedelta(minutes=1), 3600)
         topic = conn.execute("INSERT INTO topics (name) VALUES ('bench') RETURNING id").fetchone()[0]
         group = conn.execute("INSERT INTO consumer_groups (name) VALUES ('bench') RETURNING id").fetchone()[0]

@@ -40,7 +40,7 @@ BODY_PAD = "x" * 200
 
 def fresh_database() -> str:
     """The URL of an empty, migrated database for the soak."""
-    from redelivery.store import db, embedded
+    from redelivery.store import db, embedded, maintenance
 
     if os.environ.get("REDELIVERY_SOAK_DATABASE_URL"):
         url = os.environ["REDELIVERY_SOAK_DATABASE_URL"]
@@ -52,7 +52,7 @@ def fresh_database() -> str:
         url = embedded.url("redelivery_soak")
     db.migrate(url)
     with db.connect(url, autocommit=True) as conn:
-        db.empty_state_store(conn)
+        maintenance.empty_state_store(conn)
     return url
 
 

@@ -446,9 +446,6 @@ SELECT q.message_id, q.key, t.name AS topic, dq.name AS dead_letter_queue, q.rea
          AS behind
 FROM dlq_messages q JOIN topics t ON t.id = q.topic_id JOIN dead_letter_queues dq ON dq.id = q.dlq_id WHERE q.group_id = %(group_id)s AND q.message_id = %(message_id)s;
 
-/* redelivery:DLQ_NAMES */
-SELECT name FROM dead_letter_queues;
-
 /* redelivery:DLQ_SELECT */
 SELECT q.message_id, t.name AS topic, dq.name AS dead_letter_queue, q.reason::text AS reason,
        q.last_error, q.signature, q.error_class, q.error_frame, q.delivery_count, q.reconsume_times,
@@ -539,6 +536,9 @@ SELECT g.id, g.name, count(*), min(q.dead_lettered_at), max(q.dead_lettered_at)
 FROM dlq_messages q JOIN consumer_groups g ON g.id = q.group_id
 WHERE %(group)s::text IS NULL OR g.name = %(group)s::text
 GROUP BY 1, 2 ORDER BY 3 DESC, 2;
+
+/* redelivery:DLQ_TABLES */
+SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_dlq';
 
 /* redelivery:DLQ_TABLE_STATE */
 SELECT name, table_created_at FROM dead_letter_queues WHERE id = %(dlq_id)s;
@@ -885,6 +885,9 @@ FROM tier_runs ORDER BY tier, finished_at DESC NULLS LAST;
 
 /* redelivery:LOCK_BREAKER */
 SELECT pg_advisory_xact_lock(((%(topic_id)s::int)::bigint << 32) | (%(group_id)s::int)::bigint);
+
+/* redelivery:LOCK_DLQ_MESSAGES */
+LOCK TABLE dlq_messages IN ACCESS EXCLUSIVE MODE;
 
 /* redelivery:LOCK_LOG_PARTITION_FOR_PUBLISH */
 SELECT l.partition_name, pg_advisory_xact_lock_shared(%(namespace)s, hashtext(l.partition_name))

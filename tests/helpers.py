@@ -113,7 +113,7 @@ def message_state(conn, message_id: int, group: str = "billing") -> dict | None:
 
 def reset(conn) -> None:
     """Empty every table of the state store and drop the DLQ tables."""
-    from redelivery.store.db import empty_state_store
+    from redelivery.store.maintenance import empty_state_store
 
     empty_state_store(conn)
 

@@ -545,7 +545,7 @@ def test_emptying_the_store_waits_for_a_partition_being_made_and_leaves_no_table
 
         def empty() -> None:
             with db.connect(clean_db, autocommit=True) as conn:
-                db.empty_state_store(conn)
+                maintenance.empty_state_store(conn)
             emptied.set()
 
         worker = threading.Thread(target=empty)

@@ -124,13 +124,15 @@ def expired_runs(api, dag_id: str, cutoff: datetime, keep: str | None = None) ->
 
 def newest_automated_run(api, dag_id: str) -> str | None:
     """The run id of ``dag_id``'s scheduled or backfill run with the latest logical date, or None.
-    Airflow's DAG processor computes a DAG's next run from it at every parse: deleted, a DAG with
-    ``catchup=False`` is given a run at once (an hourly DAG with a retention under an hour ran
-    again minutes after its own deletion), so Airflow's own ``airflow db clean`` keeps it too
-    (``keep_last`` of table ``dag_run``, ``airflow.utils.db_cleanup``)."""
+    Airflow's DAG processor computes a DAG's next run from it at every parse
+    (``airflow.dag_processing.collection``): deleted, a DAG with ``catchup=False`` is given a run at
+    once (the hourly maintenance, its scheduled run deleted past a retention under an hour by a
+    maintenance run triggered by hand, ran again minutes later). ``airflow db clean`` keeps a
+    DAG's newest run that is not manual for the same reason (``keep_last`` of table ``dag_run``)."""
     page = api.get_dag_runs(
         dag_id,
         run_type=["scheduled", "backfill"],
+        logical_date_gte=datetime(1970, 1, 1, tzinfo=UTC),  # as Airflow's max(): none without one
         order_by=["-logical_date"],
         limit=1,
         _request_timeout=API_TIMEOUT,

@@ -274,34 +274,6 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
             command.upgrade(cfg, revision)
 
 
-def empty_state_store(conn: psycopg.Connection) -> None:
-    """Delete everything: every table of schema ``redelivery`` emptied (identities and message ids
-    restarted), every DLQ table and every partition of the log dropped. For tests and benchmarks
-    only; nothing in the product calls it.
-
-    One transaction, after the locks under which partitions are made and retired: a maintenance run
-    making a partition meanwhile (a test's Airflow sharing the store) commits before the tables are
-    listed, or waits and makes it after; a partition made between the drops and the truncation
-    would stay as a table ``log_partitions`` no longer lists, refusing every later publish of its
-    span (``DuplicateTable``)."""
-    from psycopg import sql
-
-    from redelivery.store.log import PARTITION_LOCK, RETENTION_LOCK
-
-    def empty() -> None:
-        with conn.transaction():
-            conn.execute(S.ADVISORY_XACT_LOCK, {"namespace": PARTITION_LOCK, "key": 0})
-            conn.execute(S.ADVISORY_XACT_LOCK, RETENTION_LOCK)
-            for (name,) in conn.execute(S.DLQ_NAMES).fetchall():
-                conn.execute(S.DROP_DLQ_TABLE.format(table=sql.Identifier("redelivery_dlq", name)))
-            for (name,) in conn.execute(S.LOG_TABLES).fetchall():  # attached or not, recorded or not
-                conn.execute(S.DROP_LOG_PARTITION.format(partition=sql.Identifier("redelivery_log", name)))
-            tables = [sql.Identifier("redelivery", name) for (name,) in conn.execute(S.STATE_STORE_TABLES)]
-            conn.execute(S.TRUNCATE_TABLES.format(tables=sql.SQL(", ").join(tables)))
-
-    retry_lock_conflicts(empty)  # a deadlock with a maintenance run's deletes: nothing was emptied
-
-
 #: What ``retry_lock_conflicts`` runs again: a deadlock victim, a serialization failure.
 LOCK_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 #: And, for a receive or a redrive of an ordered subscription, a second head refused by

@@ -65,3 +65,30 @@ def cleanup(
 def _deleted(cursor: psycopg.Cursor) -> int:
     """Rows a cleanup statement deleted (a DELETE's row count, or the count it returns)."""
     return cursor.fetchone()[0] if cursor.description else cursor.rowcount
+
+
+def empty_state_store(conn: psycopg.Connection) -> None:
+    """Delete everything: every table of schema ``redelivery`` emptied (identities and message ids
+    restarted), every DLQ table and every partition of the log dropped. For tests and benchmarks
+    only; nothing in the product calls it.
+
+    One transaction, after the locks under which partitions and DLQ tables are made and partitions
+    retired: a maintenance or tier run making one meanwhile (a test's Airflow sharing the store)
+    commits before the tables are listed, or waits and makes it after. A partition made between the
+    drops and the truncation stayed as a table ``log_partitions`` no longer listed, refusing every
+    later publish of its span (``DuplicateTable``)."""
+    from psycopg import sql
+
+    def empty() -> None:
+        with conn.transaction():
+            conn.execute(S.ADVISORY_XACT_LOCK, {"namespace": log.PARTITION_LOCK, "key": 0})
+            conn.execute(S.ADVISORY_XACT_LOCK, log.RETENTION_LOCK)
+            conn.execute(S.LOCK_DLQ_MESSAGES)
+            for (name,) in conn.execute(S.DLQ_TABLES).fetchall():  # listed or not
+                conn.execute(S.DROP_DLQ_TABLE.format(table=sql.Identifier("redelivery_dlq", name)))
+            for (name,) in conn.execute(S.LOG_TABLES).fetchall():  # attached or not, recorded or not
+                conn.execute(S.DROP_LOG_PARTITION.format(partition=sql.Identifier("redelivery_log", name)))
+            tables = [sql.Identifier("redelivery", name) for (name,) in conn.execute(S.STATE_STORE_TABLES)]
+            conn.execute(S.TRUNCATE_TABLES.format(tables=sql.SQL(", ").join(tables)))
+
+    db.retry_lock_conflicts(empty)  # a deadlock with a maintenance run's deletes: nothing was emptied

@@ -142,7 +142,12 @@ CREATE_DLQ_TABLE = sql.SQL(
 STATE_STORE_TABLES = _named("STATE_STORE_TABLES", """
     SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery' AND tablename <> 'alembic_version'
     ORDER BY 1""")
-DLQ_NAMES = _named("DLQ_NAMES", "SELECT name FROM dead_letter_queues")
+#: Every table of the DLQ schema, listed or not in ``dead_letter_queues`` (tests and benchmarks empty
+#: the store by dropping them).
+DLQ_TABLES = _named("DLQ_TABLES", "SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_dlq'")
+#: No DLQ table made meanwhile (``CREATE_DLQ_TABLE`` locks ``dlq_messages``, of which it makes a
+#: partition): emptying the store drops every one it lists.
+LOCK_DLQ_MESSAGES = _named("LOCK_DLQ_MESSAGES", "LOCK TABLE dlq_messages IN ACCESS EXCLUSIVE MODE")
 #: Every table of the log's schema (tests and benchmarks empty the store by dropping them).
 LOG_TABLES = _named("LOG_TABLES", "SELECT tablename FROM pg_tables WHERE schemaname = 'redelivery_log'")
 DROP_DLQ_TABLE = sql.SQL("/* redelivery:DROP_DLQ_TABLE */ DROP TABLE IF EXISTS {table}")
