@@ -28,6 +28,10 @@ after ``--held-seconds`` at 400 msg/s with a transaction holding the xmin horizo
 same run without it. Targets (issue 42): claim p50 at 400/s x 16 <= PGMQ's, and <= 10 ms at 40/s
 with wait_seconds; p99 at 400/s x 16 <= PGMQ's; peak >= 1.5x PGMQ's; dead tuples with the held
 horizon within 1.2x of the clean level. Runs on a database of its own (redelivery_bench).
+
+Where the time goes (``cpu.py``): each phase prints the CPU a message of this process (the client:
+publisher and consumers) and of the PostgreSQL server (every backend), and how busy the machine's
+cores were; a MISSED target says it, ours beside PGMQ's, and for the dead tuples, their tables.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from array import array
 
 import orjson
 from bench_tier import database
+from cpu import CpuMeter, Spent, postmaster
 
 BATCH = 10
 BINS = 100_000  # 0.1 ms each: 0 .. 10 s
@@ -131,10 +136,13 @@ class Pgmq(System):
                 return []
             time.sleep(self.poll)
 
-    def dead_tuples(self, conn) -> int:
-        return conn.execute(
-            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname LIKE 'bench_pgmq%%'"
-        ).fetchone()[0]
+    def dead_tuples(self, conn) -> dict[str, int]:
+        """Dead tuples by table."""
+        return dict(
+            conn.execute(
+                "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE relname LIKE 'bench_pgmq%%'"
+            ).fetchall()
+        )
 
 
 class Redelivery(System):
@@ -144,10 +152,10 @@ class Redelivery(System):
 
     def reset(self, url: str) -> None:
         from redelivery.client import Client
-        from redelivery.store import db
+        from redelivery.store import db, maintenance
 
         with db.connect(url, autocommit=True) as conn:
-            db.empty_state_store(conn)
+            maintenance.empty_state_store(conn)
         with Client(url) as client:
             client.create_topic("claim")
             client.create_group("bench")
@@ -175,16 +183,21 @@ class Redelivery(System):
             if self.poll is not None:
                 time.sleep(self.poll)
 
-    def dead_tuples(self, conn) -> int:
-        return conn.conn.execute(
-            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables "
-            "WHERE schemaname IN ('redelivery', 'redelivery_log')"
-        ).fetchone()[0]
+    def dead_tuples(self, conn) -> dict[str, int]:
+        """Dead tuples by table (the log's partitions as one: ``messages``)."""
+        rows = conn.conn.execute(
+            "SELECT CASE WHEN schemaname = 'redelivery_log' THEN 'messages' ELSE relname END, n_dead_tup "
+            "FROM pg_stat_user_tables WHERE schemaname IN ('redelivery', 'redelivery_log')"
+        ).fetchall()
+        found: dict[str, int] = {}
+        for table, n in rows:
+            found[table] = found.get(table, 0) + n
+        return found
 
 
-def offered(system: System, url: str, rate: float, consumers: int, seconds: float) -> dict:
+def offered(system: System, url: str, rate: float, consumers: int, seconds: float, meter: CpuMeter) -> dict:
     """Publish at ``rate`` msg/s for ``seconds`` with ``consumers`` consumers; latency quantiles
-    (ms), messages handled / offered."""
+    (ms), messages handled / offered, and the CPU spent (``cpu``: a ``Spent``)."""
     histogram, stop, handled = Histogram(), threading.Event(), [0] * consumers
     publishing = Histogram()  # how long a publish call takes: part of every latency above
 
@@ -205,6 +218,7 @@ def offered(system: System, url: str, rate: float, consumers: int, seconds: floa
     time.sleep(1.0)  # connected and waiting
     publisher = system.open(url)
     sent, start = 0, time.monotonic()
+    meter.start()
     try:
         while time.monotonic() - start < seconds:
             due = start + sent / rate
@@ -217,6 +231,7 @@ def offered(system: System, url: str, rate: float, consumers: int, seconds: floa
         drain_until = time.monotonic() + 10
         while sum(handled) < sent and time.monotonic() < drain_until:
             time.sleep(0.05)
+        spent = meter.stop()
     finally:
         stop.set()
         for t in threads:
@@ -225,11 +240,15 @@ def offered(system: System, url: str, rate: float, consumers: int, seconds: floa
     return {
         "p50": histogram.quantile(0.5), "p95": histogram.quantile(0.95), "p99": histogram.quantile(0.99),
         "completion": sum(handled) / sent, "offered": sent / seconds, "publish": publishing.quantile(0.5),
+        "cpu": spent, "handled": sum(handled),
     }  # fmt: skip
 
 
-def peak(system: System, url: str, n: int, consumers: int, batch: int) -> float:
-    """Messages per second for ``consumers`` draining ``n`` waiting messages, ``batch`` a claim."""
+def peak(
+    system: System, url: str, n: int, consumers: int, batch: int, meter: CpuMeter
+) -> tuple[float, Spent, int]:
+    """Messages per second for ``consumers`` draining ``n`` waiting messages, ``batch`` a claim, the
+    CPU the drain spent, and the messages drained."""
     handle = system.open(url)
     body = orjson.dumps({"t": 0, "payload": "x" * 200})
     for _ in range(0, n, 1000):
@@ -252,17 +271,19 @@ def peak(system: System, url: str, n: int, consumers: int, batch: int) -> float:
             h.close()
 
     threads = [threading.Thread(target=drain, args=(i,)) for i in range(consumers)]
+    meter.start()
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(done) / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return sum(done) / seconds, meter.stop(), sum(done)
 
 
-def churn(system: System, url: str, seconds: float, held: bool) -> int:
-    """Dead tuples after ``seconds`` at 400 msg/s with 16 consumers, a transaction holding the xmin
-    horizon all along when ``held`` (from a clean, vacuumed start)."""
+def churn(system: System, url: str, seconds: float, held: bool, meter: CpuMeter) -> dict[str, int]:
+    """Dead tuples by table after ``seconds`` at 400 msg/s with 16 consumers, a transaction holding
+    the xmin horizon all along when ``held`` (from a clean, vacuumed start)."""
     from redelivery.store import db
 
     system.reset(url)
@@ -273,11 +294,11 @@ def churn(system: System, url: str, seconds: float, held: bool) -> int:
         holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT txid_current()").fetchone()  # a snapshot and an xid: the horizon held
     try:
-        offered(system, url, 400, 16, seconds)
+        offered(system, url, 400, 16, seconds, meter)
         time.sleep(1.0)  # the statistics collector
         handle = system.open(url)
         try:
-            return int(system.dead_tuples(handle))
+            return system.dead_tuples(handle)
         finally:
             handle.close()
     finally:
@@ -298,63 +319,100 @@ def main() -> None:
 
     url = database()
     db.migrate(url)
+    with db.connect(url, autocommit=True) as conn:
+        meter = CpuMeter(postmaster(conn))
     poll = args.poll_ms / 1000
     systems = [Pgmq(poll), Redelivery(None), Redelivery(poll)]
-    rows: dict[str, dict] = {}
+    rows = latency_phases(systems, url, args, meter)
+    peaks = {}
+    for system in systems[:2]:
+        system.reset(url)
+        peaks[system.name] = peak(system, url, args.peak, 16, args.peak_batch, meter)
+        print(
+            f"peak {system.name:<12} {peaks[system.name][0]:>10,.0f} msg/s ({args.peak:,} waiting, "
+            f"16 consumers, batches of {args.peak_batch}); "
+            f"{peaks[system.name][1].per_message(peaks[system.name][2])}",
+            flush=True,
+        )
+    dead = {}
+    for system in systems[:2]:
+        clean = churn(system, url, args.held_seconds, False, meter)
+        held = churn(system, url, args.held_seconds, True, meter)
+        dead[system.name] = (clean, held)
+        print(
+            f"dead tuples {system.name:<12} clean {sum(clean.values()):>9,}  held horizon "
+            f"{sum(held.values()):>9,}  ({sum(held.values()) / max(sum(clean.values()), 1):.2f}x)",
+            flush=True,
+        )
+    report(rows, peaks, dead)
+    with db.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_pgmq")
+
+
+def latency_phases(systems: list[System], url: str, args, meter: CpuMeter) -> dict:
+    """The offered-rate phases, printed as they end; ``{(system, rate): offered(...)}``."""
+    rows: dict = {}
     print(
         f"claim latency: one publisher at a fixed rate, {args.seconds:g} s a phase; "
         f"PGMQ polls every {args.poll_ms:g} ms"
     )
     print(
         f"{'system':<16} {'rate x consumers':>16} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'done':>6}"
-        f" {'publish p50':>12} {'sent':>8}"
+        f" {'publish p50':>12} {'sent':>8}  CPU"
     )
     for rate, consumers in ((40, 4), (400, 16)):
         for system in systems:
             system.reset(url)
-            r = offered(system, url, rate, consumers, args.seconds)
+            r = offered(system, url, rate, consumers, args.seconds, meter)
             rows[(system.name, rate)] = r
             print(
                 f"{system.name:<16} {rate:>8}/s x {consumers:<4} {r['p50']:>8.1f} {r['p95']:>8.1f} "
-                f"{r['p99']:>8.1f} {r['completion']:>6.1%} {r['publish']:>9.1f} ms {r['offered']:>6.0f}/s",
+                f"{r['p99']:>8.1f} {r['completion']:>6.1%} {r['publish']:>9.1f} ms {r['offered']:>6.0f}/s"
+                f"  {r['cpu'].per_message(r['handled'])}",
                 flush=True,
             )
-    peaks = {}
-    for system in systems[:2]:
-        system.reset(url)
-        peaks[system.name] = peak(system, url, args.peak, 16, args.peak_batch)
-        print(
-            f"peak {system.name:<12} {peaks[system.name]:>10,.0f} msg/s ({args.peak:,} waiting, "
-            f"16 consumers, batches of {args.peak_batch})",
-            flush=True,
-        )
-    dead = {}
-    for system in systems[:2]:
-        clean = churn(system, url, args.held_seconds, held=False)
-        held = churn(system, url, args.held_seconds, held=True)
-        dead[system.name] = (clean, held)
-        print(
-            f"dead tuples {system.name:<12} clean {clean:>9,}  held horizon {held:>9,}  "
-            f"({held / max(clean, 1):.2f}x)",
-            flush=True,
-        )
+    return rows
+
+
+def report(rows: dict, peaks: dict, dead: dict) -> None:
+    """Each target met or MISSED, and for a missed one where the time (or the dead tuples) went."""
     ours, theirs = rows[("redelivery", 400)], rows[("pgmq", 400)]
     slow = rows[("redelivery", 40)]
+    (ours_peak, ours_cpu, ours_n), (their_peak, their_cpu, their_n) = peaks["redelivery"], peaks["pgmq"]
+    by_table, held_by_table = dead["redelivery"]
+    clean, held = sum(by_table.values()), sum(held_by_table.values())
+    at_400 = why_slower(ours, theirs, 400)
     checks = [
-        ("claim p50 at 400/s x 16 <= PGMQ's", ours["p50"], theirs["p50"], ours["p50"] <= theirs["p50"]),
-        ("claim p99 at 400/s x 16 <= PGMQ's", ours["p99"], theirs["p99"], ours["p99"] <= theirs["p99"]),
-        ("claim p50 at 40/s x 4 <= 10 ms (wait_seconds)", slow["p50"], 10.0, slow["p50"] <= 10),
-        ("peak >= 1.5x PGMQ's", peaks["redelivery"], 1.5 * peaks["pgmq"],
-         peaks["redelivery"] >= 1.5 * peaks["pgmq"]),
-        ("dead tuples, held horizon <= 1.2x clean", dead["redelivery"][1], 1.2 * dead["redelivery"][0],
-         dead["redelivery"][1] <= 1.2 * max(dead["redelivery"][0], 1)),
+        ("claim p50 at 400/s x 16 <= PGMQ's", ours["p50"], theirs["p50"], ours["p50"] <= theirs["p50"],
+         at_400),
+        ("claim p99 at 400/s x 16 <= PGMQ's", ours["p99"], theirs["p99"], ours["p99"] <= theirs["p99"],
+         at_400),
+        ("claim p50 at 40/s x 4 <= 10 ms (wait_seconds)", slow["p50"], 10.0, slow["p50"] <= 10,
+         why_slower(slow, rows[("pgmq", 40)], 40)),
+        ("peak >= 1.5x PGMQ's", ours_peak, 1.5 * their_peak, ours_peak >= 1.5 * their_peak,
+         f"redelivery {ours_cpu.per_message(ours_n)}; PGMQ {their_cpu.per_message(their_n)}"),
+        ("dead tuples, held horizon <= 1.2x clean", held, 1.2 * clean, held <= 1.2 * max(clean, 1),
+         "by table, held horizon (clean): " + ", ".join(
+             f"{table} {n:,} ({by_table.get(table, 0):,})"
+             for table, n in sorted(held_by_table.items(), key=lambda kv: -kv[1]) if n)),
     ]  # fmt: skip
     print("\ntargets")
-    for label, got, bound, ok in checks:
+    for label, got, bound, ok, why in checks:
         ratio = got / bound if bound else float("nan")
         print(f"  {label:<48} {got:>10,.1f} vs {bound:>10,.1f} ({ratio:.2f}x): {'met' if ok else 'MISSED'}")
-    with db.connect(url, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS bench_pgmq")
+        if not ok:
+            print(f"      where it goes: {why}")
+
+
+def why_slower(ours: dict, theirs: dict, rate: int) -> str:
+    """A latency phase's CPU a message, ours against PGMQ's, and what it asked of the cores."""
+    mine, other = ours["cpu"], theirs["cpu"]
+    demand = rate * ((mine.client + (mine.server or 0)) / max(ours["handled"], 1))
+    return (
+        f"redelivery {mine.per_message(ours['handled'])}; PGMQ {other.per_message(theirs['handled'])}; "
+        f"at {rate}/s redelivery asks {demand:.2f} cores of CPU; its publisher reached "
+        f"{ours['offered']:.0f}/s"
+    )
 
 
 if __name__ == "__main__":
