@@ -18,6 +18,7 @@ a check of node types and conditions).
 from __future__ import annotations
 
 import json
+import re
 
 import psycopg
 import pytest
@@ -272,24 +273,58 @@ def scans_reading_too_much(plan: dict, params: dict) -> list[str]:
     ]
 
 
+#: Statements the client lets psycopg prepare (sent without ``prepare=False``): after five runs on a
+#: connection PostgreSQL may plan them once for any parameters (a generic plan), which must be as
+#: good: each is planned that way too, under every statistics state.
+PREPARED = {"ACK"}
+
+
 def plan_problems(conn, captured: Captured, analyze: bool = False) -> dict[str, list[str]]:
     """What each captured statement's plan does wrong: whole scans and loops over the receipts;
     with ``analyze``, also scans that read far more rows than the statement needs (the statement
-    is run, with EXPLAIN ANALYZE, and rolled back)."""
+    is run, with EXPLAIN ANALYZE, and rolled back). ``PREPARED`` statements' generic plans too
+    (``NAME (generic plan)``)."""
     problems = {}
     explain = "EXPLAIN (ANALYZE, FORMAT JSON, VERBOSE) " if analyze else "EXPLAIN (FORMAT JSON, VERBOSE) "
     for name, (text, params, settings) in sorted(captured.runs.items()):
-        with conn.transaction() as planning:
-            for setting, value in settings.items():
-                conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
-            [[plan]] = conn.execute(explain + text, params).fetchall()
-            raise psycopg.Rollback(planning)  # the settings and the statement's changes go with it
-        found = scans_of_churning_tables(plan[0]["Plan"])
-        if analyze:
-            found += scans_reading_too_much(plan[0]["Plan"], params)
-        if found:
-            problems[name] = sorted(set(found))
+        plans = {name: (explain + text, params)}
+        if name in PREPARED:
+            plans[f"{name} (generic plan)"] = (explain + generic_execute(conn, text, params), None)
+        for label, (statement, values) in plans.items():
+            with conn.transaction() as planning:
+                for setting, value in settings.items():
+                    conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
+                if values is None:  # the plan a prepared statement keeps
+                    conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                [[plan]] = conn.execute(statement, values).fetchall()
+                raise psycopg.Rollback(planning)  # the settings and the statement's changes go with it
+            if values is None:  # planned for any parameters: its conditions name them, not values
+                assert "$1" in json.dumps(plan), f"{label}: not a generic plan"
+            found = scans_of_churning_tables(plan[0]["Plan"])
+            if analyze:
+                found += scans_reading_too_much(plan[0]["Plan"], params)
+            if found:
+                problems[label] = sorted(set(found))
+        if name in PREPARED:
+            conn.execute("DEALLOCATE generic_check")
     return problems
+
+
+def generic_execute(conn, text: str, params: dict) -> str:
+    """``text`` prepared as ``generic_check`` (its ``%(name)s`` parameters numbered), and the
+    ``EXECUTE`` of it with ``params`` as literals: under ``plan_cache_mode = force_generic_plan``,
+    the plan PostgreSQL keeps for any parameters."""
+    names: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    conn.execute("PREPARE generic_check AS " + re.sub(r"%\((\w+)\)s", number, text).replace("%%", "%"))
+    with psycopg.ClientCursor(conn) as literal:
+        values = ", ".join(literal.mogrify("%s", [params[n]]) for n in names)
+    return f"EXECUTE generic_check({values})"
 
 
 @pytest.mark.parametrize("state", ["empty", "million", "never", "burst"])
