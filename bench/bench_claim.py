@@ -185,14 +185,13 @@ class Redelivery(System):
 
     def dead_tuples(self, conn) -> dict[str, int]:
         """Dead tuples by table (the log's partitions as one: ``messages``)."""
-        rows = conn.conn.execute(
-            "SELECT CASE WHEN schemaname = 'redelivery_log' THEN 'messages' ELSE relname END, n_dead_tup "
-            "FROM pg_stat_user_tables WHERE schemaname IN ('redelivery', 'redelivery_log')"
-        ).fetchall()
-        found: dict[str, int] = {}
-        for table, n in rows:
-            found[table] = found.get(table, 0) + n
-        return found
+        return dict(
+            conn.conn.execute(
+                "SELECT CASE WHEN schemaname = 'redelivery_log' THEN 'messages' ELSE relname END, "
+                "sum(n_dead_tup)::bigint FROM pg_stat_user_tables "
+                "WHERE schemaname IN ('redelivery', 'redelivery_log') GROUP BY 1"
+            ).fetchall()
+        )
 
 
 def offered(system: System, url: str, rate: float, consumers: int, seconds: float, meter: CpuMeter) -> dict:
@@ -339,9 +338,10 @@ def main() -> None:
         clean = churn(system, url, args.held_seconds, False, meter)
         held = churn(system, url, args.held_seconds, True, meter)
         dead[system.name] = (clean, held)
+        before, after = sum(clean.values()), sum(held.values())
         print(
-            f"dead tuples {system.name:<12} clean {sum(clean.values()):>9,}  held horizon "
-            f"{sum(held.values()):>9,}  ({sum(held.values()) / max(sum(clean.values()), 1):.2f}x)",
+            f"dead tuples {system.name:<12} clean {before:>9,}  held horizon {after:>9,}  "
+            f"({after / max(before, 1):.2f}x)",
             flush=True,
         )
     report(rows, peaks, dead)
